@@ -1,0 +1,30 @@
+// What every CUDA launcher needs: the current stream, the SM count, grid sizing, and a
+// launch check. Include this instead of torch/extension.h.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <algorithm>
+#include <cstdint>
+
+namespace fused {
+
+inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); }
+
+inline int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Grid for a grid-stride elementwise kernel: enough blocks to fill every SM several
+// times over, never more than the work needs.
+inline unsigned elementwise_grid(int64_t work_items, int threads, int blocks_per_sm = 8) {
+  int64_t want = ceil_div(std::max<int64_t>(work_items, 1), threads);
+  int64_t cap = static_cast<int64_t>(num_sms()) * blocks_per_sm;
+  return static_cast<unsigned>(std::min(want, cap));
+}
+
+}  // namespace fused
+
+// Every launch is followed by this: it turns a bad launch into a C++ exception.
+#define FUSED_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()

@@ -1,0 +1,52 @@
+"""Shared test helpers: devices and dtypes, tolerances, input views, output poisoning."""
+import pytest
+import torch
+
+CUDA = pytest.mark.cuda
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# (rtol, atol) for comparing an op's output in `dtype` with a float64 reference.
+TOL = {
+    torch.float64: (1e-10, 1e-12),
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1e-2, 1e-4),
+}
+
+
+def assert_close(actual, ref, dtype=None, rtol=None, atol=None, msg=""):
+    """Compare with a float64 reference. NaN passes only where the reference is NaN."""
+    dtype = dtype or actual.dtype
+    r, a = TOL[dtype]
+    torch.testing.assert_close(
+        actual.double().cpu(), ref.double().cpu(), rtol=rtol if rtol is not None else r,
+        atol=atol if atol is not None else a, equal_nan=True, msg=msg or None,
+    )
+
+
+def input_views(shape, dtype, device, scale=1.0):
+    """Yield (name, tensor) views of fresh random data with the given logical shape:
+    contiguous, transposed (dense but not contiguous), strided with gaps, and offset by one
+    element from an aligned allocation (misaligned for 16-byte vector loads)."""
+    def rand(*s):
+        return (torch.randn(*s, dtype=torch.float32, device=device) * scale).to(dtype)
+
+    yield "contiguous", rand(*shape)
+    if len(shape) >= 2:
+        yield "transposed", rand(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
+    yield "gapped", rand(*shape[:-1], shape[-1] * 2)[..., ::2]
+    n = 1
+    for s in shape:
+        n *= s
+    yield "offset", rand(n + 1)[1:].view(shape)
+
+
+def poison_next_alloc(nbytes, device):
+    """Leave a NaN-filled block of `nbytes` in the CUDA caching allocator so the op's next
+    output allocation of that size reuses it: an element the kernel never writes then
+    reads back as NaN and fails the comparison."""
+    if torch.device(device).type != "cuda" or nbytes == 0:
+        return
+    block = torch.full((nbytes + 1) // 2, float("nan"), dtype=torch.float16, device=device)
+    del block
