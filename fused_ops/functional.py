@@ -6,7 +6,9 @@ import torch
 
 ops = torch.ops.fused
 
-__all__ = ["gelu"]
+__all__ = [
+    "gelu",
+]
 
 
 def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:

@@ -3,7 +3,9 @@ import torch
 
 from . import functional as F
 
-__all__ = ["GELU"]
+__all__ = [
+    "GELU",
+]
 
 
 class GELU(torch.nn.GELU):
