@@ -55,11 +55,17 @@ def test_cuda_large_and_odd(dtype, approximate):
 
 
 @CUDA
-def test_cuda_extreme_values():
-    x = torch.tensor([-1e4, -50.0, -10.0, -1e-6, 0.0, 1e-6, 10.0, 50.0, 1e4, float("inf"),
-                      float("-inf"), float("nan")], device="cuda")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_extreme_values(dtype):
+    # Saturation, the far negative tail, infinities and NaN behave as in torch.
+    x = torch.tensor([-1e4, -50.0, -12.0, -10.0, -5.0, -1e-6, 0.0, 1e-6, 5.0, 10.0, 50.0, 1e4,
+                      float("inf"), float("-inf"), float("nan")], device="cuda").to(dtype)
     for a in APPROX:
         torch.testing.assert_close(fused_ops.gelu(x, approximate=a), F.gelu(x, approximate=a),
+                                   equal_nan=True)
+        dy = torch.ones_like(x)
+        torch.testing.assert_close(torch.ops.fused.gelu_backward(dy, x, approximate=a),
+                                   torch.ops.aten.gelu_backward(dy, x, approximate=a),
                                    equal_nan=True)
 
 
