@@ -42,12 +42,17 @@ def _fmt(value, digits=1, suffix=""):
     return f"{value:,.{digits}f}{suffix}"
 
 
+def _num(value) -> str:
+    """Whole numbers for GPU-sized rates, three significant digits for small ones."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _rate(rec: dict) -> str:
     if rec is None or rec.get("median_us") is None:
         return "–"
     if rec.get("tflops") is not None:
-        return f"{rec['tflops']:,.0f} TFLOP/s"
-    return f"{rec['gbps']:,.0f} GB/s" if rec.get("gbps") is not None else "–"
+        return f"{_num(rec['tflops'])} TFLOP/s"
+    return f"{_num(rec['gbps'])} GB/s" if rec.get("gbps") is not None else "–"
 
 
 def _pct(rec) -> str:
@@ -200,7 +205,8 @@ def write_plots(header: dict, records: list, out_dir: str) -> list:
         ceiling = ceilings.get("mm_tflops" if is_flops else "copy_gbps")
         if ceiling:
             ax.axhline(ceiling, linestyle="--", color="gray",
-                       label="bf16 mm" if is_flops else "copy")
+                       label=f"bf16 mm ({ceiling:,.0f} TFLOP/s)" if is_flops
+                       else f"copy ({ceiling:,.0f} GB/s)")
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels([_shape_str(s) for s in shapes], rotation=20, fontsize=8)
         ax.set_xlabel("shape (sorted by row length)")
