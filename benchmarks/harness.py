@@ -44,7 +44,8 @@ IMPL_ORDER = ("fused", "native", "unfused", "compile")
 
 @dataclass
 class Case:
-    """One benchmarked op (or variant of an op). Fields as in /work/notes/PREAMBLE.md.
+    """One benchmarked op (or variant of an op): the interface every
+    benchmarks/cases/<op>.py file writes against (see benchmarks/cases/gelu.py).
 
     op:           op name as in torch.ops.fused ("layer_norm")
     variant:      shown in the table and JSON ("tanh", "causal", "residual", or "")

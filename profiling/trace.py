@@ -95,13 +95,13 @@ def trace_path(out_dir, case, impl, pass_) -> str:
     return os.path.join(out_dir, "_".join(p for p in parts if p) + ".json")
 
 
-def profile_impl(case, impl, shape, dtype, pass_, iters, path):
+def profile_impl(case, impl, shape, dtype, pass_, iters, path, device="cuda"):
     """Warm up one implementation, profile `iters` calls, export the trace, return its
     kernel summary rows."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    inputs = harness.make_inputs(case, shape, dtype, pass_)
+    inputs = harness.make_inputs(case, shape, dtype, pass_, device)
     fn = harness.make_compiled(case) if impl == "compile" else case.impls[impl]
     step = harness.make_step(fn, inputs, pass_, case.grad_inputs)
     for _ in range(3):  # compile, allocate, load kernels
@@ -159,6 +159,8 @@ def main(argv=None):
                 print(f"{impl}: failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             print(format_summary(impl, rows, args.iters))
+            if not rows:
+                print("  (no GPU activity recorded: is CUPTI available to torch.profiler?)")
             print(f"  trace: {path}")
             counts[impl] = sum(r["count"] for r in rows) / args.iters
             torch.cuda.empty_cache()
