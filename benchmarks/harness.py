@@ -184,8 +184,8 @@ def select(cases, ops=None, shapes=None, dtypes=None, passes=None, impls=None,
     """Expand the cases into measurement groups, filtered by the command-line options.
 
     ops:    names matched against the case's op, its op/variant label, or its file name.
-    shapes: replace each case's shapes by those given with the same number of dims
-            (a case with none of that rank is left out).
+    shapes: replace each case's shapes by those given with a number of dims the case
+            uses (a case with none of those ranks is left out).
     quick:  each case's quick_shapes, bf16 only.
     """
     plans = []
@@ -194,8 +194,8 @@ def select(cases, ops=None, shapes=None, dtypes=None, passes=None, impls=None,
             continue
         case_shapes = case.quick_shapes if quick else case.shapes
         if shapes:
-            rank = len(case.shapes[0])
-            case_shapes = [s for s in shapes if len(s) == rank]
+            ranks = {len(s) for s in case.shapes}
+            case_shapes = [s for s in shapes if len(s) in ranks]
         case_dtypes = list(case.dtypes)
         if dtypes:
             case_dtypes = [d for d in case_dtypes if d in dtypes]
