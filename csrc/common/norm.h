@@ -11,6 +11,7 @@
 // dtype, or float32 when residual_in_fp32; mean/rstd float32 (float64 for float64 x).
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
@@ -115,10 +116,17 @@ inline NormForward prepare_norm_forward(const char* op, bool layer, const at::Te
                 ": expected residual to have x's dtype (", x.scalar_type(),
                 ") or float32, but got ", r.scalar_type());
     if (residual_in_fp32 && x.scalar_type() != at::kDouble) sum_dtype = at::kFloat;
-    // The kernels read the residual in the sum's dtype (a float32 residual stream with a
-    // float32 sum is the case worth a kernel; other mixes are converted here).
-    p.residual = r.to(sum_dtype).contiguous();
-    p.sum = at::empty(x.sizes(), x.options().dtype(sum_dtype));
+    if (r.scalar_type() == sum_dtype || r.scalar_type() != at::kFloat) {
+      // The kernels read the residual in the sum's dtype (a 16-bit residual into a float32
+      // sum converts exactly).
+      p.residual = r.to(sum_dtype).contiguous();
+      p.sum = at::empty(x.sizes(), x.options().dtype(sum_dtype));
+    } else {
+      // A float32 residual into a 16-bit sum: add in float32 and round once, as
+      // (x + residual).to(dtype) does; the kernels then normalize that sum.
+      p.sum = at::add(x.to(at::kFloat), r).to(sum_dtype).contiguous();
+      p.x = p.sum;
+    }
   }
   p.y = at::empty(x.sizes(), x.options());
   std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().end() - ns.size());

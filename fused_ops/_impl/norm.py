@@ -85,6 +85,12 @@ def _add_rms_norm_backward_fake(grad_out, grad_sum, sum, normalized_shape, rstd,
 # mean / rstd are outputs for the backward only: their incoming gradients are ignored.
 
 
+def _needs_grad(ctx, i):
+    # The dispatcher drops trailing arguments equal to their defaults (weight=None, eps...),
+    # which shortens ctx.needs_input_grad: a missing entry needs no gradient.
+    return i < len(ctx.needs_input_grad) and bool(ctx.needs_input_grad[i])
+
+
 def _layer_norm_setup(ctx, inputs, output):
     x, normalized_shape, weight, bias, _eps = inputs
     _, mean, rstd = output
@@ -94,7 +100,7 @@ def _layer_norm_setup(ctx, inputs, output):
 
 def _layer_norm_backward(ctx, dy, _dmean, _drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
-    mask = [ctx.needs_input_grad[2], ctx.needs_input_grad[3]]
+    mask = [_needs_grad(ctx, 2), _needs_grad(ctx, 3)]
     dx, dw, db = ops.layer_norm_backward(dy, x, ctx.normalized_shape, mean, rstd, weight, bias,
                                          mask)
     return dx, None, dw if mask[0] else None, db if mask[1] else None, None
@@ -113,7 +119,7 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    want_dw = ctx.needs_input_grad[2]
+    want_dw = _needs_grad(ctx, 2)
     dx, dw = ops.rms_norm_backward(dy, x, ctx.normalized_shape, rstd, weight, want_dw)
     return dx, None, dw if want_dw else None, None
 
@@ -142,7 +148,7 @@ def _add_layer_norm_setup(ctx, inputs, output):
 
 def _add_layer_norm_backward(ctx, dy, dsum, _dmean, _drstd):
     s, weight, bias, mean, rstd = ctx.saved_tensors
-    mask = [ctx.needs_input_grad[3], ctx.needs_input_grad[4]]
+    mask = [_needs_grad(ctx, 3), _needs_grad(ctx, 4)]
     ds, dw, db = ops.add_layer_norm_backward(dy, dsum, s, ctx.normalized_shape, mean, rstd,
                                              weight, bias, mask)
     dx, dres = _split_sum_grad(ctx, ds)
@@ -162,7 +168,7 @@ def _add_rms_norm_setup(ctx, inputs, output):
 
 def _add_rms_norm_backward(ctx, dy, dsum, _drstd):
     s, weight, rstd = ctx.saved_tensors
-    want_dw = ctx.needs_input_grad[3]
+    want_dw = _needs_grad(ctx, 3)
     ds, dw = ops.add_rms_norm_backward(dy, dsum, s, ctx.normalized_shape, rstd, weight, want_dw)
     dx, dres = _split_sum_grad(ctx, ds)
     return dx, dres, None, dw if want_dw else None, None, None
