@@ -10,6 +10,22 @@ TORCH_LIBRARY(fused, m) {
   // gelu: y = x * Phi(x); approximate = "none" (erf) or "tanh", as torch.nn.functional.gelu.
   m.def("gelu(Tensor x, *, str approximate='none') -> Tensor");
   m.def("gelu_backward(Tensor grad_out, Tensor x, *, str approximate='none') -> Tensor");
+  // layer_norm: as F.layer_norm over the trailing normalized_shape dims; returns (y, mean, rstd), stats float32 (float64 for float64 x) of shape x.shape[:-len(normalized_shape)].
+  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)");
+  // layer_norm_backward: (dx, dweight, dbias) from saved mean/rstd; output_mask = [dweight, dbias] wanted (an unwanted one comes back empty).
+  m.def("layer_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  // rms_norm: as F.rms_norm (eps=None: the dtype's machine epsilon); returns (y, rstd).
+  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)");
+  // rms_norm_backward: (dx, dweight); dweight is computed when weight_grad, else comes back empty.
+  m.def("rms_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight, bool weight_grad) -> (Tensor, Tensor)");
+  // add_layer_norm: s = x + residual (float32 if residual_in_fp32, else x's dtype), y = layer_norm(s) in x's dtype; returns (y, s, mean, rstd).
+  m.def("add_layer_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool residual_in_fp32=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  // add_layer_norm_backward: (d_sum, dweight, dbias), d_sum = the gradient reaching s through y plus grad_sum, in s's dtype (= dx = d_residual).
+  m.def("add_layer_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  // add_rms_norm: s = x + residual, y = rms_norm(s); returns (y, s, rstd).
+  m.def("add_rms_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight=None, float? eps=None, bool residual_in_fp32=False) -> (Tensor, Tensor, Tensor)");
+  // add_rms_norm_backward: (d_sum, dweight), as add_layer_norm_backward.
+  m.def("add_rms_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] normalized_shape, Tensor rstd, Tensor? weight, bool weight_grad) -> (Tensor, Tensor)");
 }
 
 // A Python module with no functions: importing fused_ops._C runs the static registrations

@@ -5,6 +5,8 @@ from . import functional as F
 
 __all__ = [
     "GELU",
+    "LayerNorm",
+    "RMSNorm",
 ]
 
 
@@ -13,3 +15,17 @@ class GELU(torch.nn.GELU):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.gelu(input, approximate=self.approximate)
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """torch.nn.LayerNorm on the fused kernel (same arguments, parameters, state dict)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm on the fused kernel (same arguments, parameters, state dict)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)

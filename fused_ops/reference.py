@@ -14,3 +14,45 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))
         return 0.5 * x * (1.0 + torch.tanh(inner))
     return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def _norm_dims(normalized_shape):
+    n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+    return tuple(range(-n, 0))
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    dims = _norm_dims(normalized_shape)
+    mean = torch.mean(x, dim=dims, keepdim=True)
+    centered = x - mean
+    var = torch.mean(centered * centered, dim=dims, keepdim=True)
+    y = centered * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    dims = _norm_dims(normalized_shape)
+    mean_sq = torch.mean(x * x, dim=dims, keepdim=True)
+    y = x * torch.rsqrt(mean_sq + eps)
+    if weight is not None:
+        y = y * weight
+    return y.to(x.dtype)
+
+
+def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
+                   residual_in_fp32=False):
+    s = x.float() + residual.float() if residual_in_fp32 else x + residual.to(x.dtype)
+    return layer_norm(s, normalized_shape, weight, bias, eps).to(x.dtype), s
+
+
+def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, residual_in_fp32=False):
+    s = x.float() + residual.float() if residual_in_fp32 else x + residual.to(x.dtype)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    return rms_norm(s, normalized_shape, weight, eps).to(x.dtype), s

@@ -1,0 +1,804 @@
+// layer_norm, rms_norm and their fused residual forms (add_layer_norm, add_rms_norm) on CUDA.
+// Checks, output allocation and the op entry points are shared with the CPU kernels
+// (common/norm.h); this file holds the kernels and picks one by row length.
+//
+// One kernel family serves both norms: layer norm is rms norm plus a mean subtraction and a
+// bias (`layer` is a runtime flag, uniform across the grid). Types: T = x / y / grad_out,
+// W = weight / bias (T or float32), R = the normalized rows (T, or float32 for a float32
+// residual stream). Math in float32.
+//
+// Forward, by row length (nvec = 16-byte vectors per row, or elements on the scalar path):
+//   * norm_fwd_regs: the row lives in registers (VPT vectors per thread) and is read from
+//     memory once. A row group of `tpr` threads owns a row: a power of two <= 32 (several
+//     rows per warp, warp-shuffle reductions) for short rows, whole warps (up to the whole
+//     block) for long ones. Mean, then the centered sum of squares over the registers
+//     (two passes, no E[x^2] - E[x]^2 cancellation).
+//   * norm_fwd_long: rows too long for registers (bf16 > 64K, fp32 > 32K, fp32 residual
+//     with bf16 x > 32K, scalar path > 8K): a block per row, Welford over one read, then a
+//     second read (mostly from L2) to write y.
+// Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
+//   * norm_bwd_regs: x and dy in registers (16 elements per thread), one read each; the
+//     block's threads also accumulate dweight / dbias for the columns they own across the
+//     rows they visit (persistent grid), written as float32 partials [blocks, cols].
+//   * rows over 8K elements (not enough registers for row + accumulators): norm_bwd_row_sums
+//     (the two row sums) then norm_bwd_tiles (column tiles x row chunks: dx and partials);
+//     x and dy are read twice.
+//   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
+//     atomics) into dweight / dbias.
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <type_traits>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "common/launch.cuh"
+#include "common/norm.h"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+
+namespace fused {
+namespace {
+
+constexpr int kFwdMaxThreads = 1024;  // norm_fwd_regs: up to a block per row
+constexpr int kBwdMaxThreads = 512;   // norm_bwd_regs: more registers per thread
+constexpr int kLongThreads = 512;     // the long-row kernels: a block per row
+constexpr int kTileThreads = 256;     // norm_bwd_tiles: one vector column per thread
+constexpr int kTileRows = 4;          // rows norm_bwd_tiles loads before using them
+constexpr int kBwdElems = 16;         // elements per thread in norm_bwd_regs
+
+template <typename T, typename W, typename R>
+struct FwdParams {
+  const T* x;
+  const R* residual;  // nullptr: plain norm (the rows are x)
+  const W* weight;    // nullptr: no scale
+  const W* bias;      // nullptr: no shift
+  T* y;
+  R* sum;             // x + residual, written when residual is given
+  float* mean;        // nullptr for rms norm
+  float* rstd;
+  int64_t rows;
+  int cols;
+  float eps;
+  bool layer;         // subtract the mean (layer norm) or not (rms norm)
+};
+
+template <typename T, typename W, typename R>
+struct BwdParams {
+  const T* dy;
+  const R* x;          // the normalized rows (x, or the sum of the add forms)
+  const R* dsum;       // gradient of the sum output, added to dx; or nullptr
+  const float* mean;   // nullptr for rms norm
+  const float* rstd;
+  const W* weight;     // nullptr: w = 1
+  R* dx;
+  float* dw_part;      // [parts, cols] partial sums of dy * xhat, or nullptr
+  float* db_part;      // [parts, cols] partial sums of dy, or nullptr
+  int64_t rows;
+  int cols;
+};
+
+template <typename T>
+__device__ __forceinline__ float f32(T v) {
+  return static_cast<float>(v);
+}
+
+// A row group: `tpr` consecutive threads of a block own one row. tpr is a power of two
+// <= 32 or a multiple of 32; a block holds blockDim.x / tpr groups, which walk rows in
+// step so that block-wide barriers stay uniform.
+struct RowGroup {
+  int lane, group, groups;
+  __device__ explicit RowGroup(int tpr)
+      : lane(threadIdx.x % tpr), group(threadIdx.x / tpr), groups(blockDim.x / tpr) {}
+};
+
+// Sums K values over each row group; every thread receives its group's sums. Every thread
+// of the block calls it. Hand-rolled on warp_sum instead of cub::BlockReduce because the
+// group width is a runtime value and several groups may share a block; the order is fixed,
+// so results are deterministic (and identical across the group's threads).
+template <int K>
+__device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratch)[32]) {
+  if (tpr <= 32) {
+    for (int o = tpr / 2; o > 0; o >>= 1) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    }
+    return;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wpg = tpr / 32, first = warp - warp % wpg;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    v[k] = warp_sum(v[k]);
+    if (lane == 0) scratch[k][warp] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < wpg ? scratch[k][first + lane] : 0.f);
+  __syncthreads();
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+template <typename T, typename W, typename R, int VEC, int VPT>
+__global__ void __launch_bounds__(kFwdMaxThreads)
+norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
+  __shared__ float scratch[1][32];
+  const RowGroup g(tpr);
+  const int nvec = p.cols / VEC;
+  const float inv_n = 1.f / static_cast<float>(p.cols);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
+       first += step) {
+    const int64_t row = first + g.group;
+    const bool valid = row < p.rows;
+    const int64_t off = row * p.cols;
+    bool live[VPT];  // this thread holds vector i of the row
+    int64_t at[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int c = i * tpr + g.lane;
+      live[i] = valid && c < nvec;
+      at[i] = off + static_cast<int64_t>(c) * VEC;
+    }
+    // All loads first: several 16-byte loads in flight per thread.
+    Vec<T, VEC> xv[VPT];
+    Vec<R, VEC> rv[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (live[i]) {
+        xv[i] = load_vec<T, VEC>(p.x + at[i]);
+        if (p.residual) rv[i] = load_vec<R, VEC>(p.residual + at[i]);
+      }
+    }
+    // The row in the sum's dtype: exactly what the unfused x + residual would hold.
+    Vec<R, VEC> v[VPT];
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (live[i]) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          float s = f32(xv[i].v[j]);
+          if (p.residual) s += f32(rv[i].v[j]);
+          v[i].v[j] = static_cast<R>(s);
+          sum += f32(v[i].v[j]);
+        }
+        if (p.residual) store_vec<R, VEC>(p.sum + at[i], v[i]);
+      }
+    }
+    float mean = 0.f;
+    if (p.layer) {
+      float t[1] = {sum};
+      group_sum<1>(t, tpr, scratch);
+      mean = t[0] * inv_n;
+    }
+    float t[1] = {0.f};
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (live[i]) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = f32(v[i].v[j]) - mean;
+          t[0] += d * d;
+        }
+      }
+    }
+    group_sum<1>(t, tpr, scratch);
+    const float rstd = rsqrtf(t[0] * inv_n + p.eps);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (live[i]) {
+        const int c = i * tpr + g.lane;
+        Vec<W, VEC> wv, bv;
+        if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
+        if (p.bias) bv = load_vec<W, VEC>(p.bias + c * VEC);
+        Vec<T, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          float o = (f32(v[i].v[j]) - mean) * rstd;
+          if (p.weight) o *= f32(wv.v[j]);
+          if (p.bias) o += f32(bv.v[j]);
+          out.v[j] = static_cast<T>(o);
+        }
+        store_vec<T, VEC>(p.y + at[i], out);
+      }
+    }
+    if (valid && g.lane == 0) {
+      if (p.mean) p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
+// Welford's running (count, mean, sum of squared deviations), merged with Chan's formula.
+struct Welford {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float d = b.mean - a.mean, wb = b.n / n;
+  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
+}
+
+__device__ __forceinline__ Welford warp_welford(Welford w) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Welford other{__shfl_down_sync(0xffffffffu, w.n, o), __shfl_down_sync(0xffffffffu, w.mean, o),
+                  __shfl_down_sync(0xffffffffu, w.m2, o)};
+    w = welford_merge(w, other);
+  }
+  return w;  // valid in lane 0
+}
+
+// Block-wide Welford merge in a fixed tree order; every thread receives the result.
+__device__ Welford block_welford(Welford w, float (*smem)[32]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  w = warp_welford(w);
+  if (lane == 0) {
+    smem[0][warp] = w.n;
+    smem[1][warp] = w.mean;
+    smem[2][warp] = w.m2;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool have = lane < static_cast<int>(blockDim.x / 32);
+    w = have ? Welford{smem[0][lane], smem[1][lane], smem[2][lane]} : Welford{0.f, 0.f, 0.f};
+    w = warp_welford(w);
+    if (lane == 0) {
+      smem[0][0] = w.n;
+      smem[1][0] = w.mean;
+      smem[2][0] = w.m2;
+    }
+  }
+  __syncthreads();
+  w = Welford{smem[0][0], smem[1][0], smem[2][0]};
+  __syncthreads();
+  return w;
+}
+
+template <typename T, typename W, typename R, int VEC>
+__global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R> p) {
+  __shared__ float smem[3][32];
+  const int nvec = p.cols / VEC;
+  const float inv_n = 1.f / static_cast<float>(p.cols);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int64_t off = row * p.cols;
+    // Pass 1: read x (+ residual, writing the sum); Welford per vector, merged per thread.
+    Welford acc{0.f, 0.f, 0.f};
+    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
+      const int64_t e = off + static_cast<int64_t>(c) * VEC;
+      const Vec<T, VEC> xv = load_vec<T, VEC>(p.x + e);
+      Vec<R, VEC> v;
+      if (p.residual) {
+        const Vec<R, VEC> rv = load_vec<R, VEC>(p.residual + e);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]) + f32(rv.v[j]));
+        store_vec<R, VEC>(p.sum + e, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]));
+      }
+      float m = 0.f, m2 = 0.f;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m += f32(v.v[j]);
+      m *= 1.f / VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = f32(v.v[j]) - m;
+        m2 += d * d;
+      }
+      acc = welford_merge(acc, Welford{static_cast<float>(VEC), m, m2});
+    }
+    acc = block_welford(acc, smem);
+    const float mean = p.layer ? acc.mean : 0.f;
+    // rms norm: E[x^2] = var + mean^2 (a sum of non-negative terms, no cancellation)
+    const float ms = acc.m2 * inv_n + (p.layer ? 0.f : acc.mean * acc.mean);
+    const float rstd = rsqrtf(ms + p.eps);
+    // Pass 2: read the rows again (this thread's own elements; mostly L2 hits), write y.
+    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
+      const int64_t e = off + static_cast<int64_t>(c) * VEC;
+      Vec<R, VEC> v;
+      if (p.residual) {
+        v = load_vec<R, VEC>(p.sum + e);
+      } else {
+        const Vec<T, VEC> xv = load_vec<T, VEC>(p.x + e);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]));
+      }
+      Vec<W, VEC> wv, bv;
+      if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
+      if (p.bias) bv = load_vec<W, VEC>(p.bias + c * VEC);
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        float o = (f32(v.v[j]) - mean) * rstd;
+        if (p.weight) o *= f32(wv.v[j]);
+        if (p.bias) o += f32(bv.v[j]);
+        out.v[j] = static_cast<T>(o);
+      }
+      store_vec<T, VEC>(p.y + e, out);
+    }
+    if (threadIdx.x == 0) {
+      if (p.mean) p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------
+
+template <typename T, typename W, typename R, int VEC, int VPT>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
+  extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
+  __shared__ float scratch[2][32];
+  const RowGroup g(tpr);
+  const int nvec = p.cols / VEC;
+  const float inv_n = 1.f / static_cast<float>(p.cols);
+  float dw[VPT][VEC], db[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
+       first += step) {
+    const int64_t row = first + g.group;
+    const bool valid = row < p.rows;
+    const int64_t off = row * p.cols;
+    bool live[VPT];
+    int64_t at[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int c = i * tpr + g.lane;
+      live[i] = valid && c < nvec;
+      at[i] = off + static_cast<int64_t>(c) * VEC;
+    }
+    Vec<R, VEC> xv[VPT], sv[VPT];
+    Vec<T, VEC> gv[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (live[i]) {
+        xv[i] = load_vec<R, VEC>(p.x + at[i]);
+        gv[i] = load_vec<T, VEC>(p.dy + at[i]);
+        if (p.dsum) sv[i] = load_vec<R, VEC>(p.dsum + at[i]);
+      }
+    }
+    const float mean = valid && p.mean ? p.mean[row] : 0.f;
+    const float rstd = valid ? p.rstd[row] : 0.f;
+    float s[2] = {0.f, 0.f};  // sum of g, sum of g * xhat
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (live[i]) {
+        Vec<W, VEC> wv;
+        if (p.weight) wv = load_vec<W, VEC>(p.weight + (i * tpr + g.lane) * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (f32(xv[i].v[j]) - mean) * rstd;
+          const float d = f32(gv[i].v[j]);
+          const float gw = p.weight ? d * f32(wv.v[j]) : d;
+          s[0] += gw;
+          s[1] += gw * xhat;
+          dw[i][j] += d * xhat;
+          db[i][j] += d;
+        }
+      }
+    }
+    group_sum<2>(s, tpr, scratch);
+    const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (live[i]) {
+        Vec<W, VEC> wv;
+        if (p.weight) wv = load_vec<W, VEC>(p.weight + (i * tpr + g.lane) * VEC);
+        Vec<R, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (f32(xv[i].v[j]) - mean) * rstd;
+          const float d = f32(gv[i].v[j]);
+          const float gw = p.weight ? d * f32(wv.v[j]) : d;
+          float o = rstd * (gw - c1 - xhat * c2);
+          if (p.dsum) o += f32(sv[i].v[j]);
+          out.v[j] = static_cast<R>(o);
+        }
+        store_vec<R, VEC>(p.dx + at[i], out);
+      }
+    }
+  }
+  if (!p.dw_part && !p.db_part) return;  // uniform across the grid
+  float* dwp = p.dw_part ? p.dw_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+  float* dbp = p.db_part ? p.db_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+  if (g.groups == 1) {  // each column has one owner in the block
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int c = i * tpr + g.lane;
+      if (c < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if (dwp) dwp[c * VEC + j] = dw[i][j];
+          if (dbp) dbp[c * VEC + j] = db[i][j];
+        }
+      }
+    }
+    return;
+  }
+  // Several groups own the same columns: add their partials in group order.
+  for (int k = threadIdx.x; k < 2 * p.cols; k += blockDim.x) combine[k] = 0.f;
+  __syncthreads();
+  for (int q = 0; q < g.groups; ++q) {
+    if (g.group == q) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int c = i * tpr + g.lane;
+        if (c < nvec) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            combine[c * VEC + j] += dw[i][j];
+            combine[p.cols + c * VEC + j] += db[i][j];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int k = threadIdx.x; k < p.cols; k += blockDim.x) {
+    if (dwp) dwp[k] = combine[k];
+    if (dbp) dbp[k] = combine[p.cols + k];
+  }
+}
+
+// Long rows, step 1: per row, c = (mean(g), mean(g * xhat)) (mean(g) = 0 for rms norm).
+template <typename T, typename W, typename R, int VEC>
+__global__ void __launch_bounds__(kLongThreads)
+norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
+  __shared__ float scratch[2][32];
+  const int nvec = p.cols / VEC;
+  const float inv_n = 1.f / static_cast<float>(p.cols);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int64_t off = row * p.cols;
+    const float mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    float s[2] = {0.f, 0.f};
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
+      const int64_t e = off + static_cast<int64_t>(c) * VEC;
+      const Vec<R, VEC> xv = load_vec<R, VEC>(p.x + e);
+      const Vec<T, VEC> gv = load_vec<T, VEC>(p.dy + e);
+      Vec<W, VEC> wv;
+      if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (f32(xv.v[j]) - mean) * rstd;
+        const float gw = p.weight ? f32(gv.v[j]) * f32(wv.v[j]) : f32(gv.v[j]);
+        s[0] += gw;
+        s[1] += gw * xhat;
+      }
+    }
+    group_sum<2>(s, blockDim.x, scratch);
+    if (threadIdx.x == 0) c_out[row] = make_float2(p.mean ? s[0] * inv_n : 0.f, s[1] * inv_n);
+  }
+}
+
+// Long rows, step 2: a block owns a tile of kTileThreads vector columns and a chunk of rows;
+// it writes dx there and the dweight / dbias partials of its columns (partial row blockIdx.y).
+template <typename T, typename W, typename R, int VEC>
+__global__ void __launch_bounds__(kTileThreads)
+norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t rows_per_chunk) {
+  const int nvec = p.cols / VEC;
+  const int cv = blockIdx.x * blockDim.x + threadIdx.x;
+  if (cv >= nvec) return;  // no barriers in this kernel
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = std::min<int64_t>(p.rows, r0 + rows_per_chunk);
+  Vec<W, VEC> wv;
+  if (p.weight) wv = load_vec<W, VEC>(p.weight + cv * VEC);
+  float dw[VEC], db[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) dw[j] = db[j] = 0.f;
+  for (int64_t r = r0; r < r1; r += kTileRows) {
+    Vec<R, VEC> xv[kTileRows], sv[kTileRows];
+    Vec<T, VEC> gv[kTileRows];
+#pragma unroll
+    for (int k = 0; k < kTileRows; ++k) {
+      if (r + k < r1) {
+        const int64_t e = (r + k) * p.cols + static_cast<int64_t>(cv) * VEC;
+        xv[k] = load_vec<R, VEC>(p.x + e);
+        gv[k] = load_vec<T, VEC>(p.dy + e);
+        if (p.dsum) sv[k] = load_vec<R, VEC>(p.dsum + e);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kTileRows; ++k) {
+      if (r + k < r1) {
+        const int64_t row = r + k;
+        const float mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+        const float2 c = c_in[row];
+        Vec<R, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (f32(xv[k].v[j]) - mean) * rstd;
+          const float d = f32(gv[k].v[j]);
+          const float gw = p.weight ? d * f32(wv.v[j]) : d;
+          float o = rstd * (gw - c.x - xhat * c.y);
+          if (p.dsum) o += f32(sv[k].v[j]);
+          out.v[j] = static_cast<R>(o);
+          dw[j] += d * xhat;
+          db[j] += d;
+        }
+        store_vec<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC, out);
+      }
+    }
+  }
+  const int64_t prow = static_cast<int64_t>(blockIdx.y) * p.cols + static_cast<int64_t>(cv) * VEC;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if (p.dw_part) p.dw_part[prow + j] = dw[j];
+    if (p.db_part) p.db_part[prow + j] = db[j];
+  }
+}
+
+// out_k[col] = sum over parts of part_k[part, col], k = blockIdx.y: 32 columns x 8 part
+// lanes per block, combined in a fixed order.
+template <typename O>
+__global__ void __launch_bounds__(256)
+column_sum(const float* __restrict__ part0, const float* __restrict__ part1, int64_t parts,
+           int cols, O* __restrict__ out0, O* __restrict__ out1) {
+  __shared__ float tile[8][33];
+  const float* part = blockIdx.y == 0 ? part0 : part1;
+  O* out = blockIdx.y == 0 ? out0 : out1;
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.f;
+  if (col < cols) {
+    for (int64_t q = threadIdx.y; q < parts; q += 8) s += part[q * cols + col];
+  }
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t += tile[k][threadIdx.x];
+    out[col] = static_cast<O>(t);
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------
+
+int next_pow2(int v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+unsigned grid_for(int64_t blocks) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 1 << 30));
+}
+
+// A 16-byte-vector path is legal when every row starts aligned: cols a multiple of the
+// vector width and each base pointer aligned to its vector size (nullptr: absent).
+template <int VEC, typename P>
+bool vec_ok(const P* p) {
+  return p == nullptr || is_aligned(p, VEC * static_cast<int>(sizeof(P)));
+}
+
+template <typename T, typename W, typename R, int VEC>
+void forward_with(const FwdParams<T, W, R>& p) {
+  const int nvec = p.cols / VEC;
+  // Wide rows hold 8 vectors per thread where that is at most 32 registers of row data.
+  constexpr bool kWide = VEC * 8 * sizeof(R) <= 128;
+  const int need4 = static_cast<int>(ceil_div(nvec, 4));
+  const int need8 = static_cast<int>(ceil_div(nvec, 8));
+  cudaStream_t stream = current_stream();
+  if (need4 <= 32) {  // a power-of-two group of <= 32 threads per row, 256-thread blocks
+    const int tpr = next_pow2(need4), groups = 256 / tpr;
+    norm_fwd_regs<T, W, R, VEC, 4>
+        <<<grid_for(ceil_div(p.rows, groups)), 256, 0, stream>>>(p, tpr);
+  } else if (need4 <= 512 || (!kWide && need4 <= kFwdMaxThreads)) {  // warps per row
+    const int tpr = round_up(need4, 32);
+    norm_fwd_regs<T, W, R, VEC, 4><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
+  } else if (kWide && need8 <= kFwdMaxThreads) {
+    if constexpr (kWide) {
+      const int tpr = round_up(need8, 32);
+      norm_fwd_regs<T, W, R, VEC, 8><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
+    }
+  } else {
+    norm_fwd_long<T, W, R, VEC>
+        <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p);
+  }
+  FUSED_LAUNCH_CHECK();
+}
+
+template <typename T, typename W, typename R>
+void launch_forward(const FwdParams<T, W, R>& p) {
+  constexpr int V = kVecElems<T>;
+  const bool vec = p.cols % V == 0 && vec_ok<V>(p.x) && vec_ok<V>(p.residual) &&
+                   vec_ok<V>(p.weight) && vec_ok<V>(p.bias) && vec_ok<V>(p.y) &&
+                   vec_ok<V>(p.sum);
+  if (vec) {
+    forward_with<T, W, R, V>(p);
+  } else {
+    forward_with<T, W, R, 1>(p);
+  }
+}
+
+template <typename X>
+struct Tag {
+  using type = X;
+};
+
+// dweight / dbias from the [outs, parts, cols] partials (dweight first when both).
+template <typename T>
+void reduce_partials(const at::Tensor& part, int64_t parts, int cols, NormBackward& nb) {
+  const at::Tensor& first = nb.dweight.defined() ? nb.dweight : nb.dbias;
+  const int outs = nb.dweight.defined() && nb.dbias.defined() ? 2 : 1;
+  const float* p0 = part.const_data_ptr<float>();
+  const float* p1 = outs == 2 ? p0 + parts * cols : nullptr;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), outs), block(32, 8);
+  auto run = [&](auto tag) {
+    using O = typename decltype(tag)::type;
+    O* o0 = first.mutable_data_ptr<O>();
+    O* o1 = outs == 2 ? nb.dbias.mutable_data_ptr<O>() : nullptr;
+    column_sum<O><<<grid, block, 0, current_stream()>>>(p0, p1, parts, cols, o0, o1);
+    FUSED_LAUNCH_CHECK();
+  };
+  if (first.scalar_type() == at::kFloat) {
+    run(Tag<float>{});
+  } else {
+    if constexpr (!std::is_same_v<T, float>) run(Tag<T>{});
+  }
+}
+
+// Partial-sum buffers for dweight / dbias: [outs, parts, cols] float32, or undefined.
+at::Tensor alloc_partials(const NormBackward& nb, int64_t parts) {
+  const int outs = nb.dweight.defined() + nb.dbias.defined();
+  if (outs == 0) return at::Tensor();
+  return at::empty({outs, parts, nb.cols}, nb.dy.options().dtype(at::kFloat));
+}
+
+template <typename T, typename W, typename R>
+void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts,
+                    const NormBackward& nb) {
+  float* base = part.defined() ? part.mutable_data_ptr<float>() : nullptr;
+  p.dw_part = nb.dweight.defined() ? base : nullptr;
+  p.db_part = nb.dbias.defined() ? base + (nb.dweight.defined() ? parts * nb.cols : 0) : nullptr;
+}
+
+template <typename T, typename W, typename R, int VEC>
+void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
+  constexpr int VPT = kBwdElems / VEC;
+  const int nvec = p.cols / VEC;
+  const int need = static_cast<int>(ceil_div(nvec, VPT));
+  cudaStream_t stream = current_stream();
+  if (need <= kBwdMaxThreads) {
+    // Rows in registers. Several rows share a block (up to 512 threads) so that a few
+    // large blocks per SM hold the dweight / dbias accumulators: fewer partial rows.
+    const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
+    int groups = std::max(1, kBwdMaxThreads / tpr);
+    const size_t combine_bytes = 2 * sizeof(float) * p.cols;
+    if (combine_bytes > 48 * 1024) groups = 1;
+    const size_t smem = groups > 1 ? combine_bytes : 0;
+    const int threads = tpr * groups;
+    auto kernel = norm_bwd_regs<T, W, R, VEC, VPT>;
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const int64_t blocks =
+        std::min<int64_t>(ceil_div(p.rows, groups), std::max(per_sm, 1) * int64_t{num_sms()});
+    at::Tensor part = alloc_partials(nb, blocks);
+    point_partials(p, part, blocks, nb);
+    kernel<<<grid_for(blocks), threads, smem, stream>>>(p, tpr);
+    FUSED_LAUNCH_CHECK();
+    if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+    return;
+  }
+  // Long rows: the two row sums first, then column tiles x row chunks.
+  at::Tensor c = at::empty({p.rows, 2}, nb.dy.options().dtype(at::kFloat));
+  float2* cp = reinterpret_cast<float2*>(c.mutable_data_ptr<float>());
+  norm_bwd_row_sums<T, W, R, VEC>
+      <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p, cp);
+  FUSED_LAUNCH_CHECK();
+  const int64_t col_tiles = ceil_div(nvec, kTileThreads);
+  int64_t chunks = std::clamp<int64_t>(8 * num_sms() / col_tiles, 1, p.rows);
+  const int64_t rows_per_chunk = ceil_div(p.rows, chunks);
+  chunks = ceil_div(p.rows, rows_per_chunk);
+  at::Tensor part = alloc_partials(nb, chunks);
+  point_partials(p, part, chunks, nb);
+  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
+  norm_bwd_tiles<T, W, R, VEC><<<grid, kTileThreads, 0, stream>>>(p, cp, rows_per_chunk);
+  FUSED_LAUNCH_CHECK();
+  if (part.defined()) reduce_partials<T>(part, chunks, p.cols, nb);
+}
+
+template <typename T, typename W, typename R>
+void launch_backward(const BwdParams<T, W, R>& p, NormBackward& nb) {
+  constexpr int V = kVecElems<T>;
+  const bool vec = p.cols % V == 0 && vec_ok<V>(p.dy) && vec_ok<V>(p.x) && vec_ok<V>(p.dsum) &&
+                   vec_ok<V>(p.weight) && vec_ok<V>(p.dx);
+  if (vec) {
+    backward_with<T, W, R, V>(p, nb);
+  } else {
+    backward_with<T, W, R, 1>(p, nb);
+  }
+}
+
+// Calls fn(Tag<T>, Tag<W>, Tag<R>) for x's dtype t, the parameters' dtype w and the rows'
+// dtype r (each of w, r is t or float32).
+template <typename Fn>
+void dispatch_norm_types(at::ScalarType t, at::ScalarType w, at::ScalarType r, Fn&& fn) {
+  FUSED_DISPATCH_CUDA(t, "fused::norm", [&] {
+    using T = scalar_t;
+    if constexpr (std::is_same_v<T, float>) {
+      fn(Tag<T>{}, Tag<T>{}, Tag<T>{});
+    } else {
+      const bool wf = w == at::kFloat, rf = r == at::kFloat;
+      if (!wf && !rf) fn(Tag<T>{}, Tag<T>{}, Tag<T>{});
+      if (wf && !rf) fn(Tag<T>{}, Tag<float>{}, Tag<T>{});
+      if (!wf && rf) fn(Tag<T>{}, Tag<T>{}, Tag<float>{});
+      if (wf && rf) fn(Tag<T>{}, Tag<float>{}, Tag<float>{});
+    }
+  });
+}
+
+template <typename P>
+const P* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<P>() : nullptr;
+}
+
+void forward_cuda(NormForward& nf) {
+  c10::cuda::CUDAGuard guard(nf.x.device());
+  const at::ScalarType wt = nf.weight.defined() ? nf.weight.scalar_type()
+                            : nf.bias.defined() ? nf.bias.scalar_type()
+                                                : nf.x.scalar_type();
+  const at::ScalarType rt = nf.sum.defined() ? nf.sum.scalar_type() : nf.x.scalar_type();
+  dispatch_norm_types(nf.x.scalar_type(), wt, rt, [&](auto tt, auto tw, auto tr) {
+    using T = typename decltype(tt)::type;
+    using W = typename decltype(tw)::type;
+    using R = typename decltype(tr)::type;
+    FwdParams<T, W, R> p;
+    p.x = nf.x.const_data_ptr<T>();
+    p.residual = ptr_or_null<R>(nf.residual);
+    p.weight = ptr_or_null<W>(nf.weight);
+    p.bias = ptr_or_null<W>(nf.bias);
+    p.y = nf.y.mutable_data_ptr<T>();
+    p.sum = nf.sum.defined() ? nf.sum.mutable_data_ptr<R>() : nullptr;
+    p.mean = nf.layer ? nf.mean.mutable_data_ptr<float>() : nullptr;
+    p.rstd = nf.rstd.mutable_data_ptr<float>();
+    p.rows = nf.rows;
+    p.cols = static_cast<int>(nf.cols);
+    p.eps = static_cast<float>(nf.eps);
+    p.layer = nf.layer;
+    launch_forward(p);
+  });
+}
+
+void backward_cuda(NormBackward& nb) {
+  c10::cuda::CUDAGuard guard(nb.x.device());
+  const at::ScalarType wt = nb.weight.defined() ? nb.weight.scalar_type() : nb.dy.scalar_type();
+  dispatch_norm_types(nb.dy.scalar_type(), wt, nb.x.scalar_type(), [&](auto tt, auto tw, auto tr) {
+    using T = typename decltype(tt)::type;
+    using W = typename decltype(tw)::type;
+    using R = typename decltype(tr)::type;
+    BwdParams<T, W, R> p;
+    p.dy = nb.dy.const_data_ptr<T>();
+    p.x = nb.x.const_data_ptr<R>();
+    p.dsum = ptr_or_null<R>(nb.dsum);
+    p.mean = nb.layer ? nb.mean.const_data_ptr<float>() : nullptr;
+    p.rstd = nb.rstd.const_data_ptr<float>();
+    p.weight = ptr_or_null<W>(nb.weight);
+    p.dx = nb.dx.mutable_data_ptr<R>();
+    p.dw_part = p.db_part = nullptr;
+    p.rows = nb.rows;
+    p.cols = static_cast<int>(nb.cols);
+    launch_backward(p, nb);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  FUSED_REGISTER_NORM_OPS(m, forward_cuda, backward_cuda);
+}
+
+}  // namespace fused

@@ -1,0 +1,617 @@
+"""layer_norm, rms_norm, add_layer_norm, add_rms_norm: forward, backward, autograd, compile,
+errors. Everything is compared with float64 compositions (fused_ops.reference).
+
+Gradients are checked against a bound built from the magnitudes of the summed terms
+(|err| <= atol + rtol * sum |term|): a float32 row or column sum is only as exact as that
+bound allows, whatever the summation order, so this is the honest tolerance for dx, dweight
+and dbias (outputs use the plain per-dtype tolerance).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fused_ops
+from fused_ops import reference
+from utils import CUDA, DEVICES, DTYPES, TOL, assert_close, input_views, poison_next_alloc
+
+ops = torch.ops.fused
+KINDS = ["layer", "rms"]
+
+
+# ---- float64 references -------------------------------------------------------------------
+
+
+def _eps(kind, dtype, eps=None):
+    if eps is not None:
+        return eps
+    return 1e-5 if kind == "layer" else torch.finfo(dtype).eps
+
+
+def ref_forward(kind, x, ns, w, b, eps):
+    """float64 (y, mean, rstd) of x (any dtype: taken exactly as float64)."""
+    x = x.double()
+    dims = tuple(range(-len(ns), 0))
+    w = None if w is None else w.double()
+    b = None if b is None else b.double()
+    if kind == "layer":
+        y = reference.layer_norm(x, ns, w, b, eps)
+        mean = x.mean(dim=dims)
+        var = ((x - x.mean(dim=dims, keepdim=True)) ** 2).mean(dim=dims)
+    else:
+        y = reference.rms_norm(x, ns, w, eps)
+        mean = None
+        var = (x * x).mean(dim=dims)
+    return y, mean, torch.rsqrt(var + eps)
+
+
+def ref_grads(kind, x, dy, ns, w, b, eps, dsum=None):
+    """float64 (dx, dweight, dbias) and their magnitude bounds (same sums over |terms|)."""
+    x64 = x.double().requires_grad_()
+    w64 = None if w is None else w.double().requires_grad_()
+    b64 = None if b is None else b.double().requires_grad_()
+    y, _, rstd = ref_forward(kind, x64, ns, w64, b64, eps)
+    dy64 = dy.double()
+    y.backward(dy64)
+    dx = x64.grad + (0 if dsum is None else dsum.double())
+    dims = tuple(range(-len(ns), 0))
+    rows = tuple(range(x.dim() - len(ns)))
+    with torch.no_grad():
+        xd = x.double()
+        mean = xd.mean(dim=dims, keepdim=True) if kind == "layer" else 0.0
+        r = rstd.reshape(rstd.shape + (1,) * len(ns))
+        xhat = (xd - mean) * r
+        g = dy64 * (1.0 if w is None else w.double())
+        avg = lambda t: t.mean(dim=dims, keepdim=True)  # noqa: E731
+        mag_dx = r * (g.abs() + (avg(g.abs()) if kind == "layer" else 0)
+                      + xhat.abs() * avg((g * xhat).abs()))
+        if dsum is not None:
+            mag_dx = mag_dx + dsum.double().abs()
+        sum_rows = (lambda t: t.sum(dim=rows)) if rows else (lambda t: t)  # noqa: E731
+        mag_dw = sum_rows((dy64 * xhat).abs())
+        mag_db = sum_rows(dy64.abs())
+    dw = None if w64 is None else w64.grad
+    db = None if b64 is None else b64.grad
+    return (dx, dw, db), (mag_dx, mag_dw, mag_db)
+
+
+def assert_within(actual, ref, mag, dtype, msg=""):
+    """|actual - ref| <= atol + rtol * mag elementwise (NaN/inf never pass)."""
+    rtol, atol = TOL[dtype]
+    a, r, m = actual.double().cpu(), ref.double().cpu(), mag.double().cpu()
+    assert a.shape == r.shape, f"{msg}: shape {tuple(a.shape)} != {tuple(r.shape)}"
+    assert torch.isfinite(a).all(), f"{msg}: non-finite values"
+    excess = (a - r).abs() - (atol + rtol * m)
+    bad = excess > 0
+    assert not bad.any(), (f"{msg}: {int(bad.sum())} of {bad.numel()} elements off, worst "
+                           f"excess {excess.max().item():.3g} at {tuple(bad.nonzero()[0].tolist())}")
+
+
+def _params(kind, ns, dtype, device, wdtype="same", bias=True):
+    """weight / bias per config: 'same' (x's dtype), 'fp32', or None."""
+    if wdtype is None:
+        return None, None
+    pd = dtype if wdtype == "same" else torch.float32
+    w = (1 + 0.5 * torch.randn(ns, device=device)).to(pd)
+    b = (0.5 * torch.randn(ns, device=device)).to(pd) if (kind == "layer" and bias) else None
+    return w, b
+
+
+def fused_forward(kind, x, ns, w, b, eps):
+    if kind == "layer":
+        return ops.layer_norm(x, ns, w, b, eps)
+    y, rstd = ops.rms_norm(x, ns, w, eps)
+    return y, None, rstd
+
+
+def check_forward(kind, x, ns, w, b, eps=None, msg=""):
+    eps = _eps(kind, x.dtype, eps)
+    poison_next_alloc(x.numel() * x.element_size(), x.device)
+    y, mean, rstd = fused_forward(kind, x, ns, w, b, eps)
+    ry, rmean, rrstd = ref_forward(kind, x, ns, w, b, eps)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+    assert_close(y, ry, dtype=x.dtype, msg=f"y {msg}")
+    stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    assert rstd.dtype == stat_dtype and rstd.shape == x.shape[: x.dim() - len(ns)]
+    assert_close(rstd, rrstd, dtype=stat_dtype, msg=f"rstd {msg}")
+    if kind == "layer":
+        assert mean.dtype == stat_dtype and mean.shape == rstd.shape
+        assert_close(mean, rmean, dtype=stat_dtype, atol=1e-5, msg=f"mean {msg}")
+    return y, mean, rstd
+
+
+def check_backward(kind, x, ns, w, b, eps=None, msg=""):
+    """The backward op against float64, then the same through autograd."""
+    eps = _eps(kind, x.dtype, eps)
+    _, mean, rstd = fused_forward(kind, x, ns, w, b, eps)
+    dy = torch.randn(x.shape, device=x.device).to(x.dtype)
+    (rdx, rdw, rdb), (mdx, mdw, mdb) = ref_grads(kind, x, dy, ns, w, b, eps)
+    poison_next_alloc(x.numel() * x.element_size(), x.device)
+    if kind == "layer":
+        dx, dw, db = ops.layer_norm_backward(dy, x, ns, mean, rstd, w, b, [True, True])
+    else:
+        dx, dw = ops.rms_norm_backward(dy, x, ns, rstd, w, True)
+        db = torch.empty(0)
+    assert dx.dtype == x.dtype and dx.shape == x.shape
+    assert_within(dx, rdx, mdx, x.dtype, f"dx {msg}")
+    if w is None:
+        assert dw.numel() == 0
+    else:
+        assert dw.dtype == w.dtype and dw.shape == w.shape
+        assert_within(dw, rdw, mdw, w.dtype, f"dweight {msg}")
+    if b is None:
+        assert db.numel() == 0
+    else:
+        assert db.dtype == b.dtype
+        assert_within(db, rdb, mdb, b.dtype, f"dbias {msg}")
+    # Autograd, through the functional API.
+    xa = x.detach().clone().requires_grad_()
+    wa = None if w is None else w.detach().clone().requires_grad_()
+    ba = None if b is None else b.detach().clone().requires_grad_()
+    if kind == "layer":
+        y = fused_ops.layer_norm(xa, ns, wa, ba, eps)
+    else:
+        y = fused_ops.rms_norm(xa, ns, wa, eps)
+    y.backward(dy)
+    assert_within(xa.grad, rdx, mdx, x.dtype, f"autograd dx {msg}")
+    if w is not None:
+        assert_within(wa.grad, rdw, mdw, w.dtype, f"autograd dweight {msg}")
+    if b is not None:
+        assert_within(ba.grad, rdb, mdb, b.dtype, f"autograd dbias {msg}")
+
+
+def check_add(kind, x, residual, ns, w, b, residual_in_fp32, eps=None, msg=""):
+    """add_layer_norm / add_rms_norm forward and backward (dx, d_residual, dweight, dbias)."""
+    eps = _eps(kind, x.dtype, eps)
+    sum_dtype = torch.float32 if residual_in_fp32 and x.dtype != torch.float64 else x.dtype
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    s_ref = (x.to(acc) + residual.to(acc)).to(sum_dtype)  # what the unfused sum holds
+    xa = x.detach().clone().requires_grad_()
+    ra = residual.detach().clone().requires_grad_()
+    wa = None if w is None else w.detach().clone().requires_grad_()
+    ba = None if b is None else b.detach().clone().requires_grad_()
+    poison_next_alloc(x.numel() * x.element_size(), x.device)
+    if kind == "layer":
+        y, s = fused_ops.add_layer_norm(xa, ra, ns, wa, ba, eps, residual_in_fp32)
+    else:
+        y, s = fused_ops.add_rms_norm(xa, ra, ns, wa, eps, residual_in_fp32)
+    assert s.dtype == sum_dtype and y.dtype == x.dtype
+    assert_close(s, s_ref, dtype=sum_dtype, msg=f"sum {msg}")
+    ry, _, _ = ref_forward(kind, s_ref, ns, w, b, eps)
+    assert_close(y, ry, dtype=x.dtype, msg=f"y {msg}")
+    dy = torch.randn(x.shape, device=x.device).to(x.dtype)
+    dsum = torch.randn(x.shape, device=x.device).to(sum_dtype)
+    (rds, rdw, rdb), (mds, mdw, mdb) = ref_grads(kind, s_ref, dy, ns, w, b, eps, dsum=dsum)
+    torch.autograd.backward([y, s], [dy, dsum])
+    assert xa.grad.dtype == x.dtype and ra.grad.dtype == residual.dtype
+    assert_within(xa.grad, rds, mds, x.dtype, f"dx {msg}")
+    assert_within(ra.grad, rds, mds, residual.dtype if residual.dtype != torch.float32
+                  else sum_dtype, f"d_residual {msg}")
+    if w is not None:
+        assert_within(wa.grad, rdw, mdw, w.dtype, f"dweight {msg}")
+    if b is not None:
+        assert_within(ba.grad, rdb, mdb, b.dtype, f"dbias {msg}")
+
+
+# ---- forward / backward over shapes, views, parameter configs ------------------------------
+
+# (shape, normalized_shape): odd sizes, a single element, multi-dim normalized shapes.
+SHAPES = [
+    ((1,), (1,)),
+    ((3, 7), (7,)),
+    ((5, 64), (64,)),
+    ((4, 1000), (1000,)),
+    ((2, 3, 515), (515,)),
+    ((2, 3, 4, 5), (4, 5)),
+    ((2, 3, 4, 6), (3, 4, 6)),
+    ((33, 257), (257,)),
+]
+WCONFIGS = ["same", "fp32", None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape,ns", SHAPES)
+def test_forward_matches_float64(device, dtype, kind, shape, ns):
+    for wcfg in WCONFIGS:
+        w, b = _params(kind, ns, dtype, device, wcfg)
+        for name, x in input_views(shape, dtype, device, scale=2.0):
+            check_forward(kind, x + 0.5, list(ns), w, b, msg=f"view={name} weight={wcfg}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape,ns", SHAPES)
+def test_backward_matches_float64(device, dtype, kind, shape, ns):
+    for wcfg in WCONFIGS:
+        w, b = _params(kind, ns, dtype, device, wcfg)
+        for name, x in input_views(shape, dtype, device, scale=2.0):
+            check_backward(kind, x + 0.5, list(ns), w, b, msg=f"view={name} weight={wcfg}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_weight_only_and_bias_only(device, dtype, kind):
+    x = torch.randn(6, 40, device=device).to(dtype)
+    w, b = _params(kind, (40,), dtype, device, "same")
+    check_forward(kind, x, [40], w, None, msg="weight only")
+    check_backward(kind, x, [40], w, None, msg="weight only")
+    if kind == "layer":
+        check_forward(kind, x, [40], None, b, msg="bias only")
+        check_backward(kind, x, [40], None, b, msg="bias only")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_misaligned_parameters(device, dtype, kind):
+    # weight / bias views one element into their storage: the scalar path.
+    n = 96
+    buf = (1 + torch.randn(2 * n + 2, device=device)).to(dtype)
+    w, b = buf[1:n + 1], (buf[n + 2:] if kind == "layer" else None)
+    x = torch.randn(7, n, device=device).to(dtype)
+    check_forward(kind, x, [n], w, b, msg="misaligned params")
+    check_backward(kind, x, [n], w, b, msg="misaligned params")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_large_mean_rows(device, dtype, kind):
+    # Rows far from zero: E[x^2] - E[x]^2 in float32 loses the variance entirely here.
+    # float32 x (std 1 at mean 1e4): the mean itself is only known to ~1e4 * 2^-24 per
+    # element, so y is held to 2e-3 absolute; 16-bit rows are spread wider (bf16 spacing at
+    # 1e4 is 64).
+    std = 1.0 if dtype == torch.float32 else 300.0
+    x = (1e4 + std * torch.randn(8, 1024, device=device)).to(dtype)
+    w, b = _params(kind, (1024,), dtype, device, "same")
+    eps = _eps(kind, dtype)
+    y, _, _ = fused_forward(kind, x, [1024], w, b, eps)
+    ry, _, _ = ref_forward(kind, x, [1024], w, b, eps)
+    rtol, atol = TOL[dtype]
+    assert_close(y, ry, dtype=dtype, rtol=rtol, atol=2e-3 if dtype == torch.float32 else atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_constant_rows(device, dtype, kind):
+    # Variance 0: y is exactly the bias (layer norm), nothing is NaN. 1.5 is dyadic, so any
+    # summation order gets the mean exactly.
+    for n in (1, 8, 1000, 4096):
+        x = torch.full((3, n), 1.5, device=device, dtype=dtype)
+        w, b = _params(kind, (n,), dtype, device, "same")
+        check_forward(kind, x, [n], w, b, msg=f"constant n={n}")
+        check_backward(kind, x, [n], w, b, msg=f"constant n={n}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual_in_fp32", [False, True])
+def test_add_norm_matches_float64(device, dtype, kind, residual_in_fp32):
+    for shape, ns in [((3, 7), (7,)), ((4, 1000), (1000,)), ((2, 3, 4, 6), (4, 6))]:
+        for rdtype in {dtype, torch.float32}:
+            w, b = _params(kind, ns, dtype, device, "same")
+            for name, x in input_views(shape, dtype, device):
+                r = torch.randn(shape, device=device).to(rdtype)
+                check_add(kind, x, r, list(ns), w, b, residual_in_fp32,
+                          msg=f"view={name} residual={rdtype}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_norm_float32_params_and_grad_sum_none(device):
+    x = torch.randn(5, 48, device=device).to(torch.bfloat16)
+    r = torch.randn(5, 48, device=device)
+    w, b = _params("layer", (48,), torch.bfloat16, device, "fp32")
+    check_add("layer", x, r, [48], w, b, True, msg="fp32 params")
+    # Only the normalized output used: grad_sum arrives as None (or zeros).
+    y, s, mean, rstd = ops.add_layer_norm(x, r, [48], w, b, 1e-5, True)
+    dy = torch.randn_like(x)
+    ds_none, _, _ = ops.add_layer_norm_backward(dy, None, s, [48], mean, rstd, w, b, [True, True])
+    ds_zero, _, _ = ops.add_layer_norm_backward(dy, torch.zeros_like(s), s, [48], mean, rstd, w,
+                                                b, [True, True])
+    torch.testing.assert_close(ds_none, ds_zero)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_masked_param_grads(device):
+    x = torch.randn(4, 16, device=device)
+    w, b = _params("layer", (16,), torch.float32, device, "same")
+    y, mean, rstd = ops.layer_norm(x, [16], w, b, 1e-5)
+    dy = torch.randn_like(x)
+    dx, dw, db = ops.layer_norm_backward(dy, x, [16], mean, rstd, w, b, [False, True])
+    assert dw.numel() == 0 and db.shape == (16,)
+    dx2, dw2, db2 = ops.layer_norm_backward(dy, x, [16], mean, rstd, w, b, [True, False])
+    assert dw2.shape == (16,) and db2.numel() == 0
+    torch.testing.assert_close(dx, dx2)
+    # A parameter that does not require grad gets none through autograd.
+    xa = x.clone().requires_grad_()
+    fused_ops.layer_norm(xa, [16], w, b.clone().requires_grad_()).sum().backward()
+    assert xa.grad is not None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_torch_functional(device, kind):
+    x = torch.randn(8, 5, 24, device=device)
+    w = torch.randn(5, 24, device=device)
+    b = torch.randn(5, 24, device=device)
+    if kind == "layer":
+        torch.testing.assert_close(fused_ops.layer_norm(x, (5, 24), w, b),
+                                   F.layer_norm(x, (5, 24), w, b))
+        torch.testing.assert_close(fused_ops.layer_norm(x, 24), F.layer_norm(x, (24,)))
+    else:
+        torch.testing.assert_close(fused_ops.rms_norm(x, (5, 24), w), F.rms_norm(x, (5, 24), w))
+        torch.testing.assert_close(fused_ops.rms_norm(x, [24], None, 1e-3),
+                                   F.rms_norm(x, [24], None, 1e-3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty(device):
+    for shape, ns in [((0, 8), [8]), ((3, 0), [0]), ((2, 0, 4), [4])]:
+        x = torch.randn(shape, device=device)
+        w = torch.randn(ns, device=device)
+        y, mean, rstd = ops.layer_norm(x, ns, w, w, 1e-5)
+        assert y.shape == x.shape and mean.shape == x.shape[:-1]
+        dx, dw, db = ops.layer_norm_backward(x, x, ns, mean, rstd, w, w, [True, True])
+        assert dx.shape == x.shape and dw.shape == tuple(ns)
+        assert (dw == 0).all() and (db == 0).all()  # sums over no rows
+        y, s, r = ops.add_rms_norm(x, x, ns, w, None, True)
+        assert y.shape == x.shape and s.dtype == torch.float32
+
+
+# ---- autograd machinery -------------------------------------------------------------------
+
+
+def test_gradcheck_float64():
+    def t(*s, **kw):
+        return torch.randn(*s, dtype=torch.float64, **kw).requires_grad_()
+
+    x, r = t(3, 4, 5), t(3, 4, 5)
+    w, b = t(4, 5), t(4, 5)
+    gc = torch.autograd.gradcheck
+    assert gc(lambda x, w, b: fused_ops.layer_norm(x, (4, 5), w, b), (x, w, b))
+    assert gc(lambda x: fused_ops.layer_norm(x, (5,)), (x,))
+    assert gc(lambda x, w: fused_ops.rms_norm(x, (4, 5), w), (x, w))
+    assert gc(lambda x: fused_ops.rms_norm(x, (5,), None, 1e-6), (x,))
+    assert gc(lambda x, r, w, b: fused_ops.add_layer_norm(x, r, (4, 5), w, b), (x, r, w, b))
+    assert gc(lambda x, r, w: fused_ops.add_rms_norm(x, r, (5,), w[0]), (x, r, w))
+
+
+def _opcheck_cases(device):
+    x = torch.randn(6, 4, 10, device=device, requires_grad=True)
+    r = torch.randn(6, 4, 10, device=device, requires_grad=True)
+    w = torch.randn(10, device=device, requires_grad=True)
+    b = torch.randn(10, device=device, requires_grad=True)
+    ns = [10]
+    y, mean, rstd = ops.layer_norm(x.detach(), ns, w.detach(), b.detach(), 1e-5)
+    _, rrstd = ops.rms_norm(x.detach(), ns, w.detach(), None)
+    _, s, smean, srstd = ops.add_layer_norm(x.detach(), r.detach(), ns, w.detach(), b.detach(),
+                                            1e-5, True)
+    _, s2, s2rstd = ops.add_rms_norm(x.detach(), r.detach(), ns, w.detach(), None, False)
+    dy = torch.randn_like(y)
+    d = lambda t: t.detach()  # noqa: E731
+    return [
+        (ops.layer_norm.default, (x, ns, w, b, 1e-5)),
+        (ops.layer_norm.default, (x, ns, None, None, 1e-3)),
+        (ops.rms_norm.default, (x, ns, w, None)),
+        (ops.add_layer_norm.default, (x, r, ns, w, b, 1e-5, True)),
+        (ops.add_rms_norm.default, (x, r, ns, w, 1e-6, False)),
+        (ops.layer_norm_backward.default, (dy, d(x), ns, mean, rstd, d(w), d(b), [True, True])),
+        (ops.layer_norm_backward.default, (dy, d(x), ns, mean, rstd, None, None, [False, False])),
+        (ops.rms_norm_backward.default, (dy, d(x), ns, rrstd, d(w), True)),
+        (ops.add_layer_norm_backward.default,
+         (dy, torch.randn_like(s), s, ns, smean, srstd, d(w), d(b), [True, True])),
+        (ops.add_rms_norm_backward.default, (dy, None, s2, ns, s2rstd, d(w), True)),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args in _opcheck_cases(device):
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    torch._dynamo.reset()
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    r = torch.randn(8, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    b = torch.randn(64, device=device, requires_grad=True)
+
+    def f(x, r, w, b):
+        h = fused_ops.layer_norm(x, (64,), w, b)
+        y, s = fused_ops.add_rms_norm(h, r, (64,), w)
+        return (y * s).sum()
+
+    out = torch.compile(f, fullgraph=True)(x, r, w, b)
+    out.backward()
+    grads = [t.grad.clone() for t in (x, r, w, b)]
+    args64 = [t.detach().double().requires_grad_() for t in (x, r, w, b)]
+    h = reference.layer_norm(args64[0], (64,), args64[2], args64[3])
+    s = h + args64[1]
+    ref = (reference.rms_norm(s, (64,), args64[2], torch.finfo(torch.float32).eps) * s).sum()
+    ref.backward()
+    assert_close(out, ref, dtype=torch.float32, rtol=1e-5, atol=1e-3)
+    for g, a in zip(grads, args64):
+        torch.testing.assert_close(g.double().cpu(), a.grad.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_nn_modules_are_drop_in():
+    for ours, theirs, kw in [
+        (fused_ops.nn.LayerNorm, torch.nn.LayerNorm, {}),
+        (fused_ops.nn.LayerNorm, torch.nn.LayerNorm, {"bias": False}),
+        (fused_ops.nn.LayerNorm, torch.nn.LayerNorm, {"elementwise_affine": False}),
+        (fused_ops.nn.RMSNorm, torch.nn.RMSNorm, {}),
+        (fused_ops.nn.RMSNorm, torch.nn.RMSNorm, {"eps": 1e-6}),
+    ]:
+        ref = theirs((3, 16), **kw)
+        for p in ref.parameters():
+            p.data.normal_()
+        m = ours((3, 16), **kw)
+        assert isinstance(m, theirs)
+        m.load_state_dict(ref.state_dict())
+        assert repr(m) == repr(ref)
+        x = torch.randn(2, 3, 16)
+        torch.testing.assert_close(m(x), ref(x))
+    assert isinstance(fused_ops.nn.LayerNorm(16), torch.nn.LayerNorm)
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device):
+    x = torch.randn(4, 8, device=device)
+    w = torch.randn(8, device=device)
+    with pytest.raises(RuntimeError, match=r"expected x to end with normalized_shape=\[6\]"):
+        fused_ops.layer_norm(x, (6,), w)
+    with pytest.raises(RuntimeError, match=r"normalized_shape=\[2, 4, 8\].*shape \[4, 8\]"):
+        fused_ops.rms_norm(x, (2, 4, 8))
+    with pytest.raises(RuntimeError, match="normalized_shape to have at least one dimension"):
+        ops.layer_norm(x, [], None, None, 1e-5)
+    with pytest.raises(RuntimeError, match=r"expected weight of shape \[8\].*got \[4\]"):
+        fused_ops.layer_norm(x, (8,), torch.randn(4, device=device))
+    with pytest.raises(RuntimeError, match=r"expected bias of shape \[8\].*got \[1, 8\]"):
+        fused_ops.layer_norm(x, (8,), w, torch.randn(1, 8, device=device))
+    with pytest.raises(RuntimeError, match="expected x to be float32.*got Long"):
+        fused_ops.layer_norm(torch.ones(2, 8, dtype=torch.long, device=device), (8,))
+    with pytest.raises(RuntimeError, match=r"expected weight to have x's dtype \(BFloat16\) or "
+                                           r"float32, but got Half"):
+        fused_ops.rms_norm(x.bfloat16(), (8,), w.half())
+    with pytest.raises(RuntimeError, match="expected weight and bias to have the same dtype"):
+        fused_ops.layer_norm(x.half(), (8,), w.half(), w)
+    with pytest.raises(RuntimeError, match="expected residual and x to have the same shape"):
+        fused_ops.add_layer_norm(x, torch.randn(4, 9, device=device), (8,))
+    with pytest.raises(RuntimeError, match=r"expected residual to have x's dtype \(Float\) or "
+                                           r"float32, but got Half"):
+        fused_ops.add_rms_norm(x, x.half(), (8,))
+    y, mean, rstd = ops.layer_norm(x, [8], w, None, 1e-5)
+    with pytest.raises(RuntimeError, match="expected rstd to hold one value per row"):
+        ops.layer_norm_backward(x, x, [8], mean, rstd[:2], w, None, [True, False])
+    with pytest.raises(RuntimeError, match="expected mean to be Float, but got Half"):
+        ops.layer_norm_backward(x, x, [8], mean.half(), rstd, w, None, [True, False])
+    with pytest.raises(RuntimeError, match="expected grad_out and x to have the same dtype"):
+        ops.rms_norm_backward(x.half(), x, [8], rstd, w, True)
+    with pytest.raises(RuntimeError, match="expected grad_out and x to have the same shape"):
+        ops.rms_norm_backward(x[:2], x, [8], rstd, w, True)
+    with pytest.raises(RuntimeError, match="expected sum to have grad_out's dtype"):
+        ops.add_rms_norm_backward(x.half(), None, x.bfloat16(), [8], rstd, None, False)
+
+
+@CUDA
+def test_cuda_device_mismatch():
+    x = torch.randn(4, 8, device="cuda")
+    with pytest.raises(RuntimeError, match="expected weight and x on the same device"):
+        fused_ops.layer_norm(x, (8,), torch.randn(8))
+    with pytest.raises(RuntimeError, match="expected bias and x on the same device"):
+        fused_ops.layer_norm(x, (8,), None, torch.randn(8))
+    with pytest.raises(RuntimeError, match="expected residual and x on the same device"):
+        fused_ops.add_layer_norm(x, torch.randn(4, 8), (8,))
+    _, rstd = ops.rms_norm(x, [8], None, None)
+    with pytest.raises(RuntimeError, match="expected rstd and x on the same device"):
+        ops.rms_norm_backward(x, x, [8], rstd.cpu(), None, False)
+    with pytest.raises(RuntimeError, match="float64"):
+        fused_ops.layer_norm(x.double(), (8,))
+
+
+# ---- GPU: every kernel strategy, both sides of each threshold ------------------------------
+# Forward (bf16/fp16 vectors of 8, fp32 vectors of 4, scalar path when cols is not a
+# multiple or a pointer is misaligned): sub-warp groups up to 32 threads x 4 vectors, warps
+# per row x 4 vectors up to 512 threads, x 8 vectors up to 1024 threads, then the long-row
+# kernel. Backward: 16 elements per thread, sub-warp up to 512 columns, warps up to 8192
+# columns, then row sums + column tiles.
+GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 511, 512, 513, 520, 1000, 1024, 1032, 2048, 2056,
+            4096, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776, 50257, 65536,
+            65544, 131072]
+
+
+def _gpu_rows(cols):
+    return max(2, min(300, (1 << 21) // max(cols, 1)))  # a few hundred rows at most, ~2M elems
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", GPU_COLS)
+def test_cuda_strategies(dtype, kind, cols):
+    rows = _gpu_rows(cols)
+    x = (torch.randn(rows, cols, device="cuda") + 0.5).to(dtype)
+    for wcfg in ["same", "fp32"]:
+        w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
+        check_forward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
+        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
+    # The scalar path for the same length: x one element off an aligned allocation.
+    xo = torch.empty(rows * cols + 1, device="cuda", dtype=dtype)[1:].view(rows, cols)
+    xo.copy_(x)
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    check_forward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
+    check_backward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual_in_fp32", [False, True])
+@pytest.mark.parametrize("cols", [7, 512, 1024, 4096, 8200, 16384, 32768, 32776, 65536])
+def test_cuda_add_strategies(dtype, kind, residual_in_fp32, cols):
+    rows = _gpu_rows(cols)
+    x = torch.randn(rows, cols, device="cuda").to(dtype)
+    rdtype = torch.float32 if residual_in_fp32 else dtype
+    r = torch.randn(rows, cols, device="cuda").to(rdtype)
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    check_add(kind, x, r, [cols], w, b, residual_in_fp32, msg=f"cols={cols}")
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_many_rows(kind):
+    # Persistent backward grids: each block visits many rows and merges several row groups'
+    # dweight / dbias partials; tiny rows put 256-512 rows in one block.
+    for rows, cols in [(20000, 1), (20000, 7), (9000, 64), (5000, 1000), (3000, 4096),
+                       (1500, 16384)]:
+        x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+        w, b = _params(kind, (cols,), torch.bfloat16, "cuda", "fp32")
+        check_forward(kind, x, [cols], w, b, msg=f"{rows}x{cols}")
+        check_backward(kind, x, [cols], w, b, msg=f"{rows}x{cols}")
+
+
+@CUDA
+def test_cuda_deterministic_param_grads():
+    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.float32)
+    y, mean, rstd = ops.layer_norm(x, [1024], w, w, 1e-5)
+    dy = torch.randn_like(x)
+    first = ops.layer_norm_backward(dy, x, [1024], mean, rstd, w, w, [True, True])
+    for _ in range(3):
+        again = ops.layer_norm_backward(dy, x, [1024], mean, rstd, w, w, [True, True])
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+@CUDA
+def test_cuda_large_mean_long_rows():
+    # The long-row kernel's Welford merge at mean 1e4.
+    x = 1e4 + torch.randn(4, 70000, device="cuda")
+    y, mean, rstd = ops.layer_norm(x, [70000], None, None, 1e-5)
+    ry, rmean, rrstd = ref_forward("layer", x, [70000], None, None, 1e-5)
+    assert_close(y, ry, rtol=1e-5, atol=2e-3)
+    assert_close(rstd, rrstd, rtol=1e-3, atol=0)
+
+
+@CUDA
+def test_cuda_large_tensor_int64_offsets():
+    # More than 2^31 elements: row offsets must be 64-bit.
+    rows, cols = (1 << 31) // 4096 + 3, 4096
+    try:
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory")
+    y, _ = ops.rms_norm(x, [cols], None, None)
+    tail = x[-3:]
+    ry, _, _ = ref_forward("rms", tail, [cols], None, None, torch.finfo(torch.bfloat16).eps)
+    assert_close(y[-3:], ry)
