@@ -5,6 +5,8 @@ from . import functional as F
 
 __all__ = [
     "GELU",
+    "Softmax",
+    "LogSoftmax",
 ]
 
 
@@ -13,3 +15,24 @@ class GELU(torch.nn.GELU):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.gelu(input, approximate=self.approximate)
+
+
+def _legacy_softmax_dim(ndim: int) -> int:
+    # What torch.nn.Softmax(dim=None) picks (with a deprecation warning there).
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+class Softmax(torch.nn.Softmax):
+    """torch.nn.Softmax(dim) on the fused kernel."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
+        return F.softmax(input, dim)
+
+
+class LogSoftmax(torch.nn.LogSoftmax):
+    """torch.nn.LogSoftmax(dim) on the fused kernel."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
+        return F.log_softmax(input, dim)
