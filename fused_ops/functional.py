@@ -12,6 +12,8 @@ __all__ = [
     "rms_norm",
     "add_layer_norm",
     "add_rms_norm",
+    "softmax",
+    "log_softmax",
 ]
 
 
@@ -49,3 +51,21 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
     y, s, _ = ops.add_rms_norm(input, residual, _shape(normalized_shape), weight, eps,
                                residual_in_fp32)
     return y, s
+def softmax(input: torch.Tensor, dim: int = -1, *, scale: float = 1.0, causal: bool = False,
+            dtype: torch.dtype = None) -> torch.Tensor:
+    """softmax(scale * input) along dim, as torch.softmax (default dim: the last).
+
+    causal=True treats the last two dims as (query i, key j) and masks keys j > i before
+    the softmax (output 0 there), as scaled_dot_product_attention(is_causal=True); it
+    needs dim=-1. With dtype, the input is cast first, as in torch.nn.functional.softmax.
+    """
+    if dtype is not None:
+        input = input.to(dtype)
+    return ops.softmax(input, dim, scale=scale, causal=causal)
+
+
+def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: torch.dtype = None) -> torch.Tensor:
+    """log_softmax along dim, as torch.log_softmax (default dim: the last)."""
+    if dtype is not None:
+        input = input.to(dtype)
+    return ops.log_softmax(input, dim)

@@ -7,6 +7,8 @@ __all__ = [
     "GELU",
     "LayerNorm",
     "RMSNorm",
+    "Softmax",
+    "LogSoftmax",
 ]
 
 
@@ -29,3 +31,22 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+def _legacy_softmax_dim(ndim: int) -> int:
+    # What torch.nn.Softmax(dim=None) picks (with a deprecation warning there).
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+class Softmax(torch.nn.Softmax):
+    """torch.nn.Softmax(dim) on the fused kernel."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
+        return F.softmax(input, dim)
+
+
+class LogSoftmax(torch.nn.LogSoftmax):
+    """torch.nn.LogSoftmax(dim) on the fused kernel."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
+        return F.log_softmax(input, dim)

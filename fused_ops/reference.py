@@ -56,3 +56,22 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, residual_
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     return rms_norm(s, normalized_shape, weight, eps).to(x.dtype), s
+def causal_mask(lq: int, lk: int, device=None) -> torch.Tensor:
+    """True where key j > query i (masked), as scaled_dot_product_attention(is_causal=True)."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(1)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, scale: float = 1.0,
+            causal: bool = False) -> torch.Tensor:
+    if scale != 1.0:
+        x = x * scale
+    if causal:
+        x = x.masked_fill(causal_mask(x.shape[-2], x.shape[-1], x.device), float("-inf"))
+    m = torch.amax(x, dim, keepdim=True)
+    e = torch.exp(x - m)
+    return e / torch.sum(e, dim, keepdim=True)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    z = x - torch.amax(x, dim, keepdim=True)
+    return z - torch.log(torch.sum(torch.exp(z), dim, keepdim=True))
