@@ -5,6 +5,7 @@ from . import functional as F
 
 __all__ = [
     "GELU",
+    "Dropout",
 ]
 
 
@@ -13,3 +14,10 @@ class GELU(torch.nn.GELU):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.gelu(input, approximate=self.approximate)
+
+
+class Dropout(torch.nn.Dropout):
+    """torch.nn.Dropout on the fused kernel (the mask is regenerated in backward, not stored)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.dropout(input, self.p, self.training, self.inplace)
