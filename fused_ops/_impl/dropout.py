@@ -7,8 +7,17 @@ The forward ops carry the `nondeterministic_seeded` tag (csrc/ops.cpp), so torch
 neither merges two calls nor recomputes one in backward.
 """
 import torch
+from torch._library.effects import EffectType
 
 ops = torch.ops.fused
+
+# Under torch.compile, AOTAutograd's common-subexpression pass exempts only a fixed list of
+# aten random ops, not the nondeterministic_seeded tag: two dropout calls on the same input
+# would be merged into one mask. Registering the random forward ops as ORDERED effects
+# threads a token through every call, so no two are merged and they draw from the
+# generator in program order, as in eager mode (tests/test_dropout.py::test_compile_fullgraph).
+for _op in ("fused::dropout", "fused::dropout_", "fused::bias_dropout_add"):
+    torch.library._register_effectful_op(_op, EffectType.ORDERED)
 
 
 def _seed_offset_like(x):
