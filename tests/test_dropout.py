@@ -553,32 +553,27 @@ def test_compile_fullgraph(device):
     b = torch.randn(40, device=device, requires_grad=True)
     r = torch.randn(16, 40, device=device, requires_grad=True)
 
-    # One random op per function: compiled and eager draw the same mask from the same seed.
-    def drop(t):
-        return fused_ops.dropout(t, p)
+    # Two dropouts of the same input are two independent masks (not merged by the compiler's
+    # CSE: see fused_ops/_impl/dropout.py), drawn in program order, so compiled and eager give
+    # the same masks from the same seed; backward regenerates each call's own mask.
+    def f(t, bias, res):
+        o, so = ops.bias_dropout_add(t, bias, res, p, True)
+        return fused_ops.dropout(t, p), fused_ops.dropout(t, p), o, so
 
-    def bda(t, bias, res):
-        return fused_ops.bias_dropout_add(t, bias, res, p)
-
-    for fn, args in [(drop, (x,)), (bda, (x, b, r))]:
-        compiled = torch.compile(fn, fullgraph=True)
-        compiled(*args)  # compile outside the seeded region
-        torch.manual_seed(9)
-        out = compiled(*args)
-        torch.manual_seed(9)
-        assert torch.equal(out, fn(*args)), fn.__name__
-
-    # Two calls in one graph are two independent masks (the nondeterministic_seeded tag keeps
-    # them from being merged), and backward regenerates each one's own mask.
-    def two(t):
-        return fused_ops.dropout(t, p), fused_ops.dropout(t, p)
-
-    a, c = torch.compile(two, fullgraph=True)(x)
+    compiled = torch.compile(f, fullgraph=True)
+    compiled(x, b, r)  # compile outside the seeded region
+    torch.manual_seed(9)
+    a, c, o, so = compiled(x, b, r)
+    torch.manual_seed(9)
+    for got, want in zip((a, c, o, so), f(x, b, r)):
+        assert torch.equal(got, want)
     assert not torch.equal(a != 0, c != 0)
-    x.grad = None
-    (a.sum() + 2 * c.sum()).backward()
-    expected = (torch.where(a != 0, 1.0, 0.0) + 2 * torch.where(c != 0, 1.0, 0.0)) / (1 - p)
-    torch.testing.assert_close(x.grad, expected.detach(), rtol=1e-6, atol=0)
+    (a.sum() + 2 * c.sum() + o.sum()).backward()
+    mask_o = mask_from_seed(so, x.shape, p, device)
+    masks = torch.where(a != 0, 1.0, 0.0) + 2 * torch.where(c != 0, 1.0, 0.0) + mask_o.float()
+    torch.testing.assert_close(x.grad, masks.detach() / (1 - p), rtol=1e-6, atol=0)
+    torch.testing.assert_close(b.grad, mask_o.float().sum(0) / (1 - p), rtol=1e-5, atol=1e-5)
+    assert torch.equal(r.grad, torch.ones_like(r))
 
     # The module, in place under no_grad, compiles too.
     torch._dynamo.reset()

@@ -89,26 +89,30 @@ __device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, uint64_t s
   }
 }
 
-// V consecutive elements from e0: one 16-byte load when VEC (the caller guarantees
-// alignment), else guarded scalar loads (elements past n read as 0).
-template <typename T, int V, bool VEC>
+// V consecutive elements from e0: one 16-byte load when FULL (the caller guarantees
+// alignment and that the group lies inside the tensor), else guarded scalar loads (elements
+// past n read as 0).
+template <typename T, int V, bool FULL>
 __device__ __forceinline__ Vec<T, V> load_group(const T* p, int64_t e0, int64_t n) {
-  if (VEC && e0 + V <= n) return load_vec<T, V>(p + e0);
-  Vec<T, V> v;
+  if constexpr (FULL) {
+    return load_vec<T, V>(p + e0);
+  } else {
+    Vec<T, V> v;
 #pragma unroll
-  for (int j = 0; j < V; ++j) v.v[j] = e0 + j < n ? p[e0 + j] : T(0);
-  return v;
+    for (int j = 0; j < V; ++j) v.v[j] = e0 + j < n ? p[e0 + j] : T(0);
+    return v;
+  }
 }
 
-template <typename T, int V, bool VEC>
+template <typename T, int V, bool FULL>
 __device__ __forceinline__ void store_group(T* p, int64_t e0, int64_t n, const Vec<T, V>& v) {
-  if (VEC && e0 + V <= n) {
+  if constexpr (FULL) {
     store_vec<T, V>(p + e0, v);
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    if (e0 + j < n) p[e0 + j] = v.v[j];
+    for (int j = 0; j < V; ++j) {
+      if (e0 + j < n) p[e0 + j] = v.v[j];
+    }
   }
 }
 
@@ -126,29 +130,27 @@ struct DropoutArgs {
   RngArgs rng;
 };
 
-// out = [res +] mask * scale * (x [+ bias]) over n elements, in groups of V consecutive
-// elements; each thread takes U groups spaced kThreads apart, loading all before computing.
-// DROP = false: no mask (bias_dropout_add in eval), no randomness drawn.
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
-__global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
-  constexpr int U = RES ? 2 : 4;
-  uint64_t seed = 0, offset = 0;
-  if constexpr (DROP) rng_seed_offset(a.rng, seed, offset);
+template <bool RES>
+constexpr int groups_per_thread() {
+  return RES ? 2 : 4;
+}
 
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * U + threadIdx.x;
-  // Column of the first element of this thread's first group; advanced by col_step per group
-  // (one subtraction wraps it: col < cols and col_step < cols).
-  int64_t col = BIAS ? (first * V) % a.cols : 0;
-
+// One thread's U groups of V elements, spaced kThreads groups apart: all loads first (U
+// loads in flight per input), then the mask and the stores. FULL: every group is whole and
+// 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
+template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP>
+__device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first,
+                                               int64_t col, uint64_t seed, uint64_t offset) {
+  constexpr int U = groups_per_thread<RES>();
   Vec<T, V> xv[U], rv[U], bv[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int64_t e0 = (first + static_cast<int64_t>(u) * kThreads) * V;
-    if (e0 < a.n) {
-      xv[u] = load_group<T, V, VEC>(a.x, e0, a.n);
-      if constexpr (RES) rv[u] = load_group<T, V, VEC>(a.res, e0, a.n);
+    if (FULL || e0 < a.n) {
+      xv[u] = load_group<T, V, FULL>(a.x, e0, a.n);
+      if constexpr (RES) rv[u] = load_group<T, V, FULL>(a.res, e0, a.n);
       if constexpr (BIAS) {
-        if constexpr (VEC) {
+        if constexpr (FULL) {
           bv[u] = load_vec<T, V>(a.bias + col);  // cols % V == 0: the group is in one row
         } else {
           int64_t c = col;
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
         }
       }
     }
-    if constexpr (BIAS) {
+    if constexpr (BIAS) {  // one subtraction wraps it: col < cols and col_step < cols
       col += a.col_step;
       if (col >= a.cols) col -= a.cols;
     }
@@ -169,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int64_t e0 = (first + static_cast<int64_t>(u) * kThreads) * V;
-    if (e0 >= a.n) break;
+    if (!FULL && e0 >= a.n) break;
     float k[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -182,14 +184,37 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
     for (int j = 0; j < V; ++j) {
       o.v[j] = static_cast<T>(RES ? static_cast<float>(rv[u].v[j]) + k[j] : k[j]);
     }
-    store_group<T, V, VEC>(a.out, e0, a.n, o);
+    store_group<T, V, FULL>(a.out, e0, a.n, o);
   }
+}
+
+// out = [res +] mask * scale * (x [+ bias]) over n elements, in groups of V consecutive
+// elements. VEC: all pointers 16-byte aligned (and cols % V == 0 with a bias); threads whose
+// groups are all whole take the vector path, the rest (the tail) guarded scalars. !VEC: V = 4
+// scalars per group, one Philox call each. DROP = false: no mask (bias_dropout_add in eval),
+// no randomness drawn.
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
+__global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
+  constexpr int U = groups_per_thread<RES>();
+  uint64_t seed = 0, offset = 0;
+  if constexpr (DROP) rng_seed_offset(a.rng, seed, offset);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * U + threadIdx.x;
+  // Column of the first element of this thread's first group.
+  const int64_t col = BIAS ? (first * V) % a.cols : 0;
+  if constexpr (VEC) {
+    const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
+    if (last_end <= a.n) {
+      dropout_thread<T, V, true, BIAS, RES, DROP>(a, first, col, seed, offset);
+      return;
+    }
+  }
+  dropout_thread<T, V, false, BIAS, RES, DROP>(a, first, col, seed, offset);
 }
 
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
 void launch_dropout_kernel(DropoutArgs<T> a) {
   a.col_step = BIAS ? (static_cast<int64_t>(kThreads) * V) % a.cols : 0;
-  constexpr int U = RES ? 2 : 4;
+  constexpr int U = groups_per_thread<RES>();
   const int64_t groups = ceil_div(a.n, V);
   const int64_t blocks = ceil_div(groups, static_cast<int64_t>(kThreads) * U);
   dropout_kernel<T, V, VEC, BIAS, RES, DROP><<<blocks, kThreads, 0, current_stream()>>>(a);
@@ -351,15 +376,63 @@ constexpr int kGradTX = 32;  // lanes along columns (a warp covers kGradTX * V c
 constexpr int kGradTY = kThreads / kGradTX;  // warps along rows
 constexpr int kGradRows = 4;  // rows each thread loads before computing
 
+// kGradRows rows r, r + kGradTY, ... of one thread's V columns from c0: loads first, then
+// dx = mask * scale * dy stored and added to acc. FULL: all rows exist (unconditional
+// loads); otherwise rows from r_end on are skipped. VEC: 16-byte loads (cols % V == 0);
+// otherwise V == 1.
+template <typename T, int V, bool VEC, bool DROP, bool FULL>
+__device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
+                                               float (&acc)[V], int64_t r, int64_t r_end,
+                                               int64_t cols, int64_t c0, uint64_t seed,
+                                               uint64_t offset, uint32_t threshold,
+                                               float scale) {
+  Vec<T, V> g[kGradRows];
+#pragma unroll
+  for (int rr = 0; rr < kGradRows; ++rr) {
+    const int64_t row = r + rr * kGradTY;
+    if (FULL || row < r_end) {
+      const T* p = dy + row * cols + c0;
+      if constexpr (VEC) {
+        g[rr] = load_vec<T, V>(p);
+      } else {
+        g[rr].v[0] = *p;
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kGradRows; ++rr) {
+    const int64_t row = r + rr * kGradTY;
+    if (!FULL && row >= r_end) break;
+    float k[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) k[j] = static_cast<float>(g[rr].v[j]);
+    if constexpr (DROP) apply_mask<V>(k, row * cols + c0, seed, offset, threshold, scale);
+    Vec<T, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      acc[j] += k[j];
+      o.v[j] = static_cast<T>(k[j]);
+    }
+    T* q = dx + row * cols + c0;
+    if constexpr (VEC) {
+      store_vec<T, V>(q, o);
+    } else {
+      *q = o.v[0];
+    }
+  }
+}
+
 // Block (blockIdx.x, blockIdx.y) covers columns [blockIdx.x * 32 * V, +32 * V) of rows
 // [blockIdx.y * rows_per_chunk, +rows_per_chunk). Each thread owns V columns and walks its
-// rows, writing dx and summing dx in float; the block's 8 row-lanes are combined in shared
-// memory in a fixed order and written to partial[blockIdx.y][column].
+// rows (a warp reads 32 * V contiguous columns of a row), writing dx and summing dx in
+// float; the block's 8 row-lanes are combined in shared memory in a fixed order and written
+// to partial[blockIdx.y][column].
 template <typename T, int V, bool VEC, bool DROP>
 __global__ void __launch_bounds__(kThreads)
     bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partial,
                      const int64_t* __restrict__ saved, int64_t rows, int64_t cols,
                      int64_t rows_per_chunk, uint32_t threshold, float scale) {
+  static_assert(VEC || V == 1, "the scalar path takes one column per thread");
   __shared__ float smem[kGradTY][kGradTX * V];
   const int tx = threadIdx.x % kGradTX;
   const int ty = threadIdx.x / kGradTX;
@@ -378,43 +451,12 @@ __global__ void __launch_bounds__(kThreads)
 
   if (c0 < cols) {  // VEC: cols % V == 0, so the whole group is inside the row
     for (int64_t r = r_begin + ty; r < r_end; r += kGradTY * kGradRows) {
-      Vec<T, V> g[kGradRows];
-#pragma unroll
-      for (int rr = 0; rr < kGradRows; ++rr) {
-        const int64_t row = r + rr * kGradTY;
-        if (row < r_end) {
-          const T* p = dy + row * cols + c0;
-          if constexpr (VEC) {
-            g[rr] = load_vec<T, V>(p);
-          } else {
-#pragma unroll
-            for (int j = 0; j < V; ++j) g[rr].v[j] = c0 + j < cols ? p[j] : T(0);
-          }
-        }
-      }
-#pragma unroll
-      for (int rr = 0; rr < kGradRows; ++rr) {
-        const int64_t row = r + rr * kGradTY;
-        if (row >= r_end) break;
-        float k[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) k[j] = static_cast<float>(g[rr].v[j]);
-        if constexpr (DROP) apply_mask<V>(k, row * cols + c0, seed, offset, threshold, scale);
-        Vec<T, V> o;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          acc[j] += k[j];
-          o.v[j] = static_cast<T>(k[j]);
-        }
-        T* q = dx + row * cols + c0;
-        if constexpr (VEC) {
-          store_vec<T, V>(q, o);
-        } else {
-#pragma unroll
-          for (int j = 0; j < V; ++j) {
-            if (c0 + j < cols) q[j] = o.v[j];
-          }
-        }
+      if (r + (kGradRows - 1) * kGradTY < r_end) {
+        bias_grad_rows<T, V, VEC, DROP, true>(dy, dx, acc, r, r_end, cols, c0, seed, offset,
+                                              threshold, scale);
+      } else {
+        bias_grad_rows<T, V, VEC, DROP, false>(dy, dx, acc, r, r_end, cols, c0, seed, offset,
+                                               threshold, scale);
       }
     }
   }
