@@ -34,6 +34,16 @@ TORCH_LIBRARY(fused, m) {
   m.def("log_softmax(Tensor x, int dim=-1) -> Tensor");
   // log_softmax_backward: dx = dy - exp(y) * sum(dy, dim), from the forward's output y.
   m.def("log_softmax_backward(Tensor grad_out, Tensor y, int dim=-1) -> Tensor");
+  // dropout: y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from Philox; seed_offset (int64[2]) regenerates the mask.
+  m.def("dropout(Tensor x, float p, bool training, *, Generator? generator=None) -> (Tensor y, Tensor seed_offset)", {at::Tag::nondeterministic_seeded});
+  // dropout_: in place into x (no autograd; fused_ops.dropout(inplace=True) routes around it when grads are needed).
+  m.def("dropout_(Tensor(a!) x, float p, bool training, *, Generator? generator=None) -> Tensor seed_offset", {at::Tag::nondeterministic_seeded});
+  // dropout_backward: grad_x = keep * grad_out / (1 - p), the mask regenerated from seed_offset.
+  m.def("dropout_backward(Tensor grad_out, Tensor seed_offset, float p) -> Tensor");
+  // bias_dropout_add: out = residual + dropout(x + bias), bias of shape [x.size(-1)] or None.
+  m.def("bias_dropout_add(Tensor x, Tensor? bias, Tensor residual, float p, bool training, *, Generator? generator=None) -> (Tensor out, Tensor seed_offset)", {at::Tag::nondeterministic_seeded});
+  // bias_dropout_add_backward: grad_x = keep * grad_out / (1 - p), grad_bias = grad_x summed over rows.
+  m.def("bias_dropout_add_backward(Tensor grad_out, Tensor seed_offset, float p) -> (Tensor grad_x, Tensor grad_bias)");
 }
 
 // A Python module with no functions: importing fused_ops._C runs the static registrations

@@ -9,6 +9,7 @@ __all__ = [
     "RMSNorm",
     "Softmax",
     "LogSoftmax",
+    "Dropout",
 ]
 
 
@@ -50,3 +51,8 @@ class LogSoftmax(torch.nn.LogSoftmax):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
         return F.log_softmax(input, dim)
+class Dropout(torch.nn.Dropout):
+    """torch.nn.Dropout on the fused kernel (the mask is regenerated in backward, not stored)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.dropout(input, self.p, self.training, self.inplace)

@@ -75,3 +75,14 @@ def softmax(x: torch.Tensor, dim: int = -1, *, scale: float = 1.0,
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     z = x - torch.amax(x, dim, keepdim=True)
     return z - torch.log(torch.sum(torch.exp(z), dim, keepdim=True))
+def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    keep = torch.rand_like(x) >= p
+    return x * keep * (1.0 / (1.0 - p))
+
+
+def bias_dropout_add(x: torch.Tensor, bias, residual: torch.Tensor, p: float = 0.5,
+                     training: bool = True) -> torch.Tensor:
+    h = x + bias if bias is not None else x
+    return residual + torch.nn.functional.dropout(h, p, training)
