@@ -6,3 +6,4 @@ Each module registers, for its ops in torch.ops.fused:
     backward op (itself a fused kernel).
 """
 from . import gelu  # noqa: F401
+from . import matmul  # noqa: F401
