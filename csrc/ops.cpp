@@ -44,6 +44,14 @@ TORCH_LIBRARY(fused, m) {
   m.def("bias_dropout_add(Tensor x, Tensor? bias, Tensor residual, float p, bool training, *, Generator? generator=None) -> (Tensor out, Tensor seed_offset)", {at::Tag::nondeterministic_seeded});
   // bias_dropout_add_backward: grad_x = keep * grad_out / (1 - p), grad_bias = grad_x summed over rows.
   m.def("bias_dropout_add_backward(Tensor grad_out, Tensor seed_offset, float p) -> (Tensor grad_x, Tensor grad_bias)");
+  // matmul: torch.matmul for 2-D and 3-D (batch-broadcast) operands, tensor-core kernel on CUDA.
+  m.def("matmul(Tensor a, Tensor b) -> Tensor");
+  // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the epilogue.
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor");
+  // linear_fwd: linear for training, returns (y, preact) where preact = x @ weight.T + bias.
+  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
+  // linear_act_backward: (grad_preact = grad_out * act'(preact), its column sums (the bias grad, or [0])).
+  m.def("linear_act_backward(Tensor grad_out, Tensor preact, str activation, bool bias_grad) -> (Tensor, Tensor)");
 }
 
 // A Python module with no functions: importing fused_ops._C runs the static registrations

@@ -16,6 +16,8 @@ __all__ = [
     "log_softmax",
     "dropout",
     "bias_dropout_add",
+    "matmul",
+    "linear",
 ]
 
 
@@ -106,3 +108,19 @@ def bias_dropout_add(x: torch.Tensor, bias: "torch.Tensor | None", residual: tor
     fused residual + x + bias, with no randomness drawn."""
     _check_dropout_p(p)
     return ops.bias_dropout_add(x, bias, residual, p, training, generator=generator)[0]
+def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """torch.matmul for 2-D and 3-D operands (3-D batches broadcast) on the fused GEMM."""
+    return ops.matmul(input, other)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    """F.linear, then activation (None, "gelu" or "gelu_tanh") fused into the GEMM epilogue.
+
+    When a gradient will be needed and there is an activation, the training op also returns
+    the pre-activation, so backward does not recompute it.
+    """
+    if activation is not None and torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return ops.linear_fwd(input, weight, bias, activation)[0]
+    return ops.linear(input, weight, bias, activation)

@@ -86,3 +86,14 @@ def bias_dropout_add(x: torch.Tensor, bias, residual: torch.Tensor, p: float = 0
                      training: bool = True) -> torch.Tensor:
     h = x + bias if bias is not None else x
     return residual + torch.nn.functional.dropout(h, p, training)
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    y = torch.nn.functional.linear(x, weight, bias)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(y)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    return y

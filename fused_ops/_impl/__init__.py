@@ -9,3 +9,4 @@ from . import gelu  # noqa: F401
 from . import norm  # noqa: F401
 from . import softmax  # noqa: F401
 from . import dropout  # noqa: F401
+from . import matmul  # noqa: F401
