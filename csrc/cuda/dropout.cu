@@ -69,12 +69,12 @@ __device__ __forceinline__ void rng_seed_offset(const RngArgs& a, uint64_t& seed
 // When V is a multiple of 4 (and so, by construction, e0 is), one Philox call serves four
 // elements; otherwise each element draws its own group and picks its word.
 template <int V>
-__device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, uint64_t seed,
+__device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, const PhiloxKey& key,
                                            uint64_t offset, uint32_t threshold, float scale) {
   if constexpr (V % 4 == 0) {
 #pragma unroll
     for (int q = 0; q < V / 4; ++q) {
-      const Philox4 r = philox_group(seed, offset, static_cast<uint64_t>(e0 / 4 + q));
+      const Philox4 r = philox_group(key, offset, static_cast<uint64_t>(e0 / 4 + q));
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         k[4 * q + w] = r.w[w] < threshold ? k[4 * q + w] * scale : 0.0f;
@@ -83,7 +83,7 @@ __device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, uint64_t s
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const uint32_t w = philox_uint32(seed, offset, static_cast<uint64_t>(e0 + j));
+      const uint32_t w = philox_uint32(key, offset, static_cast<uint64_t>(e0 + j));
       k[j] = w < threshold ? k[j] * scale : 0.0f;
     }
   }
@@ -140,7 +140,8 @@ constexpr int groups_per_thread() {
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
 template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP>
 __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first,
-                                               int64_t col, uint64_t seed, uint64_t offset) {
+                                               int64_t col, const PhiloxKey& key,
+                                               uint64_t offset) {
   constexpr int U = groups_per_thread<RES>();
   Vec<T, V> xv[U], rv[U], bv[U];
 #pragma unroll
@@ -178,7 +179,7 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
       k[j] = static_cast<float>(xv[u].v[j]);
       if constexpr (BIAS) k[j] += static_cast<float>(bv[u].v[j]);
     }
-    if constexpr (DROP) apply_mask<V>(k, e0, seed, offset, a.threshold, a.scale);
+    if constexpr (DROP) apply_mask<V>(k, e0, key, offset, a.threshold, a.scale);
     Vec<T, V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -198,17 +199,18 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
   constexpr int U = groups_per_thread<RES>();
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) rng_seed_offset(a.rng, seed, offset);
+  const PhiloxKey key = philox_key(seed);  // unused (and removed) when !DROP
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * U + threadIdx.x;
   // Column of the first element of this thread's first group.
   const int64_t col = BIAS ? (first * V) % a.cols : 0;
   if constexpr (VEC) {
     const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
     if (last_end <= a.n) {
-      dropout_thread<T, V, true, BIAS, RES, DROP>(a, first, col, seed, offset);
+      dropout_thread<T, V, true, BIAS, RES, DROP>(a, first, col, key, offset);
       return;
     }
   }
-  dropout_thread<T, V, false, BIAS, RES, DROP>(a, first, col, seed, offset);
+  dropout_thread<T, V, false, BIAS, RES, DROP>(a, first, col, key, offset);
 }
 
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
@@ -383,7 +385,7 @@ constexpr int kGradRows = 4;  // rows each thread loads before computing
 template <typename T, int V, bool VEC, bool DROP, bool FULL>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t cols, int64_t c0, uint64_t seed,
+                                               int64_t cols, int64_t c0, const PhiloxKey& key,
                                                uint64_t offset, uint32_t threshold,
                                                float scale) {
   Vec<T, V> g[kGradRows];
@@ -406,7 +408,7 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
     float k[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) k[j] = static_cast<float>(g[rr].v[j]);
-    if constexpr (DROP) apply_mask<V>(k, row * cols + c0, seed, offset, threshold, scale);
+    if constexpr (DROP) apply_mask<V>(k, row * cols + c0, key, offset, threshold, scale);
     Vec<T, V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -444,6 +446,7 @@ __global__ void __launch_bounds__(kThreads)
     seed = static_cast<uint64_t>(saved[0]);
     offset = static_cast<uint64_t>(saved[1]);
   }
+  const PhiloxKey key = philox_key(seed);
 
   float acc[V];
 #pragma unroll
@@ -452,10 +455,10 @@ __global__ void __launch_bounds__(kThreads)
   if (c0 < cols) {  // VEC: cols % V == 0, so the whole group is inside the row
     for (int64_t r = r_begin + ty; r < r_end; r += kGradTY * kGradRows) {
       if (r + (kGradRows - 1) * kGradTY < r_end) {
-        bias_grad_rows<T, V, VEC, DROP, true>(dy, dx, acc, r, r_end, cols, c0, seed, offset,
+        bias_grad_rows<T, V, VEC, DROP, true>(dy, dx, acc, r, r_end, cols, c0, key, offset,
                                               threshold, scale);
       } else {
-        bias_grad_rows<T, V, VEC, DROP, false>(dy, dx, acc, r, r_end, cols, c0, seed, offset,
+        bias_grad_rows<T, V, VEC, DROP, false>(dy, dx, acc, r, r_end, cols, c0, key, offset,
                                                threshold, scale);
       }
     }
