@@ -251,7 +251,7 @@ void run_dropout(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& 
     a.res = has_res ? res.const_data_ptr<scalar_t>() : nullptr;
     a.out = out.data_ptr<scalar_t>();
     a.n = x.numel();
-    a.cols = x.size(-1);
+    a.cols = x.dim() > 0 ? x.size(-1) : 1;  // only a bias (x.dim() >= 1) uses it
     a.threshold = d.threshold;
     a.scale = static_cast<float>(d.scale);
     a.rng = rng;
