@@ -201,8 +201,16 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
   if constexpr (DROP) rng_seed_offset(a.rng, seed, offset);
   const PhiloxKey key = philox_key(seed);  // unused (and removed) when !DROP
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * U + threadIdx.x;
-  // Column of the first element of this thread's first group.
-  const int64_t col = BIAS ? (first * V) % a.cols : 0;
+  // Column of the first element of this thread's first group (a 32-bit remainder when the
+  // operands fit: a 64-bit one is a long subroutine).
+  int64_t col = 0;
+  if constexpr (BIAS) {
+    const uint64_t e = static_cast<uint64_t>(first) * V;
+    const uint64_t c = static_cast<uint64_t>(a.cols);
+    col = static_cast<int64_t>(((e | c) >> 32) == 0
+                                   ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c)
+                                   : e % c);
+  }
   if constexpr (VEC) {
     const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
     if (last_end <= a.n) {
