@@ -39,7 +39,10 @@
 namespace fused {
 namespace {
 
-constexpr int kThreads = 256;
+// Elementwise launch shape: 128 threads, each 2 groups (one 16-byte vector per input each):
+// best or tied-best in the H200 sweep of the shared elementwise kernel (KERNEL_LOG, GeLU v3).
+constexpr int kThreads = 128;
+constexpr int kGroupsPerThread = 2;
 
 // Where a kernel gets its Philox key and counter base: forward unpacks the generator's
 // state (and records what it used in seed_offset), backward reads seed_offset back.
@@ -130,11 +133,6 @@ struct DropoutArgs {
   RngArgs rng;
 };
 
-template <bool RES>
-constexpr int groups_per_thread() {
-  return RES ? 2 : 4;
-}
-
 // One thread's U groups of V elements, spaced kThreads groups apart: all loads first (U
 // loads in flight per input), then the mask and the stores. FULL: every group is whole and
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
@@ -142,7 +140,7 @@ template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP>
 __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first,
                                                int64_t col, const PhiloxKey& key,
                                                uint64_t offset) {
-  constexpr int U = groups_per_thread<RES>();
+  constexpr int U = kGroupsPerThread;
   Vec<T, V> xv[U], rv[U], bv[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -196,7 +194,7 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
 // no randomness drawn.
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
-  constexpr int U = groups_per_thread<RES>();
+  constexpr int U = kGroupsPerThread;
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) rng_seed_offset(a.rng, seed, offset);
   const PhiloxKey key = philox_key(seed);  // unused (and removed) when !DROP
@@ -224,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
 void launch_dropout_kernel(DropoutArgs<T> a) {
   a.col_step = BIAS ? (static_cast<int64_t>(kThreads) * V) % a.cols : 0;
-  constexpr int U = groups_per_thread<RES>();
+  constexpr int U = kGroupsPerThread;
   const int64_t groups = ceil_div(a.n, V);
   const int64_t blocks = ceil_div(groups, static_cast<int64_t>(kThreads) * U);
   dropout_kernel<T, V, VEC, BIAS, RES, DROP><<<blocks, kThreads, 0, current_stream()>>>(a);
@@ -383,7 +381,8 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cuda(const at::Tensor& x_in,
 // ---- bias_dropout_add backward: dx and a deterministic column sum of dx -------------------
 
 constexpr int kGradTX = 32;  // lanes along columns (a warp covers kGradTX * V columns)
-constexpr int kGradTY = kThreads / kGradTX;  // warps along rows
+constexpr int kGradThreads = 256;
+constexpr int kGradTY = kGradThreads / kGradTX;  // warps along rows
 constexpr int kGradRows = 4;  // rows each thread loads before computing
 
 // kGradRows rows r, r + kGradTY, ... of one thread's V columns from c0: loads first, then
@@ -438,7 +437,7 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
 // float; the block's 8 row-lanes are combined in shared memory in a fixed order and written
 // to partial[blockIdx.y][column].
 template <typename T, int V, bool VEC, bool DROP>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kGradThreads)
     bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partial,
                      const int64_t* __restrict__ saved, int64_t rows, int64_t cols,
                      int64_t rows_per_chunk, uint32_t threshold, float scale) {
@@ -475,7 +474,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < V; ++j) smem[ty][tx * V + j] = acc[j];
   __syncthreads();
-  for (int c = threadIdx.x; c < kGradTX * V; c += kThreads) {
+  for (int c = threadIdx.x; c < kGradTX * V; c += kGradThreads) {
     float s = 0.0f;
 #pragma unroll
     for (int y = 0; y < kGradTY; ++y) s += smem[y][c];
@@ -486,10 +485,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Stage 2: dbias[c] = sum over chunks of partial[chunk][c], in chunk order.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kGradThreads)
     bias_grad_finish(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks,
                      int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x;
   if (c >= cols) return;
   float s = 0.0f;
   for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
@@ -510,12 +509,12 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
   at::Tensor partial = at::empty({chunks, cols}, g.options().dtype(at::kFloat));
   bias_grad_kernel<T, V, VEC, DROP>
-      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kThreads, 0,
+      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kGradThreads, 0,
          current_stream()>>>(g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
                              partial.mutable_data_ptr<float>(), saved, rows, cols,
                              rows_per_chunk, d.threshold, static_cast<float>(d.scale));
   FUSED_LAUNCH_CHECK();
-  bias_grad_finish<T><<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0,
+  bias_grad_finish<T><<<static_cast<unsigned>(ceil_div(cols, kGradThreads)), kGradThreads, 0,
                         current_stream()>>>(partial.const_data_ptr<float>(),
                                             dbias.mutable_data_ptr<T>(), chunks, cols);
   FUSED_LAUNCH_CHECK();
