@@ -501,9 +501,17 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   const int64_t cols = g.size(-1);
   const int64_t rows = g.numel() / cols;
   const int64_t col_blocks = ceil_div(cols, static_cast<int64_t>(kGradTX) * V);
-  // Enough row chunks for ~8 blocks per SM; each chunk a whole number of row steps.
+  // Row chunks so that the grid is about one full wave of resident blocks (a ragged last
+  // wave would idle SMs); each chunk a whole number of row steps.
+  static const int blocks_per_sm = [] {
+    int b = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, bias_grad_kernel<T, V, VEC, DROP>, kGradThreads, 0));
+    return std::max(b, 1);
+  }();
   const int64_t row_step = static_cast<int64_t>(kGradTY) * kGradRows;
-  const int64_t want_chunks = std::max<int64_t>(1, ceil_div(num_sms() * 8, col_blocks));
+  const int64_t want_chunks =
+      std::max<int64_t>(1, static_cast<int64_t>(num_sms()) * blocks_per_sm / col_blocks);
   int64_t rows_per_chunk = ceil_div(rows, std::min(want_chunks, ceil_div(rows, row_step)));
   rows_per_chunk = ceil_div(rows_per_chunk, row_step) * row_step;
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
