@@ -391,3 +391,15 @@ def test_cuda_device_and_dtype_errors():
         ops.softmax_backward(torch.randn(3), torch.randn(3, device="cuda"))
     with pytest.raises(RuntimeError, match="float64"):
         fused_ops.softmax(torch.randn(3, device="cuda", dtype=torch.float64))
+
+
+def test_functional_matches_torch_signature():
+    # Same positional arguments as torch.nn.functional (input, dim, _stacklevel, dtype);
+    # scale and causal are keyword-only.
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(fused_ops.softmax(x, 0, 3, torch.float64),
+                               torch.nn.functional.softmax(x, 0, 3, torch.float64))
+    torch.testing.assert_close(fused_ops.log_softmax(x, 1, dtype=torch.float64),
+                               torch.nn.functional.log_softmax(x, 1, dtype=torch.float64))
+    with pytest.raises(TypeError):
+        fused_ops.softmax(x, -1, 3, None, 0.5)
