@@ -13,9 +13,10 @@
 //     rows per warp, warp-shuffle reductions) for short rows, whole warps (up to the whole
 //     block) for long ones. Mean, then the centered sum of squares over the registers
 //     (two passes, no E[x^2] - E[x]^2 cancellation).
-//   * norm_fwd_long: rows too long for registers (bf16 > 64K, fp32 > 32K, fp32 residual
-//     with bf16 x > 32K, scalar path > 8K): a block per row, Welford over one read, then a
-//     second read (mostly from L2) to write y.
+//     Blocks of up to 512 threads (1024 on the scalar path): rows in registers up to 32K
+//     elements for 16-bit x, 16K for float32 x or a float32 residual stream, 8K scalar.
+//   * norm_fwd_long: longer rows: a block per row, Welford over one read, then a second
+//     read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
 //   * norm_bwd_regs: x and dy in registers (16 elements per thread), one read each; the
 //     block's threads also accumulate dweight / dbias for the columns they own across the
@@ -27,6 +28,9 @@
 //     atomics) into dweight / dbias.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <type_traits>
 
@@ -40,7 +44,6 @@
 namespace fused {
 namespace {
 
-constexpr int kFwdMaxThreads = 1024;  // norm_fwd_regs: up to a block per row
 constexpr int kBwdMaxThreads = 512;   // norm_bwd_regs: more registers per thread
 constexpr int kLongThreads = 512;     // the long-row kernels: a block per row
 constexpr int kTileThreads = 256;     // norm_bwd_tiles: one vector column per thread
@@ -78,9 +81,96 @@ struct BwdParams {
   int cols;
 };
 
+// Register-resident vectors are kept as raw 32-bit words (Raw<T, N>: the bits of N
+// elements of T, loaded and stored as one 16-byte access when N * sizeof(T) == 16) and
+// converted to and from float vectors (FVec<N>). Plain integers, not c10::Half /
+// c10::BFloat16 members: arrays of those end up in local memory once elements are
+// assigned one at a time.
+template <typename T, int N, int BYTES = static_cast<int>(sizeof(T)) * N>
+struct alignas(BYTES) Raw {
+  uint32_t w[BYTES / 4];
+};
+template <typename T, int N>
+struct alignas(2) Raw<T, N, 2> {  // one 16-bit element (the scalar path)
+  uint16_t h;
+};
+
+template <int N>
+struct FVec {
+  float v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> load_raw(const T* p) {
+  return *reinterpret_cast<const Raw<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_raw(T* p, const Raw<T, N>& r) {
+  *reinterpret_cast<Raw<T, N>*>(p) = r;
+}
+
 template <typename T>
-__device__ __forceinline__ float f32(T v) {
-  return static_cast<float>(v);
+__device__ __forceinline__ float half_bits_to_float(uint32_t b) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return __uint_as_float(b << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t float_to_half_bits(float f) {  // nearest even
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  } else {
+    return __half_as_ushort(__float2half_rn(f));
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ FVec<N> to_float(const Raw<T, N>& r) {
+  FVec<N> f;
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) f.v[j] = __uint_as_float(r.w[j]);
+  } else if constexpr (N == 1) {
+    f.v[0] = half_bits_to_float<T>(r.h);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      f.v[2 * k] = half_bits_to_float<T>(r.w[k] & 0xffffu);
+      f.v[2 * k + 1] = half_bits_to_float<T>(r.w[k] >> 16);
+    }
+  }
+  return f;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> from_float(const FVec<N>& f) {
+  Raw<T, N> r;
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.w[j] = __float_as_uint(f.v[j]);
+  } else if constexpr (N == 1) {
+    r.h = static_cast<uint16_t>(float_to_half_bits<T>(f.v[0]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      r.w[k] = float_to_half_bits<T>(f.v[2 * k]) | (float_to_half_bits<T>(f.v[2 * k + 1]) << 16);
+    }
+  }
+  return r;
+}
+
+// Parameter vector i of a row as floats (1 when absent).
+template <typename W, int VEC>
+__device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
+  if (p) return to_float(load_raw<W, VEC>(p + c * VEC));
+  FVec<VEC> f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f.v[j] = dflt;
+  return f;
 }
 
 // A row group: `tpr` consecutive threads of a block own one row. tpr is a power of two
@@ -120,8 +210,16 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
 
 // ---- forward ------------------------------------------------------------------------------
 
+// Threads per block norm_fwd_regs is compiled for: 512 (up to 128 registers per thread:
+// with 64, the vector kernels spill) on the vector path, 1024 on the scalar path (a thread
+// holds at most 8 elements there).
+template <typename R, int VEC, int VPT>
+constexpr int fwd_max_threads() {
+  return VEC == 1 ? 1024 : 512;
+}
+
 template <typename T, typename W, typename R, int VEC, int VPT>
-__global__ void __launch_bounds__(kFwdMaxThreads)
+__global__ void __launch_bounds__(fwd_max_threads<R, VEC, VPT>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   __shared__ float scratch[1][32];
   const RowGroup g(tpr);
@@ -133,38 +231,35 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     const int64_t row = first + g.group;
     const bool valid = row < p.rows;
     const int64_t off = row * p.cols;
-    bool live[VPT];  // this thread holds vector i of the row
-    int64_t at[VPT];
+    // Vector i of the row, if this thread holds it, sits at off + col(i) * VEC.
+    auto col = [&](int i) { return i * tpr + g.lane; };
+    auto live = [&](int i) { return valid && col(i) < nvec; };
+    // All loads first (no store in between): VPT 16-byte loads per input in flight.
+    Raw<T, VEC> xv[VPT];
+    Raw<R, VEC> rv[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int c = i * tpr + g.lane;
-      live[i] = valid && c < nvec;
-      at[i] = off + static_cast<int64_t>(c) * VEC;
-    }
-    // All loads first: several 16-byte loads in flight per thread.
-    Vec<T, VEC> xv[VPT];
-    Vec<R, VEC> rv[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        xv[i] = load_vec<T, VEC>(p.x + at[i]);
-        if (p.residual) rv[i] = load_vec<R, VEC>(p.residual + at[i]);
+      if (live(i)) {
+        xv[i] = load_raw<T, VEC>(p.x + off + col(i) * VEC);
+        if (p.residual) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
       }
     }
-    // The row in the sum's dtype: exactly what the unfused x + residual would hold.
-    Vec<R, VEC> v[VPT];
+    // The row in the sum's dtype: exactly what the unfused x + residual holds.
+    Raw<R, VEC> v[VPT];
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
+      if (live(i)) {
+        FVec<VEC> f = to_float(xv[i]);
+        if (p.residual) {
+          const FVec<VEC> r = to_float(rv[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          float s = f32(xv[i].v[j]);
-          if (p.residual) s += f32(rv[i].v[j]);
-          v[i].v[j] = static_cast<R>(s);
-          sum += f32(v[i].v[j]);
+          for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
         }
-        if (p.residual) store_vec<R, VEC>(p.sum + at[i], v[i]);
+        v[i] = from_float<R, VEC>(f);  // a copy when there is no residual (then R == T)
+        f = to_float(v[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += f.v[j];
       }
     }
     float mean = 0.f;
@@ -176,10 +271,11 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     float t[1] = {0.f};
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
+      if (live(i)) {
+        const FVec<VEC> f = to_float(v[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float d = f32(v[i].v[j]) - mean;
+          const float d = f.v[j] - mean;
           t[0] += d * d;
         }
       }
@@ -188,20 +284,15 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     const float rstd = rsqrtf(t[0] * inv_n + p.eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        const int c = i * tpr + g.lane;
-        Vec<W, VEC> wv, bv;
-        if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
-        if (p.bias) bv = load_vec<W, VEC>(p.bias + c * VEC);
-        Vec<T, VEC> out;
+      if (live(i)) {
+        const int64_t e = off + col(i) * VEC;
+        if (p.residual) store_raw<R, VEC>(p.sum + e, v[i]);
+        const FVec<VEC> w = param_or<W, VEC>(p.weight, col(i), 1.f);
+        const FVec<VEC> b = param_or<W, VEC>(p.bias, col(i), 0.f);
+        FVec<VEC> o = to_float(v[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          float o = (f32(v[i].v[j]) - mean) * rstd;
-          if (p.weight) o *= f32(wv.v[j]);
-          if (p.bias) o += f32(bv.v[j]);
-          out.v[j] = static_cast<T>(o);
-        }
-        store_vec<T, VEC>(p.y + at[i], out);
+        for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
+        store_raw<T, VEC>(p.y + e, from_float<T, VEC>(o));
       }
     }
     if (valid && g.lane == 0) {
@@ -270,24 +361,22 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
     Welford acc{0.f, 0.f, 0.f};
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      const Vec<T, VEC> xv = load_vec<T, VEC>(p.x + e);
-      Vec<R, VEC> v;
+      FVec<VEC> f = to_float(load_raw<T, VEC>(p.x + e));
       if (p.residual) {
-        const Vec<R, VEC> rv = load_vec<R, VEC>(p.residual + e);
+        const FVec<VEC> r = to_float(load_raw<R, VEC>(p.residual + e));
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]) + f32(rv.v[j]));
-        store_vec<R, VEC>(p.sum + e, v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]));
+        for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
+        const Raw<R, VEC> v = from_float<R, VEC>(f);
+        store_raw<R, VEC>(p.sum + e, v);
+        f = to_float(v);  // normalize the rounded sum
       }
       float m = 0.f, m2 = 0.f;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m += f32(v.v[j]);
+      for (int j = 0; j < VEC; ++j) m += f.v[j];
       m *= 1.f / VEC;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = f32(v.v[j]) - m;
+        const float d = f.v[j] - m;
         m2 += d * d;
       }
       acc = welford_merge(acc, Welford{static_cast<float>(VEC), m, m2});
@@ -300,26 +389,13 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
     // Pass 2: read the rows again (this thread's own elements; mostly L2 hits), write y.
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      Vec<R, VEC> v;
-      if (p.residual) {
-        v = load_vec<R, VEC>(p.sum + e);
-      } else {
-        const Vec<T, VEC> xv = load_vec<T, VEC>(p.x + e);
+      FVec<VEC> o = p.residual ? to_float(load_raw<R, VEC>(p.sum + e))
+                               : to_float(load_raw<T, VEC>(p.x + e));
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, c, 1.f);
+      const FVec<VEC> b = param_or<W, VEC>(p.bias, c, 0.f);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]));
-      }
-      Vec<W, VEC> wv, bv;
-      if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
-      if (p.bias) bv = load_vec<W, VEC>(p.bias + c * VEC);
-      Vec<T, VEC> out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        float o = (f32(v.v[j]) - mean) * rstd;
-        if (p.weight) o *= f32(wv.v[j]);
-        if (p.bias) o += f32(bv.v[j]);
-        out.v[j] = static_cast<T>(o);
-      }
-      store_vec<T, VEC>(p.y + e, out);
+      for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
+      store_raw<T, VEC>(p.y + e, from_float<T, VEC>(o));
     }
     if (threadIdx.x == 0) {
       if (p.mean) p.mean[row] = mean;
@@ -358,14 +434,14 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
       live[i] = valid && c < nvec;
       at[i] = off + static_cast<int64_t>(c) * VEC;
     }
-    Vec<R, VEC> xv[VPT], sv[VPT];
-    Vec<T, VEC> gv[VPT];
+    Raw<R, VEC> xv[VPT], sv[VPT];
+    Raw<T, VEC> gv[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live[i]) {
-        xv[i] = load_vec<R, VEC>(p.x + at[i]);
-        gv[i] = load_vec<T, VEC>(p.dy + at[i]);
-        if (p.dsum) sv[i] = load_vec<R, VEC>(p.dsum + at[i]);
+        xv[i] = load_raw<R, VEC>(p.x + at[i]);
+        gv[i] = load_raw<T, VEC>(p.dy + at[i]);
+        if (p.dsum) sv[i] = load_raw<R, VEC>(p.dsum + at[i]);
       }
     }
     const float mean = valid && p.mean ? p.mean[row] : 0.f;
@@ -374,13 +450,13 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live[i]) {
-        Vec<W, VEC> wv;
-        if (p.weight) wv = load_vec<W, VEC>(p.weight + (i * tpr + g.lane) * VEC);
+        const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + g.lane, 1.f);
+        const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (f32(xv[i].v[j]) - mean) * rstd;
-          const float d = f32(gv[i].v[j]);
-          const float gw = p.weight ? d * f32(wv.v[j]) : d;
+          const float xhat = (xf.v[j] - mean) * rstd;
+          const float d = df.v[j];
+          const float gw = d * w.v[j];
           s[0] += gw;
           s[1] += gw * xhat;
           dw[i][j] += d * xhat;
@@ -393,19 +469,20 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live[i]) {
-        Vec<W, VEC> wv;
-        if (p.weight) wv = load_vec<W, VEC>(p.weight + (i * tpr + g.lane) * VEC);
-        Vec<R, VEC> out;
+        const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + g.lane, 1.f);
+        const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
+        FVec<VEC> o;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (f32(xv[i].v[j]) - mean) * rstd;
-          const float d = f32(gv[i].v[j]);
-          const float gw = p.weight ? d * f32(wv.v[j]) : d;
-          float o = rstd * (gw - c1 - xhat * c2);
-          if (p.dsum) o += f32(sv[i].v[j]);
-          out.v[j] = static_cast<R>(o);
+          const float xhat = (xf.v[j] - mean) * rstd;
+          o.v[j] = rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
         }
-        store_vec<R, VEC>(p.dx + at[i], out);
+        if (p.dsum) {
+          const FVec<VEC> sf = to_float(sv[i]);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
+        }
+        store_raw<R, VEC>(p.dx + at[i], from_float<R, VEC>(o));
       }
     }
   }
@@ -465,14 +542,13 @@ norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
 #pragma unroll 4
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      const Vec<R, VEC> xv = load_vec<R, VEC>(p.x + e);
-      const Vec<T, VEC> gv = load_vec<T, VEC>(p.dy + e);
-      Vec<W, VEC> wv;
-      if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
+      const FVec<VEC> xf = to_float(load_raw<R, VEC>(p.x + e));
+      const FVec<VEC> df = to_float(load_raw<T, VEC>(p.dy + e));
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, c, 1.f);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (f32(xv.v[j]) - mean) * rstd;
-        const float gw = p.weight ? f32(gv.v[j]) * f32(wv.v[j]) : f32(gv.v[j]);
+        const float xhat = (xf.v[j] - mean) * rstd;
+        const float gw = df.v[j] * w.v[j];
         s[0] += gw;
         s[1] += gw * xhat;
       }
@@ -492,21 +568,20 @@ norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t ro
   if (cv >= nvec) return;  // no barriers in this kernel
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = std::min<int64_t>(p.rows, r0 + rows_per_chunk);
-  Vec<W, VEC> wv;
-  if (p.weight) wv = load_vec<W, VEC>(p.weight + cv * VEC);
+  const FVec<VEC> w = param_or<W, VEC>(p.weight, cv, 1.f);
   float dw[VEC], db[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) dw[j] = db[j] = 0.f;
   for (int64_t r = r0; r < r1; r += kTileRows) {
-    Vec<R, VEC> xv[kTileRows], sv[kTileRows];
-    Vec<T, VEC> gv[kTileRows];
+    Raw<R, VEC> xv[kTileRows], sv[kTileRows];
+    Raw<T, VEC> gv[kTileRows];
 #pragma unroll
     for (int k = 0; k < kTileRows; ++k) {
       if (r + k < r1) {
         const int64_t e = (r + k) * p.cols + static_cast<int64_t>(cv) * VEC;
-        xv[k] = load_vec<R, VEC>(p.x + e);
-        gv[k] = load_vec<T, VEC>(p.dy + e);
-        if (p.dsum) sv[k] = load_vec<R, VEC>(p.dsum + e);
+        xv[k] = load_raw<R, VEC>(p.x + e);
+        gv[k] = load_raw<T, VEC>(p.dy + e);
+        if (p.dsum) sv[k] = load_raw<R, VEC>(p.dsum + e);
       }
     }
 #pragma unroll
@@ -515,19 +590,21 @@ norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t ro
         const int64_t row = r + k;
         const float mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
         const float2 c = c_in[row];
-        Vec<R, VEC> out;
+        const FVec<VEC> xf = to_float(xv[k]), df = to_float(gv[k]);
+        FVec<VEC> o;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (f32(xv[k].v[j]) - mean) * rstd;
-          const float d = f32(gv[k].v[j]);
-          const float gw = p.weight ? d * f32(wv.v[j]) : d;
-          float o = rstd * (gw - c.x - xhat * c.y);
-          if (p.dsum) o += f32(sv[k].v[j]);
-          out.v[j] = static_cast<R>(o);
-          dw[j] += d * xhat;
-          db[j] += d;
+          const float xhat = (xf.v[j] - mean) * rstd;
+          o.v[j] = rstd * (df.v[j] * w.v[j] - c.x - xhat * c.y);
+          dw[j] += df.v[j] * xhat;
+          db[j] += df.v[j];
         }
-        store_vec<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC, out);
+        if (p.dsum) {
+          const FVec<VEC> sf = to_float(sv[k]);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
+        }
+        store_raw<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC, from_float<R, VEC>(o));
       }
     }
   }
@@ -559,7 +636,7 @@ column_sum(const float* __restrict__ part0, const float* __restrict__ part1, int
     float t = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) t += tile[k][threadIdx.x];
-    out[col] = static_cast<O>(t);
+    out[col] = static_cast<O>(t);  // one scalar store: no register array involved
   }
 }
 
@@ -591,19 +668,24 @@ void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kWide = VEC * 8 * sizeof(R) <= 128;
   const int need4 = static_cast<int>(ceil_div(nvec, 4));
   const int need8 = static_cast<int>(ceil_div(nvec, 8));
+  constexpr int kMax4 = fwd_max_threads<R, VEC, 4>();
+  constexpr int kMax8 = fwd_max_threads<R, VEC, 8>();
   cudaStream_t stream = current_stream();
   if (need4 <= 32) {  // a power-of-two group of <= 32 threads per row, 256-thread blocks
     const int tpr = next_pow2(need4), groups = 256 / tpr;
     norm_fwd_regs<T, W, R, VEC, 4>
         <<<grid_for(ceil_div(p.rows, groups)), 256, 0, stream>>>(p, tpr);
-  } else if (need4 <= 512 || (!kWide && need4 <= kFwdMaxThreads)) {  // warps per row
+  } else if (need4 <= std::min(512, kMax4)) {  // whole warps per row, 4 vectors each
     const int tpr = round_up(need4, 32);
     norm_fwd_regs<T, W, R, VEC, 4><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
-  } else if (kWide && need8 <= kFwdMaxThreads) {
+  } else if (kWide && need8 <= kMax8) {  // 8 vectors each
     if constexpr (kWide) {
       const int tpr = round_up(need8, 32);
       norm_fwd_regs<T, W, R, VEC, 8><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
     }
+  } else if (need4 <= kMax4) {
+    const int tpr = round_up(need4, 32);
+    norm_fwd_regs<T, W, R, VEC, 4><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
   } else {
     norm_fwd_long<T, W, R, VEC>
         <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p);
