@@ -27,6 +27,7 @@ profile: build
 # quick benchmark. OUT (a folder) receives the logs and results when set.
 gpu-check:
 	MAX_JOBS=$(JOBS) $(PYTHON) setup.py -q build_ext --inplace
+	$(PYTHON) -m pytest -q tests/test_harness.py
 	$(PYTHON) -m pytest -q -m cuda tests
 	$(PYTHON) benchmarks/run.py --quick $(BENCH_ARGS)
 

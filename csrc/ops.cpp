@@ -26,6 +26,32 @@ TORCH_LIBRARY(fused, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight=None, float? eps=None, bool residual_in_fp32=False) -> (Tensor, Tensor, Tensor)");
   // add_rms_norm_backward: (d_sum, dweight), as add_layer_norm_backward.
   m.def("add_rms_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] normalized_shape, Tensor rstd, Tensor? weight, bool weight_grad) -> (Tensor, Tensor)");
+  // softmax: y = softmax(scale * x, dim); causal=True masks keys j > i over the last two dims (query i, key j).
+  m.def("softmax(Tensor x, int dim=-1, *, float scale=1.0, bool causal=False) -> Tensor");
+  // softmax_backward: dx = scale * y * (dy - sum(dy * y, dim)), from the forward's output y.
+  m.def("softmax_backward(Tensor grad_out, Tensor y, int dim=-1, *, float scale=1.0) -> Tensor");
+  // log_softmax: y = x - max(x) - log(sum(exp(x - max(x)))) along dim.
+  m.def("log_softmax(Tensor x, int dim=-1) -> Tensor");
+  // log_softmax_backward: dx = dy - exp(y) * sum(dy, dim), from the forward's output y.
+  m.def("log_softmax_backward(Tensor grad_out, Tensor y, int dim=-1) -> Tensor");
+  // dropout: y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from Philox; seed_offset (int64[2]) regenerates the mask.
+  m.def("dropout(Tensor x, float p, bool training, *, Generator? generator=None) -> (Tensor y, Tensor seed_offset)", {at::Tag::nondeterministic_seeded});
+  // dropout_: in place into x (no autograd; fused_ops.dropout(inplace=True) routes around it when grads are needed).
+  m.def("dropout_(Tensor(a!) x, float p, bool training, *, Generator? generator=None) -> Tensor seed_offset", {at::Tag::nondeterministic_seeded});
+  // dropout_backward: grad_x = keep * grad_out / (1 - p), the mask regenerated from seed_offset.
+  m.def("dropout_backward(Tensor grad_out, Tensor seed_offset, float p) -> Tensor");
+  // bias_dropout_add: out = residual + dropout(x + bias), bias of shape [x.size(-1)] or None.
+  m.def("bias_dropout_add(Tensor x, Tensor? bias, Tensor residual, float p, bool training, *, Generator? generator=None) -> (Tensor out, Tensor seed_offset)", {at::Tag::nondeterministic_seeded});
+  // bias_dropout_add_backward: grad_x = keep * grad_out / (1 - p), grad_bias = grad_x summed over rows.
+  m.def("bias_dropout_add_backward(Tensor grad_out, Tensor seed_offset, float p) -> (Tensor grad_x, Tensor grad_bias)");
+  // matmul: torch.matmul for 2-D and 3-D (batch-broadcast) operands, tensor-core kernel on CUDA.
+  m.def("matmul(Tensor a, Tensor b) -> Tensor");
+  // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the epilogue.
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor");
+  // linear_fwd: linear for training, returns (y, preact) where preact = x @ weight.T + bias.
+  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
+  // linear_act_backward: (grad_preact = grad_out * act'(preact), its column sums (the bias grad, or [0])).
+  m.def("linear_act_backward(Tensor grad_out, Tensor preact, str activation, bool bias_grad) -> (Tensor, Tensor)");
 }
 
 // A Python module with no functions: importing fused_ops._C runs the static registrations

@@ -12,6 +12,12 @@ __all__ = [
     "rms_norm",
     "add_layer_norm",
     "add_rms_norm",
+    "softmax",
+    "log_softmax",
+    "dropout",
+    "bias_dropout_add",
+    "matmul",
+    "linear",
 ]
 
 
@@ -49,3 +55,72 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
     y, s, _ = ops.add_rms_norm(input, residual, _shape(normalized_shape), weight, eps,
                                residual_in_fp32)
     return y, s
+def softmax(input: torch.Tensor, dim: int = -1, *, scale: float = 1.0, causal: bool = False,
+            dtype: torch.dtype = None) -> torch.Tensor:
+    """softmax(scale * input) along dim, as torch.softmax (default dim: the last).
+
+    causal=True treats the last two dims as (query i, key j) and masks keys j > i before
+    the softmax (output 0 there), as scaled_dot_product_attention(is_causal=True); it
+    needs dim=-1. With dtype, the input is cast first, as in torch.nn.functional.softmax.
+    """
+    if dtype is not None:
+        input = input.to(dtype)
+    return ops.softmax(input, dim, scale=scale, causal=causal)
+
+
+def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: torch.dtype = None) -> torch.Tensor:
+    """log_softmax along dim, as torch.log_softmax (default dim: the last)."""
+    if dtype is not None:
+        input = input.to(dtype)
+    return ops.log_softmax(input, dim)
+def _check_dropout_p(p: float) -> None:
+    # The same check and message as torch.nn.functional.dropout (a ValueError there too).
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
+def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,
+            *, generator: "torch.Generator | None" = None) -> torch.Tensor:
+    """Dropout, as torch.nn.functional.dropout, with a counter-based (Philox) mask that is
+    never stored: backward regenerates it from a 16-byte seed/offset.
+
+    training=False or p=0 returns `input` itself (no kernel); p=1 returns zeros. The mask is
+    drawn from `generator` or the default generator of input's device, so torch.manual_seed
+    reproduces it and CUDA-graph replays draw fresh masks. inplace=True writes into `input`;
+    when autograd records the call it computes out of place and copies back (an in-place op
+    has no autograd formula here), which costs one temporary but still stores no mask."""
+    _check_dropout_p(p)
+    if not training or p == 0.0:
+        return input
+    if not inplace:
+        return ops.dropout(input, p, True, generator=generator)[0]
+    if torch.is_grad_enabled() and input.requires_grad:
+        return input.copy_(ops.dropout(input, p, True, generator=generator)[0])
+    ops.dropout_(input, p, True, generator=generator)
+    return input
+
+
+def bias_dropout_add(x: torch.Tensor, bias: "torch.Tensor | None", residual: torch.Tensor,
+                     p: float = 0.5, training: bool = True, *,
+                     generator: "torch.Generator | None" = None) -> torch.Tensor:
+    """residual + dropout(x + bias, p, training) in one kernel (bias of shape [x.shape[-1]]
+    or None); differentiable in x, bias and residual. Outside training (or p=0) it is the
+    fused residual + x + bias, with no randomness drawn."""
+    _check_dropout_p(p)
+    return ops.bias_dropout_add(x, bias, residual, p, training, generator=generator)[0]
+def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """torch.matmul for 2-D and 3-D operands (3-D batches broadcast) on the fused GEMM."""
+    return ops.matmul(input, other)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    """F.linear, then activation (None, "gelu" or "gelu_tanh") fused into the GEMM epilogue.
+
+    When a gradient will be needed and there is an activation, the training op also returns
+    the pre-activation, so backward does not recompute it.
+    """
+    if activation is not None and torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return ops.linear_fwd(input, weight, bias, activation)[0]
+    return ops.linear(input, weight, bias, activation)

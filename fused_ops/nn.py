@@ -7,6 +7,10 @@ __all__ = [
     "GELU",
     "LayerNorm",
     "RMSNorm",
+    "Softmax",
+    "LogSoftmax",
+    "Dropout",
+    "Linear",
 ]
 
 
@@ -29,3 +33,45 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+def _legacy_softmax_dim(ndim: int) -> int:
+    # What torch.nn.Softmax(dim=None) picks (with a deprecation warning there).
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+class Softmax(torch.nn.Softmax):
+    """torch.nn.Softmax(dim) on the fused kernel."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
+        return F.softmax(input, dim)
+
+
+class LogSoftmax(torch.nn.LogSoftmax):
+    """torch.nn.LogSoftmax(dim) on the fused kernel."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
+        return F.log_softmax(input, dim)
+class Dropout(torch.nn.Dropout):
+    """torch.nn.Dropout on the fused kernel (the mask is regenerated in backward, not stored)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.dropout(input, self.p, self.training, self.inplace)
+class Linear(torch.nn.Linear):
+    """torch.nn.Linear with an optional activation ("gelu" or "gelu_tanh") fused into the
+    GEMM epilogue. Loads torch.nn.Linear state dicts (same parameters)."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None,
+                 activation=None):
+        if activation not in (None, "gelu", "gelu_tanh"):
+            raise ValueError(
+                f"activation must be None, 'gelu' or 'gelu_tanh', but got {activation!r}")
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.linear(input, self.weight, self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        extra = super().extra_repr()
+        return extra if self.activation is None else f"{extra}, activation={self.activation!r}"

@@ -56,3 +56,44 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, residual_
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     return rms_norm(s, normalized_shape, weight, eps).to(x.dtype), s
+def causal_mask(lq: int, lk: int, device=None) -> torch.Tensor:
+    """True where key j > query i (masked), as scaled_dot_product_attention(is_causal=True)."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(1)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, scale: float = 1.0,
+            causal: bool = False) -> torch.Tensor:
+    if scale != 1.0:
+        x = x * scale
+    if causal:
+        x = x.masked_fill(causal_mask(x.shape[-2], x.shape[-1], x.device), float("-inf"))
+    m = torch.amax(x, dim, keepdim=True)
+    e = torch.exp(x - m)
+    return e / torch.sum(e, dim, keepdim=True)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    z = x - torch.amax(x, dim, keepdim=True)
+    return z - torch.log(torch.sum(torch.exp(z), dim, keepdim=True))
+def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    keep = torch.rand_like(x) >= p
+    return x * keep * (1.0 / (1.0 - p))
+
+
+def bias_dropout_add(x: torch.Tensor, bias, residual: torch.Tensor, p: float = 0.5,
+                     training: bool = True) -> torch.Tensor:
+    h = x + bias if bias is not None else x
+    return residual + torch.nn.functional.dropout(h, p, training)
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    y = torch.nn.functional.linear(x, weight, bias)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(y)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    return y

@@ -55,11 +55,17 @@ def test_cuda_large_and_odd(dtype, approximate):
 
 
 @CUDA
-def test_cuda_extreme_values():
-    x = torch.tensor([-1e4, -50.0, -10.0, -1e-6, 0.0, 1e-6, 10.0, 50.0, 1e4, float("inf"),
-                      float("-inf"), float("nan")], device="cuda")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_extreme_values(dtype):
+    # Saturation, the far negative tail, infinities and NaN behave as in torch.
+    x = torch.tensor([-1e4, -50.0, -12.0, -10.0, -5.0, -1e-6, 0.0, 1e-6, 5.0, 10.0, 50.0, 1e4,
+                      float("inf"), float("-inf"), float("nan")], device="cuda").to(dtype)
     for a in APPROX:
         torch.testing.assert_close(fused_ops.gelu(x, approximate=a), F.gelu(x, approximate=a),
+                                   equal_nan=True)
+        dy = torch.ones_like(x)
+        torch.testing.assert_close(torch.ops.fused.gelu_backward(dy, x, approximate=a),
+                                   torch.ops.aten.gelu_backward(dy, x, approximate=a),
                                    equal_nan=True)
 
 
@@ -133,3 +139,23 @@ def test_cuda_device_mismatch():
         torch.ops.fused.gelu_backward(torch.randn(3), torch.randn(3, device="cuda"))
     with pytest.raises(RuntimeError, match="float64"):
         fused_ops.gelu(torch.randn(3, device="cuda", dtype=torch.float64))
+
+
+@CUDA
+def test_cuda_graph_capture_and_replay():
+    x = torch.randn(4096, 257, device="cuda", dtype=torch.bfloat16)
+    static_dy = torch.randn_like(x)
+    fused_ops.gelu(x)  # warm up outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fused_ops.gelu(x, approximate="tanh")
+        dx = torch.ops.fused.gelu_backward(static_dy, x, approximate="tanh")
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(y, ref_gelu(x, "tanh"))
+        xr = x.double().requires_grad_()
+        ref_gelu(xr, "tanh").backward(static_dy.double())
+        assert_close(dx, xr.grad, dtype=torch.bfloat16)

@@ -48,5 +48,5 @@ def poison_next_alloc(nbytes, device):
     reads back as NaN and fails the comparison."""
     if torch.device(device).type != "cuda" or nbytes == 0:
         return
-    block = torch.full((nbytes + 1) // 2, float("nan"), dtype=torch.float16, device=device)
+    block = torch.full(((nbytes + 1) // 2,), float("nan"), dtype=torch.float16, device=device)
     del block

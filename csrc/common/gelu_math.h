@@ -48,6 +48,85 @@ FUSED_HD float gelu_grad(float x) {
   }
 }
 
+#if defined(__CUDACC__)
+// Fast forms for 16-bit outputs. A bf16/fp16 result carries 8/11 bits, so hardware
+// exp/reciprocal (MUFU, ~2 ulp of float) lose nothing visible, and they cut the per-element
+// instruction count enough that gelu on 16-bit data stays memory-bound (libdevice erff costs
+// ~25 instructions per element; see benchmarks/KERNEL_LOG.md).
+//
+// 2^x and 1/x on the special-function unit (~2 ulp; results below 2^-126 flush to zero,
+// far below anything a 16-bit output holds next to the values it is added to).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// h(x) = 0.5 erfc(|x| / sqrt 2), so that Phi(x) = x < 0 ? h : 1 - h. Written as
+// h = t 2^(Q(t) - x^2 log2(e) / 2) with t = 1 / (1 + |x| / (2 sqrt 2)): the classic erfc form
+// erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), with P a degree-5 minimax fit made for this
+// library (benchmarks/fit_gelu_erfc.py) and log2(e) and the 1/2 folded into Q.
+// Relative error of h below 2e-5 for every x (float32 arithmetic), so the tail x << 0 keeps
+// its digits where 1 + erf(x) would cancel: about 1/25 of an fp16 ulp, 1/200 of a bf16 ulp.
+__device__ __forceinline__ float half_erfc_fast(float x) {
+  constexpr float kHalfLog2e = 0.72134752044448170368f;
+  float t = rcp_approx(fmaf(fabsf(x), 0.35355339059327376220f, 1.0f));
+  float q = 0.330073649f;
+  q = fmaf(q, t, -1.02314228f);
+  q = fmaf(q, t, 0.684542718f);
+  q = fmaf(q, t, 0.36708897f);
+  q = fmaf(q, t, 1.46868115f);
+  q = fmaf(q, t, -2.82723324f);
+  return t * exp2_approx(fmaf(-x * x, kHalfLog2e, q));
+}
+
+template <GeluKind K>
+__device__ __forceinline__ float gelu_fwd_fast(float x) {
+  if constexpr (K == GeluKind::kNone) {
+    float h = half_erfc_fast(x);
+    return x * (x < 0.0f ? h : 1.0f - h);
+  } else {
+    float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
+    return __fdividef(x, 1.0f + __expf(-2.0f * u));
+  }
+}
+
+template <GeluKind K>
+__device__ __forceinline__ float gelu_grad_fast(float x) {
+  if constexpr (K == GeluKind::kNone) {
+    constexpr float kHalfLog2e = 0.72134752044448170368f;
+    float h = half_erfc_fast(x);
+    float pdf = kInvSqrt2Pi * exp2_approx(-x * x * kHalfLog2e);
+    return (x < 0.0f ? h : 1.0f - h) + x * pdf;
+  } else {
+    float x2 = x * x;
+    float u = kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
+    float s = __fdividef(1.0f, 1.0f + __expf(-2.0f * u));
+    float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
+    return s + 2.0f * x * s * (1.0f - s) * du;
+  }
+}
+
+// What a kernel storing T should call: fast forms for 16-bit T, accurate ones for float.
+template <typename T, GeluKind K>
+__device__ __forceinline__ float gelu_fwd_for(float x) {
+  if constexpr (sizeof(T) == 2) return gelu_fwd_fast<K>(x);
+  else return gelu_fwd<K>(x);
+}
+
+template <typename T, GeluKind K>
+__device__ __forceinline__ float gelu_grad_for(float x) {
+  if constexpr (sizeof(T) == 2) return gelu_grad_fast<K>(x);
+  else return gelu_grad<K>(x);
+}
+#endif  // __CUDACC__
+
 // float64 versions for the CPU kernels' double path (gradcheck needs double accuracy).
 template <GeluKind K>
 inline double gelu_fwd(double x) {

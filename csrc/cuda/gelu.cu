@@ -13,14 +13,14 @@
 namespace fused {
 namespace {
 
-template <GeluKind K>
+template <typename T, GeluKind K>
 struct GeluFwd {
-  __device__ float operator()(float x) const { return gelu_fwd<K>(x); }
+  __device__ float operator()(float x) const { return gelu_fwd_for<T, K>(x); }
 };
 
-template <GeluKind K>
+template <typename T, GeluKind K>
 struct GeluBwd {
-  __device__ float operator()(float dy, float x) const { return dy * gelu_grad<K>(x); }
+  __device__ float operator()(float dy, float x) const { return dy * gelu_grad_for<T, K>(x); }
 };
 
 // Calls fn(std::integral_constant<GeluKind, K>{}) for the runtime kind.
@@ -42,7 +42,7 @@ at::Tensor gelu_cuda(const at::Tensor& x_in, c10::string_view approximate) {
   at::Tensor y = at::empty_like(x);
   FUSED_DISPATCH_CUDA(x.scalar_type(), "fused::gelu", [&] {
     dispatch_gelu_kind(kind, [&](auto k) {
-      launch_elementwise<scalar_t, 1>(GeluFwd<decltype(k)::value>{},
+      launch_elementwise<scalar_t, 1>(GeluFwd<scalar_t, decltype(k)::value>{},
                                       y.mutable_data_ptr<scalar_t>(),
                                       Ptrs<scalar_t, 1>{{x.const_data_ptr<scalar_t>()}}, x.numel());
     });
@@ -66,7 +66,7 @@ at::Tensor gelu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x_in
   FUSED_DISPATCH_CUDA(x.scalar_type(), "fused::gelu_backward", [&] {
     dispatch_gelu_kind(kind, [&](auto k) {
       launch_elementwise<scalar_t, 2>(
-          GeluBwd<decltype(k)::value>{}, dx.mutable_data_ptr<scalar_t>(),
+          GeluBwd<scalar_t, decltype(k)::value>{}, dx.mutable_data_ptr<scalar_t>(),
           Ptrs<scalar_t, 2>{{dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>()}},
           x.numel());
     });

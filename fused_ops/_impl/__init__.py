@@ -7,3 +7,6 @@ Each module registers, for its ops in torch.ops.fused:
 """
 from . import gelu  # noqa: F401
 from . import norm  # noqa: F401
+from . import softmax  # noqa: F401
+from . import dropout  # noqa: F401
+from . import matmul  # noqa: F401

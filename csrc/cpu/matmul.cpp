@@ -1,0 +1,138 @@
+// matmul / linear on CPU: the fallback and what CI exercises. The products go through
+// at::matmul in float (double for float64), so half types accumulate in float as on the GPU;
+// bias and activation are plain loops over the result.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/matmul.h>
+#include <torch/library.h>
+
+#include "common/dispatch.h"
+#include "common/matmul_checks.h"
+
+namespace fused {
+namespace {
+
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+template <typename A>
+A apply_act(A z, LinearAct act) {
+  if (act == LinearAct::kGelu) return gelu_fwd<GeluKind::kNone>(z);
+  if (act == LinearAct::kGeluTanh) return gelu_fwd<GeluKind::kTanh>(z);
+  return z;
+}
+
+template <typename A>
+A act_grad(A z, LinearAct act) {
+  return act == LinearAct::kGelu ? gelu_grad<GeluKind::kNone>(z) : gelu_grad<GeluKind::kTanh>(z);
+}
+
+at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b) {
+  check_matmul_args(a, b, "fused::matmul");
+  const auto acc = acc_dtype(a.scalar_type());
+  return at::matmul(a.to(acc), b.to(acc)).to(a.scalar_type());
+}
+
+// z = x W^T + bias in the accumulation type; returns (act(z), z) in x's dtype, the second
+// only when want_preact.
+std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Tensor& w,
+                                               const std::optional<at::Tensor>& bias,
+                                               LinearAct act, bool want_preact) {
+  const auto acc = acc_dtype(x.scalar_type());
+  at::Tensor z = at::matmul(x.to(acc), w.to(acc).t()).contiguous();
+  at::Tensor y = at::empty(z.sizes(), x.options());
+  at::Tensor zo = want_preact ? at::empty(z.sizes(), x.options()) : at::Tensor();
+  at::Tensor bc = bias.has_value() ? bias->to(acc).contiguous() : at::Tensor();
+  const int64_t N = w.size(0);
+  FUSED_DISPATCH_CPU(x.scalar_type(), "fused::linear", [&] {
+    using A = acc_t<scalar_t>;
+    const A* zp = z.const_data_ptr<A>();
+    const A* bp = bc.defined() ? bc.const_data_ptr<A>() : nullptr;
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    scalar_t* zop = want_preact ? zo.mutable_data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, z.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        A v = zp[i] + (bp ? bp[i % N] : A(0));
+        if (zop) zop[i] = static_cast<scalar_t>(v);
+        yp[i] = static_cast<scalar_t>(apply_act(v, act));
+      }
+    });
+  });
+  return {y, zo};
+}
+
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& w,
+                      const std::optional<at::Tensor>& bias,
+                      std::optional<c10::string_view> activation) {
+  const char* op = "fused::linear";
+  check_linear_args(x, w, bias, op);
+  const LinearAct act = parse_linear_activation(activation, op);
+  return std::get<0>(linear_impl(x, w, bias, act, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_fwd_cpu(const at::Tensor& x, const at::Tensor& w,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  c10::string_view activation) {
+  const char* op = "fused::linear_fwd";
+  check_linear_args(x, w, bias, op);
+  const LinearAct act = parse_linear_activation(activation, op);
+  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  return linear_impl(x, w, bias, act, true);
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_act_backward_cpu(const at::Tensor& grad_out,
+                                                           const at::Tensor& preact,
+                                                           c10::string_view activation,
+                                                           bool bias_grad) {
+  const char* op = "fused::linear_act_backward";
+  check_act_backward_args(grad_out, preact, op);
+  const LinearAct act = parse_linear_activation(activation, op);
+  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  const at::Tensor z = preact.contiguous();
+  const at::Tensor g = grad_out.contiguous();
+  const int64_t N = z.size(-1);
+  const int64_t M = N == 0 ? 0 : z.numel() / N;
+  at::Tensor dz = at::empty_like(z);
+  at::Tensor db = at::empty({bias_grad ? N : 0}, z.options());
+  FUSED_DISPATCH_CPU(z.scalar_type(), "fused::linear_act_backward", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* zp = z.const_data_ptr<scalar_t>();
+    const scalar_t* gp = g.const_data_ptr<scalar_t>();
+    scalar_t* dzp = dz.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, z.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        dzp[i] = static_cast<scalar_t>(static_cast<A>(gp[i]) *
+                                       act_grad(static_cast<A>(zp[i]), act));
+      }
+    });
+    if (bias_grad) {
+      // Column sums in a fixed order (deterministic), accumulated in A.
+      scalar_t* dbp = db.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n) {
+          A s = 0;
+          for (int64_t m = 0; m < M; ++m) {
+            s += static_cast<A>(gp[m * N + n]) * act_grad(static_cast<A>(zp[m * N + n]), act);
+          }
+          dbp[n] = static_cast<scalar_t>(s);
+        }
+      });
+    }
+  });
+  return {dz, db};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  m.impl("matmul", &matmul_cpu);
+  m.impl("linear", &linear_cpu);
+  m.impl("linear_fwd", &linear_fwd_cpu);
+  m.impl("linear_act_backward", &linear_act_backward_cpu);
+}
+
+}  // namespace fused

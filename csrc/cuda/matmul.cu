@@ -1,0 +1,394 @@
+// matmul / linear on CUDA.
+//
+// bf16/fp16: hand-written tensor-core GEMMs with the bias + GeLU epilogue fused:
+//   - the Hopper kernel (matmul_sm90.cu: wgmma + TMA, warp-specialised, persistent) on
+//     compute capability 9.0 when the build has sm_90a code and the operands suit TMA;
+//   - the portable kernel (matmul_portable.cuh: mma.sync + cp.async) everywhere else.
+//   FUSED_OPS_MATMUL_KERNEL=portable forces the portable kernel (benchmarks report its % of
+//   cuBLAS); "auto" (the default) and "hopper" take the Hopper kernel where it applies.
+// float32: cuBLAS through at::mm / at::matmul, which uses TF32 exactly when torch allows it
+//   (torch.backends.cuda.matmul.allow_tf32), then one elementwise pass for bias + activation.
+//   The hand kernels are 16-bit only.
+//
+// Operands are read in place when each matrix is row- or column-major with a 16-byte
+// aligned base, leading dimension and batch stride (a transposed weight, dZ^T in the
+// backward pass: no copies). Anything else (gaps in the contiguous dimension, odd leading
+// dimensions such as K = 17, offset views) is copied once to a padded row-major buffer.
+//
+// Backward (linear_act_backward): dZ = dY * act'(Z) in one elementwise pass that also
+// writes per-block column partial sums of dZ; a second small kernel adds the partials in a
+// fixed order, so the bias gradient is deterministic. dX = dZ W and dW = dZ^T X are two
+// calls of the GEMM above (autograd in fused_ops/_impl/matmul.py).
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/dispatch.h"
+#include "common/launch.cuh"
+#include "common/matmul_checks.h"
+#include "common/vec.cuh"
+#include "cuda/matmul_portable.cuh"
+#include "cuda/matmul_sm90.h"
+
+namespace fused {
+namespace {
+
+using matmul::GemmProblem;
+
+// ---------------------------------------------------------------------------------------
+// Portable kernel launch and tile-shape choice.
+//
+// Two tile shapes, chosen by how many tiles the problem makes:
+//   Big   128 x 256 x 32, 8 warps of 64 x 64, 4 stages (120 KB smem): the throughput shape;
+//         each k-step a warp issues 32 mma for 8 ldmatrix.x4 (a 2:1 math to smem ratio).
+//   Small  64 x 128 x 32, 4 warps of 32 x 64, 4 stages (60 KB smem): for problems that make
+//         fewer Big tiles than there are SMs (e.g. 1000 x 1000), where filling the GPU
+//         matters more than per-tile efficiency, and for GPUs whose per-block shared
+//         memory (99 KB on sm_86/89) cannot hold the Big pipeline.
+using BigCfg = matmul::PortableConfig<128, 256, 2, 4, 4>;
+using SmallCfg = matmul::PortableConfig<64, 128, 2, 2, 4>;
+
+template <typename T, typename Cfg, bool AK, bool BK>
+void launch_portable_layout(const GemmProblem& p, cudaStream_t stream) {
+  auto kernel = matmul::portable_gemm_kernel<T, Cfg, AK, BK>;
+  constexpr int smem = Cfg::template smem_bytes<AK, BK>();
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t tiles = ceil_div(p.M, Cfg::BM) * ceil_div(p.N, Cfg::BN);
+  TORCH_CHECK(tiles < (int64_t(1) << 31), "fused::matmul: problem too large (", tiles, " tiles)");
+  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(p.batch, 65535)));
+  kernel<<<grid, Cfg::THREADS, smem, stream>>>(p);
+  FUSED_LAUNCH_CHECK();
+}
+
+template <typename T, typename Cfg>
+void launch_portable_cfg(const GemmProblem& p, cudaStream_t stream) {
+  if (p.a_kmajor && p.b_kmajor) {
+    launch_portable_layout<T, Cfg, true, true>(p, stream);
+  } else if (p.a_kmajor) {
+    launch_portable_layout<T, Cfg, true, false>(p, stream);
+  } else if (p.b_kmajor) {
+    launch_portable_layout<T, Cfg, false, true>(p, stream);
+  } else {
+    launch_portable_layout<T, Cfg, false, false>(p, stream);
+  }
+}
+
+template <typename T>
+void launch_portable(const GemmProblem& p, cudaStream_t stream) {
+  const int64_t big_tiles = ceil_div(p.M, BigCfg::BM) * ceil_div(p.N, BigCfg::BN) * p.batch;
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const bool big_fits =
+      static_cast<size_t>(BigCfg::smem_bytes<true, true>()) <= prop->sharedMemPerBlockOptin &&
+      static_cast<size_t>(BigCfg::smem_bytes<false, false>()) <= prop->sharedMemPerBlockOptin;
+  if (big_fits && big_tiles >= prop->multiProcessorCount) {
+    launch_portable_cfg<T, BigCfg>(p, stream);
+  } else {
+    launch_portable_cfg<T, SmallCfg>(p, stream);
+  }
+}
+
+enum class KernelChoice { kAuto, kPortable, kHopper };
+
+KernelChoice kernel_choice() {
+  const char* v = std::getenv("FUSED_OPS_MATMUL_KERNEL");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return KernelChoice::kAuto;
+  if (std::strcmp(v, "portable") == 0) return KernelChoice::kPortable;
+  if (std::strcmp(v, "hopper") == 0) return KernelChoice::kHopper;
+  TORCH_CHECK(false, "FUSED_OPS_MATMUL_KERNEL must be 'auto', 'portable' or 'hopper', but is '",
+              v, "'");
+}
+
+void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
+  if (p.M == 0 || p.N == 0 || p.batch == 0) return;
+  cudaStream_t stream = current_stream();
+  if (kernel_choice() != KernelChoice::kPortable && matmul::launch_sm90_gemm(p, dtype, stream)) {
+    return;
+  }
+  if (dtype == at::kBFloat16) {
+    launch_portable<__nv_bfloat16>(p, stream);
+  } else {
+    launch_portable<__half>(p, stream);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Operands.
+
+int64_t round_up8(int64_t v) { return (v + 7) / 8 * 8; }
+
+// A 3-D operand [batch, rows, cols] as the kernels read it: each matrix row-major
+// (cols contiguous) or column-major (rows contiguous), with a 16-byte aligned base, leading
+// dimension and batch stride (16-bit elements: multiples of 8).
+struct MatView {
+  at::Tensor keep;  // owns a copy when one was made
+  const void* ptr;
+  int64_t ld, batch_stride;
+  bool row_major;
+};
+
+MatView prepare_operand(const at::Tensor& t) {
+  const int64_t R = t.size(1), C = t.size(2);
+  const int64_t sb = t.size(0) == 1 ? 0 : t.stride(0);
+  if (t.numel() == 0) return {t, t.const_data_ptr(), 8, 0, true};  // nothing is read
+  const bool aligned = is_aligned(t.const_data_ptr()) && sb % 8 == 0;
+  if (aligned && (t.stride(2) == 1 || C == 1)) {
+    const int64_t ld = R == 1 ? round_up8(C) : t.stride(1);
+    if (ld % 8 == 0) return {t, t.const_data_ptr(), ld, sb, true};
+  }
+  if (aligned && (t.stride(1) == 1 || R == 1)) {
+    const int64_t ld = C == 1 ? round_up8(R) : t.stride(2);
+    if (ld % 8 == 0) return {t, t.const_data_ptr(), ld, sb, false};
+  }
+  // Copy to row-major rows padded to a multiple of 8 elements (the padding is never read:
+  // loads past column C copy only the bytes inside the row).
+  const int64_t Cp = round_up8(C);
+  at::Tensor buf = at::empty({t.size(0), R, Cp}, t.options());
+  buf.narrow(2, 0, C).copy_(t);
+  return {buf, buf.const_data_ptr(), Cp, t.size(0) == 1 ? 0 : R * Cp, true};
+}
+
+// out[batch, M, N] = act(a[batch?, M, K] b[batch?, K, N] + bias), z = the pre-activation.
+void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
+                const at::Tensor* bias, at::Tensor* z, LinearAct act) {
+  const int64_t batch = std::max(a3.size(0), b3.size(0));
+  const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  TORCH_CHECK(M <= kMax && N <= kMax && K <= kMax && batch <= kMax,
+              "fused::matmul: dimensions must be below 2^31, got batch ", batch, ", M ", M,
+              ", N ", N, ", K ", K);
+  const MatView A = prepare_operand(a3);
+  const MatView B = prepare_operand(b3);
+  at::Tensor bias_c;
+  if (bias != nullptr) bias_c = bias->contiguous();
+  GemmProblem p;
+  p.a = A.ptr;
+  p.b = B.ptr;
+  p.c = out.mutable_data_ptr();
+  p.z = z != nullptr ? z->mutable_data_ptr() : nullptr;
+  p.bias = bias != nullptr ? bias_c.const_data_ptr() : nullptr;
+  p.lda = A.ld;
+  p.ldb = B.ld;
+  p.batch_stride_a = A.batch_stride;
+  p.batch_stride_b = B.batch_stride;
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.batch = static_cast<int>(batch);
+  p.act = static_cast<int>(act);
+  p.a_kmajor = A.row_major;   // A [M, K] row-major: K contiguous
+  p.b_kmajor = !B.row_major;  // B [K, N] column-major: K contiguous
+  run_gemm(p, a3.scalar_type());
+}
+
+// ---------------------------------------------------------------------------------------
+// float32: bias + activation over the cuBLAS result, one elementwise pass.
+template <typename T>
+__global__ void bias_act_kernel(const T* __restrict__ zin, T* zout, T* y,
+                                const T* __restrict__ bias, int64_t numel, int64_t N, int act) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float v = static_cast<float>(zin[i]);
+    if (bias != nullptr) v += static_cast<float>(bias[i % N]);
+    if (zout != nullptr) zout[i] = static_cast<T>(v);
+    y[i] = static_cast<T>(matmul::apply_act(v, act));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward of the activation: dZ = dY * act'(Z), plus the column sums of dZ.
+// Block (32, 8): each block covers 64 columns (2 per lane) and kRowsPerBlock rows; the 8
+// row groups' sums are combined in shared memory in a fixed order, written as one partial
+// row per block; act_bias_finish_kernel adds the partial rows in order.
+constexpr int kRowsPerBlock = 128;
+
+template <typename T, GeluKind K>
+__global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict__ z,
+                                    T* __restrict__ dz, float* __restrict__ partial, int64_t M,
+                                    int64_t N) {
+  __shared__ float sums[8][64];
+  const int64_t col0 = blockIdx.x * 64 + threadIdx.x * 2;
+  const int64_t row0 = blockIdx.y * int64_t(kRowsPerBlock);
+  float s[2] = {0.f, 0.f};
+  for (int r = threadIdx.y; r < kRowsPerBlock; r += 8) {
+    const int64_t row = row0 + r;
+    if (row >= M) break;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t col = col0 + e;
+      if (col < N) {
+        const int64_t i = row * N + col;
+        const float d = static_cast<float>(g[i]) * gelu_grad<K>(static_cast<float>(z[i]));
+        dz[i] = static_cast<T>(d);
+        s[e] += d;
+      }
+    }
+  }
+  if (partial == nullptr) return;
+  sums[threadIdx.y][threadIdx.x * 2] = s[0];
+  sums[threadIdx.y][threadIdx.x * 2 + 1] = s[1];
+  __syncthreads();
+  if (threadIdx.y < 2) {
+    const int c = threadIdx.y * 32 + threadIdx.x;
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t += sums[k][c];
+    const int64_t col = blockIdx.x * 64 + c;
+    if (col < N) partial[blockIdx.y * N + col] = t;
+  }
+}
+
+template <typename T>
+__global__ void act_bias_finish_kernel(const float* __restrict__ partial, T* __restrict__ db,
+                                       int64_t rows, int64_t N) {
+  const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (col >= N) return;
+  float t = 0.f;
+  for (int64_t r = 0; r < rows; ++r) t += partial[r * N + col];
+  db[col] = static_cast<T>(t);
+}
+
+// ---------------------------------------------------------------------------------------
+// Ops.
+
+at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
+  check_matmul_args(a, b, "fused::matmul");
+  c10::cuda::CUDAGuard guard(a.device());
+  if (a.scalar_type() == at::kFloat) return at::matmul(a, b);
+  at::Tensor a3 = a.dim() == 2 ? a.unsqueeze(0) : a;
+  at::Tensor b3 = b.dim() == 2 ? b.unsqueeze(0) : b;
+  const int64_t batch = std::max(a3.size(0), b3.size(0));
+  const int64_t M = a3.size(1), N = b3.size(2);
+  at::Tensor out = at::empty({batch, M, N}, a.options());
+  if (a.dim() == 3 && b.dim() == 2 && a.is_contiguous()) {
+    // One tall GEMM instead of a batch of short ones.
+    at::Tensor out2 = out.view({1, batch * M, N});
+    gemm_16bit(a.reshape({1, batch * M, a.size(2)}), b3, out2, nullptr, nullptr,
+               LinearAct::kNone);
+  } else {
+    gemm_16bit(a3, b3, out, nullptr, nullptr, LinearAct::kNone);
+  }
+  return (a.dim() == 2 && b.dim() == 2) ? out.squeeze(0) : out;
+}
+
+// y = act(x W^T + bias) (and z = x W^T + bias when want_preact), shaped [..., out].
+std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Tensor& w,
+                                               const std::optional<at::Tensor>& bias,
+                                               LinearAct act, bool want_preact) {
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t K = w.size(1), N = w.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(N);
+  const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, K});
+  const int64_t M = x2.size(0);
+  const at::Tensor* bias_p = bias.has_value() ? &*bias : nullptr;
+  at::Tensor y, z;
+  if (x.scalar_type() == at::kFloat) {
+    at::Tensor mm = at::mm(x2, w.t());  // cuBLAS; TF32 exactly when torch allows it
+    if (bias_p == nullptr && act == LinearAct::kNone) {
+      y = mm;
+    } else if (M * N > 0) {
+      at::Tensor bias_c = bias_p ? bias_p->contiguous() : at::Tensor();
+      y = want_preact ? at::empty_like(mm) : mm;  // in place unless both are needed
+      const int threads = 256;
+      bias_act_kernel<float><<<elementwise_grid(M * N, threads), threads, 0, current_stream()>>>(
+          mm.const_data_ptr<float>(), want_preact ? mm.mutable_data_ptr<float>() : nullptr,
+          y.mutable_data_ptr<float>(), bias_p ? bias_c.const_data_ptr<float>() : nullptr, M * N,
+          N, static_cast<int>(act));
+      FUSED_LAUNCH_CHECK();
+    } else {
+      y = want_preact ? at::empty_like(mm) : mm;
+    }
+    if (want_preact) z = mm;
+  } else {
+    y = at::empty({M, N}, x.options());
+    if (want_preact) z = at::empty({M, N}, x.options());
+    gemm_16bit(x2.unsqueeze(0), w.t().unsqueeze(0), y, bias_p, want_preact ? &z : nullptr, act);
+  }
+  y = y.view(out_shape);
+  if (want_preact) z = z.view(out_shape);
+  return {y, z};
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w,
+                       const std::optional<at::Tensor>& bias,
+                       std::optional<c10::string_view> activation) {
+  const char* op = "fused::linear";
+  check_linear_args(x, w, bias, op);
+  const LinearAct act = parse_linear_activation(activation, op);
+  return std::get<0>(linear_impl(x, w, bias, act, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_fwd_cuda(const at::Tensor& x, const at::Tensor& w,
+                                                   const std::optional<at::Tensor>& bias,
+                                                   c10::string_view activation) {
+  const char* op = "fused::linear_fwd";
+  check_linear_args(x, w, bias, op);
+  const LinearAct act = parse_linear_activation(activation, op);
+  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  return linear_impl(x, w, bias, act, true);
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& grad_out,
+                                                            const at::Tensor& preact,
+                                                            c10::string_view activation,
+                                                            bool bias_grad) {
+  const char* op = "fused::linear_act_backward";
+  check_act_backward_args(grad_out, preact, op);
+  const LinearAct act = parse_linear_activation(activation, op);
+  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  c10::cuda::CUDAGuard guard(preact.device());
+  const at::Tensor z = preact.contiguous();
+  const at::Tensor g = grad_out.contiguous();
+  const int64_t N = z.size(-1);
+  const int64_t M = N == 0 ? 0 : z.numel() / N;
+  at::Tensor dz = at::empty_like(z);
+  at::Tensor db = at::empty({bias_grad ? N : 0}, z.options());
+  if (N == 0) return {dz, db};
+  if (M == 0) {
+    if (bias_grad) db.zero_();
+    return {dz, db};
+  }
+  const int64_t row_blocks = ceil_div(M, kRowsPerBlock);
+  TORCH_CHECK(row_blocks < 65536, op, ": too many rows (", M, ")");
+  at::Tensor partial;
+  if (bias_grad) partial = at::empty({row_blocks, N}, z.options().dtype(at::kFloat));
+  cudaStream_t stream = current_stream();
+  FUSED_DISPATCH_CUDA(z.scalar_type(), "fused::linear_act_backward", [&] {
+    dim3 grid(static_cast<unsigned>(ceil_div(N, 64)), static_cast<unsigned>(row_blocks));
+    dim3 block(32, 8);
+    float* part = bias_grad ? partial.mutable_data_ptr<float>() : nullptr;
+    if (act == LinearAct::kGelu) {
+      act_backward_kernel<scalar_t, GeluKind::kNone><<<grid, block, 0, stream>>>(
+          g.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(),
+          dz.mutable_data_ptr<scalar_t>(), part, M, N);
+    } else {
+      act_backward_kernel<scalar_t, GeluKind::kTanh><<<grid, block, 0, stream>>>(
+          g.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(),
+          dz.mutable_data_ptr<scalar_t>(), part, M, N);
+    }
+    FUSED_LAUNCH_CHECK();
+    if (bias_grad) {
+      act_bias_finish_kernel<scalar_t><<<static_cast<unsigned>(ceil_div(N, 256)), 256, 0, stream>>>(
+          part, db.mutable_data_ptr<scalar_t>(), row_blocks, N);
+      FUSED_LAUNCH_CHECK();
+    }
+  });
+  return {dz, db};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  m.impl("matmul", &matmul_cuda);
+  m.impl("linear", &linear_cuda);
+  m.impl("linear_fwd", &linear_fwd_cuda);
+  m.impl("linear_act_backward", &linear_act_backward_cuda);
+}
+
+}  // namespace fused

@@ -1,0 +1,113 @@
+// What the two matmul kernels (portable sm_80 in matmul.cu, Hopper sm_90a in matmul_sm90.cu)
+// share: the problem description handed to a kernel and the fused epilogue.
+//
+//   C[b] = act(A[b] B[b] + bias),  optionally also storing Z = A B + bias (the pre-activation
+//   that the backward pass needs).
+//
+// A is M x K, B is K x N, both 16-bit (bf16/fp16), each either "K-major" (K is the
+// contiguous dimension: a row-major A, or a column-major B such as the weight W[N, K] of a
+// linear layer read as B = W^T) or "MN-major" (M resp. N contiguous). Leading dimensions
+// and batch strides are in elements; a batch stride of 0 broadcasts the operand.
+// C (and Z) are dense row-major [batch, M, N].
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/gelu_math.h"
+
+namespace fused {
+namespace matmul {
+
+// The activation applied in the epilogue; the numbers are those of the host enum too.
+enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2 };
+
+struct GemmProblem {
+  const void* a;
+  const void* b;
+  void* c;             // output, [batch, M, N] dense
+  void* z;             // pre-activation output (same layout) or nullptr
+  const void* bias;    // [N] or nullptr
+  int64_t lda, ldb;    // leading dimensions (elements)
+  int64_t batch_stride_a, batch_stride_b;  // 0 = broadcast
+  int M, N, K, batch;
+  int act;             // Act
+  bool a_kmajor, b_kmajor;
+};
+
+// Conversions for the two 16-bit element types (the build disables their implicit ones).
+template <typename T>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  using pair = __nv_bfloat162;
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
+  static __device__ __forceinline__ pair pack(float x, float y) { return __floats2bfloat162_rn(x, y); }
+};
+template <>
+struct Elem<__half> {
+  using pair = __half2;
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half(v); }
+  static __device__ __forceinline__ pair pack(float x, float y) { return __floats2half2_rn(x, y); }
+};
+
+__device__ __forceinline__ float apply_act(float z, int act) {
+  if (act == kActGelu) return gelu_fwd<GeluKind::kNone>(z);
+  if (act == kActGeluTanh) return gelu_fwd<GeluKind::kTanh>(z);
+  return z;
+}
+
+// Stores the two accumulator values of columns n, n+1 of row m (m < M checked by the
+// caller), adding bias, storing the pre-activation when asked and applying the
+// activation. A 4-byte paired store when both columns exist and the row start allows it
+// (N even), element stores otherwise.
+template <typename T>
+__device__ __forceinline__ void epilogue_pair(const GemmProblem& p, int64_t row_offset, int n,
+                                              float v0, float v1) {
+  if (n >= p.N) return;
+  const bool has1 = n + 1 < p.N;
+  if (p.bias != nullptr) {
+    const T* bias = static_cast<const T*>(p.bias);
+    v0 += Elem<T>::to_float(bias[n]);
+    if (has1) v1 += Elem<T>::to_float(bias[n + 1]);
+  }
+  const bool paired = has1 && (p.N % 2 == 0);
+  if (p.z != nullptr) {
+    T* z = static_cast<T*>(p.z) + row_offset + n;
+    if (paired) {
+      *reinterpret_cast<typename Elem<T>::pair*>(z) = Elem<T>::pack(v0, v1);
+    } else {
+      z[0] = Elem<T>::from_float(v0);
+      if (has1) z[1] = Elem<T>::from_float(v1);
+    }
+  }
+  v0 = apply_act(v0, p.act);
+  v1 = apply_act(v1, p.act);
+  T* c = static_cast<T*>(p.c) + row_offset + n;
+  if (paired) {
+    *reinterpret_cast<typename Elem<T>::pair*>(c) = Elem<T>::pack(v0, v1);
+  } else {
+    c[0] = Elem<T>::from_float(v0);
+    if (has1) c[1] = Elem<T>::from_float(v1);
+  }
+}
+
+// Tile order shared by both kernels: tiles are walked in groups of kGroupM tile-rows, so
+// consecutive tiles (run at the same time) share A rows and B columns in L2.
+constexpr int kGroupM = 8;
+
+__host__ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n,
+                                                     int& tm, int& tn) {
+  const int group_size = kGroupM * tiles_n;
+  const int group = tile / group_size;
+  const int first_m = group * kGroupM;
+  const int rows = tiles_m - first_m < kGroupM ? tiles_m - first_m : kGroupM;
+  const int in_group = tile - group * group_size;
+  tm = first_m + in_group % rows;
+  tn = in_group / rows;
+}
+
+}  // namespace matmul
+}  // namespace fused

@@ -1,0 +1,559 @@
+// softmax / log_softmax on CUDA, forward and backward, for any row length.
+//
+// Every kernel sees [rows, len] row-major with the softmax dim last (common/softmax.h moves
+// another dim there). ONE kernel template, row_kernel, serves all four ops and all row
+// lengths; what changes is the op (Fwd<LOG> / Bwd<LOG>, below) and how many threads share
+// a row, chosen by plan() from the row length:
+//
+//   len <= 32 * E          a (sub-)warp of g <= 32 threads per row, 128/g rows per block,
+//                          shuffle reductions                       (E = elements/thread)
+//   len <= 1024 * E        a block of 128, 512 or 1024 threads per row, CUB reduction
+//   len <= 16 * 1024 * E   sm_90: the row split over the C <= 16 blocks of a thread-block
+//                          cluster, each block reducing its share and the C partial
+//                          results combined through distributed shared memory
+//   otherwise              (or no clusters) a block per row walks the row in tiles twice:
+//                          pass 1 an online max-and-sum, pass 2 reads again and writes
+//
+// E is 32 for the forward (x in registers as floats) and 16 for the backward (dy and y).
+// In the first three cases each thread holds its whole share of the row in registers: the
+// row is read once and written once. Forward: each thread reduces its share to a running
+// (max, sum of exp(v - max)) pair with one exp per element and keeps exp(v - its max);
+// one reduction of pairs gives the row's (M, S), and y = e * exp(its max - M) / S. So one
+// exp per element and one reduction per row, fused with the scale and the causal mask:
+// masked keys are never read, only written (y = 0). Backward: one sum per row,
+// sum(dy * y) (softmax) or sum(dy) (log_softmax), then dx.
+//
+// Loads/stores are 16-byte vectors when the pointers and the row length allow (VEC = 16 /
+// sizeof(T)), scalar otherwise (VEC = 1: odd lengths, offset views). Indices are int64.
+// Bytes: forward reads x and writes y; backward reads dy and y and writes dx
+// (benchmarks/KERNEL_LOG.md has the rooflines).
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cooperative_groups.h>
+#include <cub/block/block_reduce.cuh>
+#include <limits>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "common/launch.cuh"
+#include "common/softmax.h"
+#include "common/vec.cuh"
+
+namespace fused {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------
+// Row statistics
+
+// Max and sum of exp(v - max) over part of a row. If the part has no finite max (all -inf,
+// or empty), s is taken relative to 0 instead: it is then 0, or NaN if a NaN was seen.
+// So NaN and +inf propagate into s (and from there to the whole row), as in torch.
+struct MaxSum {
+  float m, s;
+};
+
+__device__ __forceinline__ float exp_offset(float m) { return m == kNegInf ? 0.f : m; }
+
+struct CombineMaxSum {
+  __device__ __forceinline__ MaxSum operator()(const MaxSum& a, const MaxSum& b) const {
+    const float m = fmaxf(a.m, b.m);
+    const float o = exp_offset(m);
+    // a.m = -inf: a.s is 0 or NaN, and exp(-inf - o) = 0 keeps it 0 or NaN.
+    return {m, a.s * expf(a.m - o) + b.s * expf(b.m - o)};
+  }
+};
+
+struct CombineSum {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+__device__ __forceinline__ float shfl_xor(float v, int o) {
+  return __shfl_xor_sync(0xffffffffu, v, o);
+}
+__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int o) {
+  return {shfl_xor(v.m, o), shfl_xor(v.s, o)};
+}
+
+// ---------------------------------------------------------------------------------------
+// The ops. Each one says how its inputs load, what a thread's part of a row reduces to
+// (partial), how those parts combine, and how a thread turns its registers into outputs
+// once the row's total is known (finish). v[i][k][e] is input i, vector k, element e.
+
+// Forward: y = softmax(scale * x) (LOG: log_softmax). Masked / missing entries are -inf.
+template <bool LOG>
+struct Fwd {
+  static constexpr int kIn = 1;
+  static constexpr int kMaxElems = 32;  // per thread: 32 float registers for x
+  static constexpr float kFill = kNegInf;
+  using State = MaxSum;
+  using Combine = CombineMaxSum;
+  float scale;
+
+  __device__ __forceinline__ float load(int /*input*/, float x) const { return x * scale; }
+
+  // Softmax keeps e = exp(v - m) in v (m: this thread's max); log_softmax keeps v.
+  template <int NV, int VEC>
+  __device__ __forceinline__ MaxSum partial(float (&v)[kIn][NV][VEC], int nv) const {
+    float m = kNegInf;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (k < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) m = fmaxf(m, v[0][k][e]);
+      }
+    }
+    const float o = exp_offset(m);
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (k < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float p = expf(v[0][k][e] - o);
+          s += p;
+          if constexpr (!LOG) v[0][k][e] = p;
+        }
+      }
+    }
+    return {m, s};
+  }
+
+  template <int NV, int VEC>
+  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, MaxSum mine,
+                                         MaxSum row) const {
+    // softmax: exp(v - M) / S = e * exp(m - M) / S. A thread with m = -inf holds e = 0
+    // and gets 0 (or NaN if the whole row is -inf, as torch gives).
+    // log_softmax: (v - M) - log S, in that order: v - M is exact near the max.
+    const float f = LOG ? logf(row.s) : expf(mine.m - row.m) / row.s;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (k < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          v[0][k][e] = LOG ? (v[0][k][e] - row.m) - f : v[0][k][e] * f;
+        }
+      }
+    }
+  }
+};
+
+// Backward from the forward's output y: softmax dx = scale * y * (dy - sum(dy * y)),
+// log_softmax dx = dy - exp(y) * sum(dy). Missing entries are 0. v[0] = dy, v[1] = y.
+template <bool LOG>
+struct Bwd {
+  static constexpr int kIn = 2;
+  static constexpr int kMaxElems = 16;  // per thread: 2 x 16 float registers
+  static constexpr float kFill = 0.f;
+  using State = float;
+  using Combine = CombineSum;
+  float scale;
+
+  __device__ __forceinline__ float load(int /*input*/, float x) const { return x; }
+
+  template <int NV, int VEC>
+  __device__ __forceinline__ float partial(float (&v)[kIn][NV][VEC], int nv) const {
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (k < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s += LOG ? v[0][k][e] : v[0][k][e] * v[1][k][e];
+      }
+    }
+    return s;
+  }
+
+  template <int NV, int VEC>
+  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, float /*mine*/,
+                                         float row) const {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (k < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float dy = v[0][k][e], y = v[1][k][e];
+          v[0][k][e] = LOG ? dy - expf(y) * row : scale * y * (dy - row);
+        }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// The kernel
+
+template <typename T>
+struct RowArgs {
+  const T* in[2];    // forward: x; backward: grad_out, y
+  T* out;
+  int64_t rows, len;
+  int64_t chunk;     // columns per block: len, or one block's share of a cluster's row
+  int64_t causal_q;  // 0: no mask; else Lq: row r is query r % Lq, keys j > r % Lq masked
+  int group;         // threads per row: 1..32 (warp mode) or the block size
+  int nv;            // vectors per thread per tile (<= NV)
+  int ntiles;        // tiles per chunk; 1 keeps the chunk in registers
+  int cluster;       // blocks per row (a cluster on sm_90), else 1
+};
+
+// Reduces a thread's State over the threads (and cluster blocks) of its row; every thread
+// gets the total. Warp mode: xor shuffles within aligned groups of g lanes (all lanes give
+// the same result). Block mode: CUB, broadcast through shared memory; in a cluster each
+// block publishes its result in its shared memory and reads all C of them, in rank order,
+// so every block gets the same total. The two slots alternate between rows (`parity`):
+// a slot is rewritten only after the barrier of the next row, when every reader is done.
+template <bool WARP, int BLOCK, typename State, typename Combine>
+__device__ __forceinline__ State reduce_row(State v, int g, int cluster, int parity) {
+  Combine op;
+  if constexpr (WARP) {
+    for (int o = g / 2; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
+    return v;
+  } else {
+    using Reduce = cub::BlockReduce<State, BLOCK>;
+    __shared__ typename Reduce::TempStorage tmp;
+    __shared__ State slot[2];
+    const State r = Reduce(tmp).Reduce(v, op);
+    if (threadIdx.x == 0) slot[parity] = r;
+    if (cluster == 1) {
+      __syncthreads();
+      return slot[parity];
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    State acc = *cl.map_shared_rank(&slot[parity], 0);
+    for (int i = 1; i < cluster; ++i) acc = op(acc, *cl.map_shared_rank(&slot[parity], i));
+    return acc;
+#else
+    __trap();  // the host launches clusters only on sm_90 code (cluster_supported)
+    return r;
+#endif
+  }
+}
+
+// One row (or one block's share of it) per group of g threads. Thread `lane` of the group
+// owns, in tile t, the vectors at columns begin + t * span + (k * g + lane) * VEC, k < nv.
+// WARP: BLOCK = 128 threads, g = args.group <= 32, 128 / g rows per block.
+// Otherwise: g = BLOCK threads per row, one row per block (per cluster when cluster > 1).
+template <typename T, typename Op, int VEC, int NV, int BLOCK, bool WARP>
+__global__ void __launch_bounds__(BLOCK) row_kernel(RowArgs<T> a, Op op) {
+  using State = typename Op::State;
+  using Combine = typename Op::Combine;
+  constexpr int kIn = Op::kIn;
+
+  const int g = WARP ? a.group : BLOCK;
+  const int lane = threadIdx.x % g;
+  const int rows_per_block = BLOCK / g;
+  const int rank = blockIdx.x % a.cluster;  // = the cluster block rank (cluster dims (C,1,1))
+  const int64_t begin = rank * a.chunk;
+  const int64_t end = std::min(a.len, begin + a.chunk);
+  const int64_t span = static_cast<int64_t>(g) * a.nv * VEC;  // columns per tile
+  const int64_t row_blocks = (a.rows + rows_per_block - 1) / rows_per_block;
+  const int64_t step = gridDim.x / a.cluster;
+
+  int parity = 0;
+  // Uniform trip count for all threads of a block and all blocks of a cluster: the
+  // reductions inside are collective.
+  for (int64_t rb = blockIdx.x / a.cluster; rb < row_blocks; rb += step, parity ^= 1) {
+    const int64_t r = rb * rows_per_block + threadIdx.x / g;
+    const bool active = r < a.rows;  // warp mode: idle groups still shuffle along
+    const int64_t row = active ? r : 0;
+    // Columns in [limit, end) are masked or idle: not read, filled with Op::kFill.
+    const int64_t limit = !active ? begin
+                          : a.causal_q > 0 ? std::min(end, row % a.causal_q + 1)
+                                           : end;
+    const T* in[kIn];
+#pragma unroll
+    for (int i = 0; i < kIn; ++i) in[i] = a.in[i] + row * a.len;
+    T* out = a.out + row * a.len;
+
+    float v[kIn][NV][VEC];
+    auto load_tile = [&](int t) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        if (k < a.nv) {
+          const int64_t col = begin + t * span + (static_cast<int64_t>(k) * g + lane) * VEC;
+          if (col < limit) {
+#pragma unroll
+            for (int i = 0; i < kIn; ++i) {
+              const Vec<T, VEC> raw = load_vec<T, VEC>(in[i] + col);
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                v[i][k][e] = col + e < limit ? op.load(i, static_cast<float>(raw.v[e]))
+                                             : Op::kFill;
+              }
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < kIn; ++i) {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) v[i][k][e] = Op::kFill;
+            }
+          }
+        }
+      }
+    };
+    auto store_tile = [&](int t) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int64_t col = begin + t * span + (static_cast<int64_t>(k) * g + lane) * VEC;
+        if (k < a.nv && active && col < end) {
+          Vec<T, VEC> r;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) r.v[e] = static_cast<T>(v[0][k][e]);
+          store_vec<T, VEC>(out + col, r);
+        }
+      }
+    };
+
+    // Pass 1: this thread's part of the row. With one tile the registers keep it.
+    State mine{}, last{};
+    for (int t = 0; t < a.ntiles; ++t) {
+      load_tile(t);
+      last = op.partial(v, a.nv);
+      mine = t == 0 ? last : Combine()(mine, last);
+    }
+    const State total = reduce_row<WARP, BLOCK, State, Combine>(mine, g, a.cluster, parity);
+    // Pass 2, last tile first: it is still in registers (and the next ones likely in L2).
+    for (int t = a.ntiles - 1; t >= 0; --t) {
+      if (t != a.ntiles - 1) {
+        load_tile(t);
+        last = op.partial(v, a.nv);
+      }
+      op.finish(v, a.nv, last, total);
+      store_tile(t);
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // No block may exit while the others of its cluster still read its shared memory.
+  if (a.cluster > 1) cooperative_groups::this_cluster().sync();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Host: choosing the strategy and launching
+
+enum class Mode { kWarpSmall, kWarp, kBlock128, kBlock512, kBlock1024 };
+
+struct Plan {
+  Mode mode;
+  int group, nv, ntiles, cluster;
+  int64_t chunk;
+};
+
+int next_pow2(int64_t n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// Kernels compiled for sm_90 can use clusters (the 8.0 pass, or its PTX JIT-compiled for a
+// newer GPU, cannot).
+template <typename Kernel>
+bool cluster_supported(Kernel kernel) {
+  if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;
+  cudaFuncAttributes attr;
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.ptxVersion >= 90;
+}
+
+// Launches kernel over `grid` blocks of `block` threads, as clusters of a.cluster blocks
+// when a.cluster > 1. Returns false (launching nothing) if that cluster cannot run here.
+template <typename Kernel, typename Args, typename Op>
+bool launch(Kernel kernel, int64_t row_blocks, int block, const Args& a, const Op& op) {
+  const int64_t max_groups = std::numeric_limits<int>::max() / a.cluster;
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>(row_blocks, max_groups) * a.cluster);
+  if (a.cluster == 1) {
+    kernel<<<grid, block, 0, current_stream()>>>(a, op);
+    FUSED_LAUNCH_CHECK();
+    return true;
+  }
+  if (!cluster_supported(kernel)) return false;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = current_stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = a.cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (a.cluster > 8 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int active = 0;
+  if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
+  return true;
+}
+
+// Threads per row and elements per thread for a row of `len`, E = Op::kMaxElems per thread.
+Plan plan(int64_t len, int E, int VEC) {
+  const int NV = E / VEC;
+  auto vectors = [&](int64_t cols, int threads) {
+    return static_cast<int>((cols + static_cast<int64_t>(threads) * VEC - 1) /
+                            (static_cast<int64_t>(threads) * VEC));
+  };
+  if (len <= 32 * VEC) {
+    // At most one vector per thread: the smallest power-of-two group that covers the row.
+    return {Mode::kWarpSmall, next_pow2((len + VEC - 1) / VEC), 1, 1, 1, len};
+  }
+  if (len <= 32 * E) return {Mode::kWarp, 32, vectors(len, 32), 1, 1, len};
+  if (len <= 128 * E) return {Mode::kBlock128, 128, vectors(len, 128), 1, 1, len};
+  if (len <= 512 * E) return {Mode::kBlock512, 512, vectors(len, 512), 1, 1, len};
+  if (len <= 1024 * E) return {Mode::kBlock1024, 1024, vectors(len, 1024), 1, 1, len};
+  // Long rows: the caller tries clusters first (cluster > 1 here), then falls back to tiles.
+  for (int block : {512, 1024}) {
+    const int64_t c = (len + static_cast<int64_t>(block) * E - 1) / (static_cast<int64_t>(block) * E);
+    if (c <= 8 || (block == 1024 && c <= 16)) {
+      // Even shares, a whole number of vectors each.
+      int64_t chunk = (len + c - 1) / c;
+      chunk = (chunk + VEC - 1) / VEC * VEC;
+      return {block == 512 ? Mode::kBlock512 : Mode::kBlock1024, block, vectors(chunk, block),
+              1, static_cast<int>(c), chunk};
+    }
+  }
+  return {Mode::kBlock1024, 1024, NV, static_cast<int>((len + 1024 * E - 1) / (1024 * E)), 1,
+          len};
+}
+
+template <typename T, typename Op, int VEC>
+void launch_rows(RowArgs<T> a, const Op& op) {
+  constexpr int E = Op::kMaxElems;
+  constexpr int NV = E / VEC;
+  Plan p = plan(a.len, E, VEC);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    a.group = p.group;
+    a.nv = p.nv;
+    a.ntiles = p.ntiles;
+    a.cluster = p.cluster;
+    a.chunk = p.chunk;
+    const int64_t rows_per_block = p.mode == Mode::kWarpSmall || p.mode == Mode::kWarp
+                                       ? 128 / p.group : 1;
+    const int64_t row_blocks = (a.rows + rows_per_block - 1) / rows_per_block;
+    bool ok = false;
+    switch (p.mode) {
+      case Mode::kWarpSmall:
+        ok = launch(row_kernel<T, Op, VEC, 1, 128, true>, row_blocks, 128, a, op);
+        break;
+      case Mode::kWarp:
+        ok = launch(row_kernel<T, Op, VEC, NV, 128, true>, row_blocks, 128, a, op);
+        break;
+      case Mode::kBlock128:
+        ok = launch(row_kernel<T, Op, VEC, NV, 128, false>, row_blocks, 128, a, op);
+        break;
+      case Mode::kBlock512:
+        ok = launch(row_kernel<T, Op, VEC, NV, 512, false>, row_blocks, 512, a, op);
+        break;
+      case Mode::kBlock1024:
+        ok = launch(row_kernel<T, Op, VEC, NV, 1024, false>, row_blocks, 1024, a, op);
+        break;
+    }
+    if (ok) return;
+    // The cluster could not run here: a block per row, streaming the row in tiles.
+    p = {Mode::kBlock1024, 1024, NV, static_cast<int>((a.len + 1024 * E - 1) / (1024 * E)), 1,
+         a.len};
+  }
+  TORCH_CHECK(false, "fused softmax: internal error, no launch configuration for a row of ",
+              a.len);
+}
+
+template <typename T, typename Op>
+void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t causal_q,
+         const Op& op) {
+  RowArgs<T> a{{in0, in1}, out, rows, len, len, causal_q, 1, 1, 1, 1};
+  constexpr int V = kVecElems<T>;
+  const bool vec = len % V == 0 && is_aligned(in0) && (in1 == nullptr || is_aligned(in1)) &&
+                   is_aligned(out);
+  if (vec) {
+    launch_rows<T, Op, V>(a, op);
+  } else {
+    launch_rows<T, Op, 1>(a, op);
+  }
+}
+
+template <bool LOG>
+at::Tensor forward_cuda(const at::Tensor& x, int64_t dim, double scale, bool causal,
+                        const char* op) {
+  check_float(x, op, "x");
+  const int64_t d = softmax_wrap_dim(dim, x.dim(), op);
+  if (causal) softmax_check_causal(x, d, dim, op);
+  c10::cuda::CUDAGuard guard(x.device());
+  SoftmaxRows rv = softmax_rows(x, d);
+  at::Tensor y = at::empty(rv.t.sizes(), rv.t.options());
+  const int64_t causal_q = causal ? x.size(-2) : 0;
+  if (y.numel() > 0) {
+    FUSED_DISPATCH_CUDA(x.scalar_type(), "fused::softmax", [&] {
+      run<scalar_t>(rv.t.const_data_ptr<scalar_t>(), nullptr, y.mutable_data_ptr<scalar_t>(),
+                    rv.rows, rv.len, causal_q, Fwd<LOG>{static_cast<float>(scale)});
+    });
+  }
+  return softmax_restore(y, x, d);
+}
+
+template <bool LOG>
+at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
+                         double scale, const char* op) {
+  check_float(y, op, "y");
+  check_same_device(grad_out, y, op, "grad_out", "y");
+  check_same_dtype(grad_out, y, op, "grad_out", "y");
+  check_same_shape(grad_out, y, op, "grad_out", "y");
+  const int64_t d = softmax_wrap_dim(dim, y.dim(), op);
+  c10::cuda::CUDAGuard guard(y.device());
+  SoftmaxRows yv = softmax_rows(y, d);
+  SoftmaxRows gv = softmax_rows(grad_out, d);
+  at::Tensor dx = at::empty(yv.t.sizes(), yv.t.options());
+  if (dx.numel() > 0) {
+    FUSED_DISPATCH_CUDA(y.scalar_type(), "fused::softmax_backward", [&] {
+      run<scalar_t>(gv.t.const_data_ptr<scalar_t>(), yv.t.const_data_ptr<scalar_t>(),
+                    dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len, 0,
+                    Bwd<LOG>{static_cast<float>(scale)});
+    });
+  }
+  return softmax_restore(dx, y, d);
+}
+
+at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim, double scale, bool causal) {
+  return forward_cuda<false>(x, dim, scale, causal, "fused::softmax");
+}
+
+at::Tensor log_softmax_cuda(const at::Tensor& x, int64_t dim) {
+  return forward_cuda<true>(x, dim, 1.0, false, "fused::log_softmax");
+}
+
+at::Tensor softmax_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
+                                 double scale) {
+  return backward_cuda<false>(grad_out, y, dim, scale, "fused::softmax_backward");
+}
+
+at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y,
+                                     int64_t dim) {
+  return backward_cuda<true>(grad_out, y, dim, 1.0, "fused::log_softmax_backward");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  m.impl("softmax", &softmax_cuda);
+  m.impl("log_softmax", &log_softmax_cuda);
+  m.impl("softmax_backward", &softmax_backward_cuda);
+  m.impl("log_softmax_backward", &log_softmax_backward_cuda);
+}
+
+}  // namespace fused

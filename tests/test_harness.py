@@ -1,0 +1,338 @@
+"""The benchmark and profiler harness, without a GPU: parsing, case discovery, byte
+formulas, the measurement loop on CPU with a stand-in timer, the report builders, and the
+one-line exit of run.py / trace.py where no GPU is visible."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import harness, report  # noqa: E402
+from benchmarks.cases import gelu as gelu_cases  # noqa: E402
+from benchmarks.harness import Case  # noqa: E402
+
+
+def _load_trace_module():
+    # profiling/trace.py by path: "trace" is also a standard-library module name.
+    spec = importlib.util.spec_from_file_location(
+        "fused_ops_profiling_trace", os.path.join(ROOT, "profiling", "trace.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+trace_mod = _load_trace_module()
+
+
+# --- parsing -------------------------------------------------------------------------
+
+def test_parse_shapes():
+    assert harness.parse_shape("16384x4096") == (16384, 4096)
+    assert harness.parse_shape(" 8X16x2048x2048 ") == (8, 16, 2048, 2048)
+    assert harness.parse_shapes("16384x4096,4096x32768,") == [(16384, 4096), (4096, 32768)]
+    for bad in ["", "16384x", "axb", "3x-1"]:
+        with pytest.raises(ValueError, match="expected sizes joined by 'x'"):
+            harness.parse_shape(bad)
+
+
+def test_parse_dtypes_and_names():
+    assert harness.parse_dtypes("bf16, fp16,float32") == [
+        torch.bfloat16, torch.float16, torch.float32]
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        harness.parse_dtypes("int8")
+    assert harness.dtype_name(torch.bfloat16) == "bfloat16"
+    assert harness.shape_str((4096, 32768)) == "4096x32768"
+    assert harness.sanitize_name("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert harness.sanitize_name("NVIDIA H200") == "nvidia-h200"
+
+
+# --- the Case interface and discovery ----------------------------------------------------
+
+def _toy_case(**kw):
+    args = dict(
+        op="toy", variant="v", shapes=[(4, 8), (2, 16)], quick_shapes=[(2, 16)],
+        dtypes=[torch.float32, torch.bfloat16], passes=("fwd", "fwd+bwd"),
+        make_inputs=lambda shape, dtype, device: {
+            "x": torch.randn(shape, device=device).to(dtype)},
+        grad_inputs=("x",),
+        impls={"fused": lambda x: x * 2, "native": lambda x: x + x,
+               "unfused": lambda x: x * 1 + x},
+        bytes=lambda shape, dtype, pass_: 2 * shape[0] * shape[1] * dtype.itemsize,
+    )
+    args.update(kw)
+    return Case(**args)
+
+
+def test_case_defaults_and_required_fields():
+    c = Case(op="x", shapes=[[1, 2]], make_inputs=lambda *a: {}, impls={"fused": id},
+             bytes=lambda *a: 0)
+    assert c.variant == "" and c.shapes == [(1, 2)] and c.quick_shapes == [(1, 2)]
+    assert c.passes == ("fwd", "fwd+bwd") and c.flops is None and c.grad_inputs == ()
+    assert torch.bfloat16 in c.dtypes
+    with pytest.raises(TypeError, match="'bytes' is required"):
+        Case(op="x", shapes=[(1,)], make_inputs=lambda *a: {}, impls={})
+    with pytest.raises(ValueError, match="unknown pass"):
+        _toy_case(passes=("bwd",))
+    # "compile" follows "unfused"; extra competitors come last.
+    c = _toy_case(impls={"cublaslt": id, "unfused": id, "fused": id, "native": id})
+    assert c.impl_names() == ["fused", "native", "unfused", "compile", "cublaslt"]
+    assert _toy_case(impls={"fused": id}).impl_names() == ["fused"]
+
+
+def test_discovery_finds_gelu():
+    cases = harness.discover_cases()
+    gelu = [c for c in cases if c.op == "gelu"]
+    assert sorted(c.variant for c in gelu) == ["none", "tanh"]
+    for c in gelu:
+        assert c.module == "gelu"
+        assert c.impl_names() == ["fused", "native", "unfused", "compile"]
+        assert (8192, 8192) in c.shapes and (16384, 4096) in c.quick_shapes
+        assert c.grad_inputs == ("x",)
+
+
+def test_discovery_reports_a_broken_module_and_goes_on(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakecases"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "good.py").write_text(
+        "import torch\nfrom benchmarks.harness import Case\n"
+        "CASES = [Case(op='good', shapes=[(2,)], make_inputs=lambda s, d, dev: {},\n"
+        "              impls={'fused': abs}, bytes=lambda s, d, p: 0)]\n")
+    (pkg / "bad.py").write_text("raise RuntimeError('op not built')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    warnings = []
+    cases = harness.discover_cases("fakecases", warn=warnings.append)
+    assert [c.op for c in cases] == ["good"]
+    assert len(warnings) == 1 and "bad.py" in warnings[0] and "op not built" in warnings[0]
+
+
+def test_select_filters():
+    cases = [_toy_case(), _toy_case(op="other", variant="")]
+    plans = harness.select(cases)
+    assert len(plans) == 2 * 2 * 2 * 2  # cases x shapes x dtypes x passes
+    assert harness.total_measurements(plans) == len(plans) * 4
+    plans = harness.select(cases, ops=["toy"], quick=True)
+    assert [(p.shape, p.dtype) for p in plans] == [((2, 16), torch.bfloat16)] * 2
+    plans = harness.select(cases, ops=["toy/v"], shapes=[(3, 3), (1, 2, 3)],
+                           dtypes=[torch.float32], passes=["fwd"], impls=["fused", "compile"])
+    assert [(p.shape, p.dtype, p.pass_, p.impls) for p in plans] == [
+        ((3, 3), torch.float32, "fwd", ["fused", "compile"])]
+    assert harness.select(cases, shapes=[(1, 2, 3)]) == []
+    assert harness.select(cases, impls=["nonexistent"]) == []
+
+
+# --- byte formulas ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,size", [(torch.bfloat16, 2), (torch.float16, 2),
+                                        (torch.float32, 4)])
+def test_gelu_bytes(dtype, size):
+    n = 16384 * 4096
+    assert gelu_cases.gelu_bytes((16384, 4096), dtype, "fwd") == 2 * n * size
+    assert gelu_cases.gelu_bytes((16384, 4096), dtype, "fwd+bwd") == 5 * n * size
+    # The README / KERNEL_LOG example: 16384x4096 bf16 forward moves 256 MiB.
+    if dtype == torch.bfloat16:
+        assert gelu_cases.gelu_bytes((16384, 4096), dtype, "fwd") == 256 * 2**20
+    for shape in gelu_cases.SHAPES[1:]:  # all but the small one are >= 64 MB in bf16
+        assert gelu_cases.gelu_bytes(shape, torch.bfloat16, "fwd") // 2 >= 64 * 2**20
+
+
+def test_rates_and_speedups():
+    case = _toy_case()
+    r = harness.rates(case, (1000, 1000), torch.float32, "fwd", 8.0, {"copy_gbps": 2000.0})
+    assert r["bytes"] == 8_000_000 and r["gbps"] == pytest.approx(1000.0)
+    assert r["pct_of_peak"] == pytest.approx(50.0) and r["tflops"] is None
+    mm = _toy_case(flops=lambda shape, pass_: 2 * shape[0] ** 3)
+    r = harness.rates(mm, (1000, 1000), torch.float32, "fwd", 2000.0,
+                      {"copy_gbps": 2000.0, "mm_tflops": 2.0})
+    assert r["tflops"] == pytest.approx(1.0) and r["pct_of_peak"] == pytest.approx(50.0)
+    assert harness.rates(case, (2, 2), torch.float32, "fwd", None, {})["gbps"] is None
+    recs = [{"impl": "fused", "median_us": 50.0}, {"impl": "native", "median_us": 100.0},
+            {"impl": "compile", "median_us": None}]
+    harness.add_speedups(recs)
+    assert recs[0]["x_vs_native"] == pytest.approx(2.0) and recs[0]["x_vs_compile"] is None
+    assert recs[1]["x_vs_native"] == pytest.approx(1.0)
+
+
+# --- the measurement loop, on CPU with a stand-in timer ------------------------------------
+
+class CountingTimer:
+    """Runs the step like Timer does (a warm-up call, then repetitions) without CUDA."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def measure(self, step):
+        for _ in range(3):
+            step()
+            self.calls += 1
+        return {"median_us": 10.0, "min_us": 9.0, "max_us": 11.0, "reps": 2}
+
+    def peak_memory(self, step):
+        step()
+        return 123
+
+    def held_memory(self, forward):
+        forward()
+        return 456
+
+
+def test_make_step_fwd_bwd_gives_the_gradients():
+    case = gelu_cases.CASES[1]  # tanh
+    inputs = harness.make_inputs(case, (4, 8), torch.float64, "fwd+bwd", device="cpu")
+    assert inputs["x"].requires_grad and inputs["x"].abs().sum() > 0
+    step = harness.make_step(case.impls["fused"], inputs, "fwd+bwd", case.grad_inputs)
+    (dx,) = step()
+    assert inputs["x"].grad is None  # autograd.grad: nothing accumulated between reps
+    # Same random output gradient for every implementation: the native one agrees.
+    (dx_native,) = harness.make_step(case.impls["native"], inputs, "fwd+bwd",
+                                     case.grad_inputs)()
+    torch.testing.assert_close(dx, dx_native)
+    fwd = harness.make_step(case.impls["fused"], inputs, "fwd")
+    assert fwd().shape == (4, 8)
+
+
+def test_run_plan_records_on_cpu():
+    case = gelu_cases.CASES[0]
+    plan = harness.Plan(case, (8, 16), torch.float32, "fwd+bwd", ["fused", "native", "unfused"])
+    env = {"device": "cpu-test", "torch": "x"}
+    seen = []
+    recs = harness.run_plan(plan, CountingTimer(), {"copy_gbps": 100.0}, env,
+                            on_impl=lambda p, i: seen.append(i), device="cpu")
+    assert seen == ["fused", "native", "unfused"]
+    assert [r["impl"] for r in recs] == seen
+    for r in recs:
+        assert r["error"] is None and r["median_us"] == 10.0
+        assert r["op"] == "gelu" and r["variant"] == "none" and r["pass"] == "fwd+bwd"
+        assert r["shape"] == [8, 16] and r["dtype"] == "float32" and r["device"] == "cpu-test"
+        assert r["bytes"] == 5 * 8 * 16 * 4
+        assert r["gbps"] == pytest.approx(r["bytes"] / 10e-6 / 1e9)
+        assert r["peak_mem_bytes"] == 123 and r["fwd_held_bytes"] == 456
+        assert r["x_vs_native"] == pytest.approx(1.0)
+    # A failing implementation is recorded, not raised.
+    broken = _toy_case(impls={"fused": lambda x: x.no_such_method(), "native": lambda x: x})
+    plan = harness.Plan(broken, (2, 2), torch.float32, "fwd", ["fused", "native"])
+    recs = harness.run_plan(plan, CountingTimer(), {}, env, device="cpu")
+    assert "AttributeError" in recs[0]["error"] and recs[0]["median_us"] is None
+    assert recs[1]["error"] is None
+
+
+# --- reports ---------------------------------------------------------------------------
+
+def _fake_records():
+    base = {"op": "gelu", "variant": "tanh", "pass": "fwd", "dtype": "bfloat16",
+            "device": "Fake GPU", "torch": "2.11.0", "tflops": None, "error": None,
+            "peak_mem_bytes": 2**20}
+    recs = []
+    for shape, times in [((16384, 4096), {"fused": 63.0, "native": 80.0, "unfused": 400.0,
+                                          "compile": 70.0}),
+                         ((16384, 1024), {"fused": 20.0, "native": 25.0, "unfused": 100.0,
+                                          "compile": None})]:
+        group = []
+        for impl, us in times.items():
+            r = dict(base, shape=list(shape), impl=impl, median_us=us)
+            if us is None:
+                r["error"] = "BackendCompilerFailed: boom"
+                r["gbps"] = r["pct_of_peak"] = None
+            else:
+                r["gbps"] = 2 * shape[0] * shape[1] * 2 / (us * 1e-6) / 1e9
+                r["pct_of_peak"] = r["gbps"] / 4270 * 100
+            group.append(r)
+        harness.add_speedups(group)
+        recs += group
+    return recs
+
+
+def test_markdown_tables():
+    recs = _fake_records()
+    table = report.pivot_table(recs)
+    lines = table.splitlines()
+    assert lines[0].startswith("| op | variant | pass | shape | dtype | fused µs | fused rate |")
+    assert "fused %" in lines[0] and "compile %" in lines[0] and "fused × native" in lines[0]
+    assert len(lines) == 2 + 2  # header, separator, one row per group
+    row = lines[2]
+    assert "| gelu | tanh | fwd | 16384x4096 | bf16 | 63.0 |" in row
+    assert "1.27×" in row and "1.11×" in row  # 80/63, 70/63
+    assert "GB/s" in row
+    assert "err" in lines[3]  # the failed compile measurement
+    # Every row has as many cells as the header.
+    assert len({ln.count("|") for ln in lines}) == 1
+    md = report.markdown_report({"device": "Fake GPU", "torch": "2.11.0", "cuda": "13.0",
+                                 "ceilings": {"copy_gbps": 4270.0, "mm_tflops": 700.0,
+                                              "mm_shape": [8192] * 3}}, recs)
+    assert "4,270 GB/s" in md and "8192x8192x8192" in md and "BackendCompilerFailed" in md
+    assert "## All measurements" in md and md.count("| gelu |") == 2 + len(recs)
+
+
+def test_json_round_trip_and_plots(tmp_path):
+    recs = _fake_records()
+    header = {"device": "Fake GPU", "ceilings": {"copy_gbps": 4270.0}}
+    path = tmp_path / "results" / "fake.json"
+    report.write_json(str(path), header, recs)
+    h, r = report.load_json(str(path))
+    assert h == header and r == recs
+    groups = report.plot_groups(recs)
+    assert list(groups) == [("gelu", "tanh", "fwd", "bfloat16")]
+    fused = groups[("gelu", "tanh", "fwd", "bfloat16")]["fused"]
+    assert [s for s, _ in fused] == [(16384, 1024), (16384, 4096)]  # by row length
+    pytest.importorskip("matplotlib")
+    pngs = report.write_plots(header, recs, str(tmp_path / "plots"))
+    assert [os.path.basename(p) for p in pngs] == ["gelu_tanh_fwd_bfloat16.png"]
+    assert os.path.getsize(pngs[0]) > 1000
+
+
+def test_run_report_mode_renders_a_saved_run(tmp_path):
+    path = tmp_path / "run.json"
+    report.write_json(str(path), {"device": "Fake GPU"}, _fake_records())
+    res = subprocess.run([sys.executable, "benchmarks/run.py", "--report", str(path),
+                          "--out", str(tmp_path / "out"), "--no-plots"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| gelu | tanh | fwd | 16384x4096 | bf16 |" in res.stdout
+    assert (tmp_path / "out" / "results.md").exists()
+
+
+# --- profiler helpers ------------------------------------------------------------------
+
+def test_kernel_name_shortening():
+    assert trace_mod.short_name(
+        "void fused::(anonymous namespace)::elementwise_kernel<float, 4>(float*, int)"
+    ) == "fused::elementwise_kernel<float, 4>"
+    assert trace_mod.short_name("triton_poi_fused_add_mul_0") == "triton_poi_fused_add_mul_0"
+    long = "void at::native::vectorized_elementwise_kernel<4, " + "X" * 200 + ">(int)"
+    assert len(trace_mod.short_name(long)) == 90 and trace_mod.short_name(long).endswith("…")
+
+
+def test_trace_summary_counts_kernels_per_call():
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mul", "dur": 50}]
+    for i in range(2):  # two profiled calls of an op launching a mul and a tanh
+        events += [{"ph": "X", "cat": "kernel", "name": "void mul_kernel(float*)", "dur": 10},
+                   {"ph": "X", "cat": "kernel", "name": "tanh_kernel", "dur": 30},
+                   {"ph": "X", "cat": "gpu_user_annotation", "name": "call", "dur": 45}]
+    rows = trace_mod.summarize_trace({"traceEvents": events}, iters=2)
+    assert [(r["name"], r["count"], r["per_call"]) for r in rows] == [
+        ("tanh_kernel", 2, 1.0), ("mul_kernel", 2, 1.0)]
+    assert rows[0]["avg_us"] == 30 and rows[1]["total_us"] == 20
+    text = trace_mod.format_summary("unfused", rows, 2)
+    assert text.splitlines()[0] == "unfused: 2 kernel launches per call, 40.0 us of device time per call"
+    one = trace_mod.format_summary("fused", rows[:1], 2)
+    assert one.startswith("fused: 1 kernel launch per call")
+
+
+# --- no GPU: one line, exit 2 ------------------------------------------------------------
+
+@pytest.mark.parametrize("script,args,message", [
+    ("benchmarks/run.py", ["--quick"], "no CUDA GPU found: the benchmark needs one"),
+    ("profiling/trace.py", ["--op", "gelu"], "no CUDA GPU found: profiling needs one"),
+])
+def test_no_gpu_exits_2_with_one_line(script, args, message, tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # hide any GPU, even on a GPU machine
+    res = subprocess.run([sys.executable, script, *args, "--out", str(tmp_path)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip() == message
+    assert res.stdout == ""

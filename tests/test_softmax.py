@@ -1,0 +1,386 @@
+import math
+
+import pytest
+import torch
+
+import fused_ops
+from fused_ops import reference
+from utils import CUDA, DEVICES, DTYPES, assert_close, input_views, poison_next_alloc
+
+ops = torch.ops.fused
+INF = float("inf")
+
+# Row lengths across every threshold of the CUDA strategies (warp-small, warp, block of 128 /
+# 512 / 1024, cluster, tiles; vector and scalar paths) and odd ones. The forward keeps 32
+# elements per thread, the backward 16, so the thresholds differ between the two.
+LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 4097,
+           8192, 16385, 32768]
+# Long rows: cluster splits (sm_90) and odd lengths (scalar path). 262144 runs once, below.
+LONG_LENGTHS = [32769, 50257, 65536, 65537, 131071, 131072]
+# Past what a cluster holds: the tiled two-pass path (forward > 524288, backward > 262144).
+HUGE_LENGTHS = [300001, 600001]
+# The CPU kernel has no thresholds: a few lengths keep CI time small.
+CPU_LENGTHS = [1, 7, 33, 1000, 4097]
+
+
+def per_device(cpu_values, cuda_values):
+    """(device, value) parameters: the CPU runs cpu_values, the GPU cuda_values."""
+    return ([("cpu", v) for v in cpu_values]
+            + [pytest.param("cuda", v, marks=CUDA) for v in cuda_values])
+
+
+def fwd_ref(x, dim=-1, scale=1.0, causal=False, log=False):
+    x = x.double()
+    if log:
+        return reference.log_softmax(x, dim)
+    return reference.softmax(x, dim, scale=scale, causal=causal)
+
+
+def fwd(x, dim=-1, scale=1.0, causal=False, log=False):
+    if log:
+        return fused_ops.log_softmax(x, dim)
+    return fused_ops.softmax(x, dim, scale=scale, causal=causal)
+
+
+def bwd_ref(dy, y, dim=-1, scale=1.0, log=False):
+    """The exact gradient given the op's own (rounded) output y, in float64."""
+    dy, y = dy.double(), y.double()
+    if log:
+        return dy - torch.exp(y) * dy.sum(dim, keepdim=True)
+    return scale * y * (dy - (dy * y).sum(dim, keepdim=True))
+
+
+def bwd(dy, y, dim=-1, scale=1.0, log=False):
+    if log:
+        return ops.log_softmax_backward(dy, y, dim)
+    return ops.softmax_backward(dy, y, dim, scale=scale)
+
+
+def rows_for(length, budget=1 << 18):
+    # Enough rows to fill several blocks (and leave a partial one), capped for CPU time.
+    return max(2, min(300, budget // length + 3))
+
+
+def check_forward(x, dim=-1, scale=1.0, causal=False, log=False, msg=""):
+    poison_next_alloc(x.numel() * x.element_size(), x.device)
+    y = fwd(x, dim, scale, causal, log)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+    assert y.is_contiguous()
+    assert_close(y, fwd_ref(x, dim, scale, causal, log), msg=msg or None)
+    return y
+
+
+def check_backward(y, dim=-1, scale=1.0, log=False, msg=""):
+    dy = torch.randn(y.shape, device=y.device).to(y.dtype)
+    poison_next_alloc(y.numel() * y.element_size(), y.device)
+    dx = bwd(dy, y, dim, scale, log)
+    assert dx.shape == y.shape and dx.dtype == y.dtype and dx.is_contiguous()
+    assert_close(dx, bwd_ref(dy, y, dim, scale, log), dtype=y.dtype, msg=msg or None)
+
+
+# --- forward and backward against float64, every strategy ------------------------------
+
+@pytest.mark.parametrize("device,length", per_device(CPU_LENGTHS, LENGTHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_rows_match_float64(device, length, dtype, log):
+    shape = (rows_for(length, 1 << 18 if device == "cuda" else 1 << 14), length)
+    for name, x in input_views(shape, dtype, device, scale=3.0):
+        y = check_forward(x, log=log, msg=f"forward view={name}")
+        check_backward(y, log=log, msg=f"backward view={name}")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("length", LONG_LENGTHS + HUGE_LENGTHS)
+def test_cuda_long_rows(dtype, log, length):
+    for name, x in input_views((3, length), dtype, "cuda", scale=3.0):
+        if name == "transposed":
+            continue  # same kernel as contiguous after the copy; saves time
+        y = check_forward(x, log=log, msg=f"forward view={name}")
+        check_backward(y, log=log, msg=f"backward view={name}")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_262144(dtype):
+    # The longest benchmarked row: an 8-block cluster forward, a 16-block one backward.
+    x = torch.randn(5, 262144, device="cuda").to(dtype) * 3
+    for log in (False, True):
+        y = check_forward(x, log=log)
+        check_backward(y, log=log)
+    y = check_forward(x, scale=0.3)
+    check_backward(y, scale=0.3)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_many_rows(dtype):
+    # Many row blocks, several waves: 20000 rows of each short strategy.
+    for length in (1, 7, 64, 1000, 1536):
+        x = torch.randn(20000, length, device="cuda").to(dtype) * 3
+        y = check_forward(x, msg=f"len={length}")
+        check_backward(y, msg=f"len={length}")
+
+
+# --- dims, views, special values ---------------------------------------------------------
+
+OTHER_DIMS = [((3, 5, 7), 0), ((3, 5, 7), 1), ((3, 5, 7), -2), ((3, 5, 7), -3),
+              ((4, 1030, 6), 1), ((6, 40), 0), ((2, 3, 4, 33), 2), ((9,), 0), ((9,), -1)]
+
+
+@pytest.mark.parametrize("device,shape_dim",
+                         per_device([OTHER_DIMS[i] for i in (0, 3, 4, 6, 8)], OTHER_DIMS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_other_dims(device, shape_dim, dtype, log):
+    shape, dim = shape_dim
+    for name, x in input_views(shape, dtype, device, scale=3.0):
+        y = check_forward(x, dim, log=log, msg=f"dim={dim} view={name}")
+        check_backward(y, dim, log=log, msg=f"dim={dim} view={name}")
+    # The backward op also takes a non-contiguous grad_out.
+    y = fwd(torch.randn(shape, device=device).to(dtype), dim, log=log)
+    dy = torch.randn(tuple(reversed(shape)), device=device).to(dtype).permute(
+        *reversed(range(len(shape))))
+    assert_close(bwd(dy, y, dim, log=log), bwd_ref(dy, y, dim, log=log), dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scalar_and_empty(device):
+    x = torch.tensor(2.5, device=device)
+    for dim in (0, -1):
+        assert_close(fused_ops.softmax(x, dim), torch.softmax(x.double(), dim))
+        assert_close(fused_ops.log_softmax(x, dim), torch.log_softmax(x.double(), dim))
+    for shape, dim in [((0, 4), -1), ((4, 0), -1), ((4, 0), 0), ((2, 0, 3), 2)]:
+        x = torch.empty(shape, device=device)
+        assert fused_ops.softmax(x, dim).shape == shape
+        assert fused_ops.log_softmax(x, dim).shape == shape
+        assert ops.softmax_backward(x, x, dim).shape == shape
+        assert ops.log_softmax_backward(x, x, dim).shape == shape
+    x = torch.empty(0, 3, 5, device=device)
+    assert fused_ops.softmax(x, causal=True).shape == (0, 3, 5)
+
+
+@pytest.mark.parametrize("device,length", per_device([7, 1000], [7, 33, 1000, 4097, 16385]))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_logits(device, length, dtype):
+    # Logits in [-1e4, 1e4]: only the max subtraction keeps exp finite. scale = 1 keeps
+    # v = x exact; log_softmax outputs stay above -2e4 (finite in float16).
+    x = ((torch.rand(6, length, device=device) * 2 - 1) * 1e4).to(dtype)
+    for log in (False, True):
+        check_forward(x, log=log)
+    long_len = 65537 if device == "cuda" else None
+    if long_len:
+        check_forward(((torch.rand(3, long_len, device=device) * 2 - 1) * 1e4).to(dtype))
+
+
+def special_rows(length, device, dtype):
+    """Rows with scattered -inf, a single finite entry, all -inf, +inf, NaN."""
+    x = torch.randn(7, length, device=device) * 3
+    x[0, torch.rand(length, device=device) < 0.5] = -INF
+    x[0, length // 2] = 1.0                       # at least one finite entry
+    x[1] = -INF
+    x[1, length - 1] = 0.5                        # only the last entry finite
+    x[2] = -INF                                   # all -inf: NaN, as torch
+    x[3, length // 3] = INF                       # +inf: NaN, as torch
+    x[4, 0] = float("nan")                        # NaN: NaN
+    x[5, : length // 2] = -INF                    # first half -inf
+    # row 6 stays finite
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("device,length",
+                         per_device([1, 2, 7, 1025], [1, 2, 7, 33, 1024, 1025, 4097, 20000]))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_special_values_as_torch(device, length, dtype):
+    x = special_rows(length, device, dtype)
+    for log in (False, True):
+        y = check_forward(x, log=log)
+        native = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+        torch.testing.assert_close(y.isnan(), native.isnan())
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [65536, 131071, 600001])
+def test_cuda_special_values_long(dtype, length):
+    x = special_rows(length, "cuda", dtype)
+    for log in (False, True):
+        check_forward(x, log=log)
+
+
+# --- scale and causal --------------------------------------------------------------------
+
+@pytest.mark.parametrize("device,length", per_device([33], [7, 33, 1000, 4097]))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [0.125, 0.37, -0.5, 2.0])
+def test_scale(device, length, dtype, scale):
+    for name, x in input_views((rows_for(length, 1 << 16), length), dtype, device, scale=3.0):
+        y = check_forward(x, scale=scale, msg=f"view={name}")
+        check_backward(y, scale=scale, msg=f"view={name}")
+
+
+CAUSAL_SHAPES = [(1, 1), (2, 2), (7, 7), (5, 9), (9, 5), (3, 4, 33, 33), (2, 1, 100, 300),
+                 (2, 1, 300, 100), (1, 2, 1025, 1025)]
+
+
+@pytest.mark.parametrize("device,shape", per_device(CAUSAL_SHAPES[:-1], CAUSAL_SHAPES))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1.0, 0.125])
+def test_causal(device, shape, dtype, scale):
+    for name, x in input_views(shape, dtype, device, scale=3.0):
+        y = check_forward(x, scale=scale, causal=True, msg=f"view={name}")
+        # Masked entries (key j > query i) are exactly 0.
+        mask = reference.causal_mask(shape[-2], shape[-1], device).expand(shape)
+        assert (y[mask] == 0).all()
+        check_backward(y, scale=scale, msg=f"view={name}")
+    # dim=-1 spelled as a positive dim is accepted.
+    x = torch.randn(shape, device=device).to(dtype)
+    assert_close(fused_ops.softmax(x, len(shape) - 1, causal=True), fwd_ref(x, causal=True))
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 1, 64, 20000), (1, 1, 3, 70000)])
+def test_cuda_causal_large(dtype, shape):
+    # Attention scores at the benchmarked row length; rows long enough to be split.
+    x = torch.randn(shape, device="cuda").to(dtype) * 3
+    y = check_forward(x, scale=1 / 8, causal=True)
+    check_backward(y, scale=1 / 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_causal_matches_sdpa_convention(device):
+    # softmax(q k^T * s, causal) @ v == scaled_dot_product_attention(is_causal=True),
+    # Lq != Lk included (top-left aligned mask).
+    for lq, lk in [(6, 6), (4, 9), (9, 4)]:
+        q = torch.randn(2, lq, 16, device=device, dtype=torch.float64)
+        k = torch.randn(2, lk, 16, device=device, dtype=torch.float64)
+        v = torch.randn(2, lk, 8, device=device, dtype=torch.float64)
+        s = 1 / math.sqrt(16)
+        p = fused_ops.softmax(q.float() @ k.float().transpose(-1, -2), scale=s, causal=True)
+        out = p.double() @ v
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# --- autograd, gradcheck, opcheck, compile ------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [dict(), dict(log=True), dict(scale=0.3), dict(causal=True),
+                                dict(scale=0.5, causal=True), dict(dim=0), dict(dim=1)])
+def test_autograd(device, kw):
+    kw = dict(kw)
+    dim = kw.pop("dim", -1)
+    log = kw.pop("log", False)
+    x = torch.randn(3, 37, 45, device=device) * 2
+    dy = torch.randn(3, 37, 45, device=device)
+    xa = x.clone().requires_grad_()
+    y = fwd(xa, dim, log=log, **kw)
+    y.backward(dy)
+    # The autograd wiring calls the backward op on the forward's output...
+    explicit = bwd(dy, y.detach(), dim, kw.get("scale", 1.0), log)
+    torch.testing.assert_close(xa.grad, explicit, rtol=0, atol=0)
+    # ...and the result is the float64 gradient (float32 here: no cancellation issue).
+    xr = x.double().requires_grad_()
+    fwd_ref(xr, dim, log=log, **kw).backward(dy.double())
+    assert_close(xa.grad, xr.grad, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(scale=0.7), dict(causal=True),
+                                dict(scale=-1.3, causal=True)])
+def test_gradcheck_float64(kw):
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: fused_ops.softmax(t, -1, **kw), (x,))
+    if not kw:
+        assert torch.autograd.gradcheck(lambda t: fused_ops.softmax(t, 1), (x,))
+        assert torch.autograd.gradcheck(lambda t: fused_ops.log_softmax(t, -1), (x,))
+        assert torch.autograd.gradcheck(lambda t: fused_ops.log_softmax(t, 0), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x = torch.randn(4, 6, 9, device=device, requires_grad=True)
+    for kwargs in [{}, {"scale": 0.5}, {"scale": 0.5, "causal": True}]:
+        torch.library.opcheck(ops.softmax.default, (x, -1), kwargs)
+    torch.library.opcheck(ops.softmax.default, (x, 1))
+    torch.library.opcheck(ops.log_softmax.default, (x, -1))
+    torch.library.opcheck(ops.log_softmax.default, (x, 0))
+    y = torch.softmax(x.detach(), -1)
+    dy = torch.randn_like(y)
+    torch.library.opcheck(ops.softmax_backward.default, (dy, y, -1), {"scale": 0.5})
+    torch.library.opcheck(ops.softmax_backward.default, (dy, y, 1))
+    torch.library.opcheck(ops.log_softmax_backward.default, (dy, y.log(), -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    torch._dynamo.reset()
+    x = torch.randn(4, 16, 33, device=device, requires_grad=True)
+
+    def f(t):
+        a = fused_ops.softmax(t, -1, scale=0.25, causal=True)
+        b = fused_ops.log_softmax(t, 1)
+        return (a * b).sum()
+
+    compiled = torch.compile(f, fullgraph=True)
+    out = compiled(x)
+    out.backward()
+    xr = x.detach().double().requires_grad_()
+    ref = (fwd_ref(xr, -1, 0.25, True) * fwd_ref(xr, 1, log=True)).sum()
+    ref.backward()
+    assert_close(out, ref, dtype=torch.float32, rtol=1e-5, atol=1e-4)
+    assert_close(x.grad, xr.grad, dtype=torch.float32, atol=1e-5)
+
+
+# --- modules -------------------------------------------------------------------------------
+
+def test_nn_modules_are_drop_in():
+    x = torch.randn(3, 4, 5)
+    for fused_cls, torch_cls in [(fused_ops.nn.Softmax, torch.nn.Softmax),
+                                 (fused_ops.nn.LogSoftmax, torch.nn.LogSoftmax)]:
+        for dim in (0, 1, -1, 2):
+            m, ref = fused_cls(dim=dim), torch_cls(dim=dim)
+            assert isinstance(m, torch_cls)
+            m.load_state_dict(ref.state_dict())
+            assert repr(m) == repr(ref)
+            torch.testing.assert_close(m(x), ref(x))
+        with pytest.warns(UserWarning):
+            expected = torch_cls()(x)  # dim=None: torch's legacy choice
+        torch.testing.assert_close(fused_cls()(x), expected)
+
+
+# --- errors --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device):
+    x = torch.randn(3, 4, device=device)
+    with pytest.raises(RuntimeError, match=r"fused::softmax: expected dim in \[-2, 1\].*got dim=2"):
+        fused_ops.softmax(x, 2)
+    with pytest.raises(RuntimeError, match=r"fused::log_softmax: expected dim in \[-2, 1\].*dim=-3"):
+        fused_ops.log_softmax(x, -3)
+    with pytest.raises(RuntimeError, match=r"expected dim in \[-2, 1\]"):
+        ops.softmax_backward(x, x, 5)
+    with pytest.raises(RuntimeError, match="expected x to be float32.*got Long"):
+        fused_ops.softmax(torch.ones(3, 4, dtype=torch.long, device=device))
+    with pytest.raises(RuntimeError, match="expected x to be float32.*got Int"):
+        fused_ops.log_softmax(torch.ones(3, dtype=torch.int32, device=device))
+    with pytest.raises(RuntimeError, match="causal=True needs an input with at least 2 dims"):
+        fused_ops.softmax(torch.randn(5, device=device), causal=True)
+    with pytest.raises(RuntimeError, match="causal=True takes the softmax over the last dim.*dim=0"):
+        fused_ops.softmax(x, 0, causal=True)
+    with pytest.raises(RuntimeError, match="same shape"):
+        ops.softmax_backward(torch.randn(3, device=device), torch.randn(4, device=device))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.log_softmax_backward(x, x.half())
+    with pytest.raises(RuntimeError, match="expected y to be float32.*got Long"):
+        ops.softmax_backward(x.long(), x.long())
+
+
+@CUDA
+def test_cuda_device_and_dtype_errors():
+    with pytest.raises(RuntimeError, match="same device"):
+        ops.softmax_backward(torch.randn(3), torch.randn(3, device="cuda"))
+    with pytest.raises(RuntimeError, match="float64"):
+        fused_ops.softmax(torch.randn(3, device="cuda", dtype=torch.float64))
