@@ -12,18 +12,21 @@
 //     memory once. A row group of `tpr` threads owns a row: a power of two <= 32 (several
 //     rows per warp, warp-shuffle reductions) for short rows, whole warps (up to the whole
 //     block) for long ones. Mean, then the centered sum of squares over the registers
-//     (two passes, no E[x^2] - E[x]^2 cancellation).
+//     (two passes, no E[x^2] - E[x]^2 cancellation). Layer norm sums x - x0 (x0 = the row's
+//     first element), so a constant row gets mean = x0 and xhat = 0 exactly.
 //     Blocks of up to 512 threads (1024 on the scalar path): rows in registers up to 32K
 //     elements for 16-bit x, 16K for float32 x or a float32 residual stream, 8K scalar.
-//   * norm_fwd_long: longer rows: a block per row, Welford over one read, then a second
-//     read (mostly from L2) to write y.
+//   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
+//     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
 //   * norm_bwd_regs: x and dy in registers (16 elements per thread), one read each; the
 //     block's threads also accumulate dweight / dbias for the columns they own across the
 //     rows they visit (persistent grid), written as float32 partials [blocks, cols].
-//   * rows over 8K elements (not enough registers for row + accumulators): norm_bwd_row_sums
-//     (the two row sums) then norm_bwd_tiles (column tiles x row chunks: dx and partials);
-//     x and dy are read twice.
+//   * rows over 8K elements (one block has not enough registers for row + accumulators):
+//     on sm_90, norm_bwd_cluster: the norm_bwd_regs row, spread over a thread-block cluster
+//     of up to 8 blocks (up to 64K elements), one read of x and dy. Elsewhere (older GPUs,
+//     longer rows) norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles
+//     x row chunks: dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
 //     atomics) into dweight / dbias.
 #include <ATen/ops/empty.h>
@@ -31,6 +34,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 
 #include <type_traits>
 
@@ -49,6 +53,7 @@ constexpr int kLongThreads = 512;     // the long-row kernels: a block per row
 constexpr int kTileThreads = 256;     // norm_bwd_tiles: one vector column per thread
 constexpr int kTileRows = 4;          // rows norm_bwd_tiles loads before using them
 constexpr int kBwdElems = 16;         // elements per thread in norm_bwd_regs
+constexpr int kMaxCluster = 8;        // portable thread-block cluster size (sm_90)
 
 template <typename T, typename W, typename R>
 struct FwdParams {
@@ -173,6 +178,20 @@ __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
   return f;
 }
 
+// The first element of a row as normalized (x + residual rounded to R, or x): layer norm
+// shifts the row by it before summing, mean = x0 + sum(x - x0) / n, so a constant row gets
+// exactly mean = x0 and xhat = 0 (sum / n of the unshifted row can be 1 ulp off, which
+// rstd = 1/sqrt(eps) would magnify into visible noise).
+template <typename T, typename W, typename R>
+__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off) {
+  FVec<1> f = to_float(load_raw<T, 1>(p.x + off));
+  if (p.residual) {
+    f.v[0] += to_float(load_raw<R, 1>(p.residual + off)).v[0];
+    f = to_float(from_float<R, 1>(f));
+  }
+  return f.v[0];
+}
+
 // A row group: `tpr` consecutive threads of a block own one row. tpr is a power of two
 // <= 32 or a multiple of 32; a block holds blockDim.x / tpr groups, which walk rows in
 // step so that block-wide barriers stay uniform.
@@ -235,6 +254,7 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     auto col = [&](int i) { return i * tpr + g.lane; };
     auto live = [&](int i) { return valid && col(i) < nvec; };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
+    const float shift = p.layer && valid ? row_first(p, off) : 0.f;
     Raw<T, VEC> xv[VPT];
     Raw<R, VEC> rv[VPT];
 #pragma unroll
@@ -259,14 +279,14 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
         v[i] = from_float<R, VEC>(f);  // a copy when there is no residual (then R == T)
         f = to_float(v[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += f.v[j];
+        for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
       }
     }
     float mean = 0.f;
     if (p.layer) {
       float t[1] = {sum};
       group_sum<1>(t, tpr, scratch);
-      mean = t[0] * inv_n;
+      mean = shift + t[0] * inv_n;
     }
     float t[1] = {0.f};
 #pragma unroll
@@ -357,7 +377,9 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
   const float inv_n = 1.f / static_cast<float>(p.cols);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t off = row * p.cols;
-    // Pass 1: read x (+ residual, writing the sum); Welford per vector, merged per thread.
+    // Pass 1: read x (+ residual, writing the sum); Welford per vector of x - shift (see
+    // row_first), merged per thread.
+    const float shift = p.layer ? row_first(p, off) : 0.f;
     Welford acc{0.f, 0.f, 0.f};
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
@@ -372,6 +394,8 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
       }
       float m = 0.f, m2 = 0.f;
 #pragma unroll
+      for (int j = 0; j < VEC; ++j) f.v[j] -= shift;
+#pragma unroll
       for (int j = 0; j < VEC; ++j) m += f.v[j];
       m *= 1.f / VEC;
 #pragma unroll
@@ -382,8 +406,8 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
       acc = welford_merge(acc, Welford{static_cast<float>(VEC), m, m2});
     }
     acc = block_welford(acc, smem);
-    const float mean = p.layer ? acc.mean : 0.f;
-    // rms norm: E[x^2] = var + mean^2 (a sum of non-negative terms, no cancellation)
+    const float mean = p.layer ? shift + acc.mean : 0.f;
+    // rms norm (shift 0): E[x^2] = var + mean^2 (non-negative terms, no cancellation)
     const float ms = acc.m2 * inv_n + (p.layer ? 0.f : acc.mean * acc.mean);
     const float rstd = rsqrtf(ms + p.eps);
     // Pass 2: read the rows again (this thread's own elements; mostly L2 hits), write y.
@@ -406,14 +430,107 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 
 // ---- backward -----------------------------------------------------------------------------
 
+// One row of the register backward, for the thread at `lane` of the row's `tpr` owners
+// (vector i of the row at column i * tpr + lane): loads its vectors of x, dy (and d_sum)
+// once, adds its dweight / dbias terms to dw / db, reduces the two row sums with
+// row_sum(s) (called by every owner thread, valid row or not), writes dx.
+template <typename T, typename W, typename R, int VEC, int VPT, typename RowSum>
+__device__ __forceinline__ void bwd_row(const BwdParams<T, W, R>& p, int64_t row, bool valid,
+                                        int lane, int tpr, float (&dw)[VPT][VEC],
+                                        float (&db)[VPT][VEC], RowSum&& row_sum) {
+  const int nvec = p.cols / VEC;
+  const float inv_n = 1.f / static_cast<float>(p.cols);
+  const int64_t off = row * p.cols;
+  bool live[VPT];
+  int64_t at[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = i * tpr + lane;
+    live[i] = valid && c < nvec;
+    at[i] = off + static_cast<int64_t>(c) * VEC;
+  }
+  Raw<R, VEC> xv[VPT], sv[VPT];
+  Raw<T, VEC> gv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live[i]) {
+      xv[i] = load_raw<R, VEC>(p.x + at[i]);
+      gv[i] = load_raw<T, VEC>(p.dy + at[i]);
+      if (p.dsum) sv[i] = load_raw<R, VEC>(p.dsum + at[i]);
+    }
+  }
+  const float mean = valid && p.mean ? p.mean[row] : 0.f;
+  const float rstd = valid ? p.rstd[row] : 0.f;
+  float s[2] = {0.f, 0.f};  // sum of g, sum of g * xhat
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live[i]) {
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + lane, 1.f);
+      const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (xf.v[j] - mean) * rstd;
+        const float d = df.v[j];
+        const float gw = d * w.v[j];
+        s[0] += gw;
+        s[1] += gw * xhat;
+        dw[i][j] += d * xhat;
+        db[i][j] += d;
+      }
+    }
+  }
+  row_sum(s);
+  const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live[i]) {
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + lane, 1.f);
+      const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
+      FVec<VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (xf.v[j] - mean) * rstd;
+        o.v[j] = rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
+      }
+      if (p.dsum) {
+        const FVec<VEC> sf = to_float(sv[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
+      }
+      store_raw<R, VEC>(p.dx + at[i], from_float<R, VEC>(o));
+    }
+  }
+}
+
+// Writes a thread's dweight / dbias accumulators into partial row `part` when every column
+// has exactly one owner thread (lane of tpr) in the block or cluster.
+template <int VEC, int VPT>
+__device__ __forceinline__ void store_partials(float* dw_part, float* db_part, int64_t part,
+                                               int cols, int lane, int tpr,
+                                               const float (&dw)[VPT][VEC],
+                                               const float (&db)[VPT][VEC]) {
+  float* dwp = dw_part ? dw_part + part * cols : nullptr;
+  float* dbp = db_part ? db_part + part * cols : nullptr;
+  const int nvec = cols / VEC;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = i * tpr + lane;
+    if (c < nvec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (dwp) dwp[c * VEC + j] = dw[i][j];
+        if (dbp) dbp[c * VEC + j] = db[i][j];
+      }
+    }
+  }
+}
+
 template <typename T, typename W, typename R, int VEC, int VPT>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
   __shared__ float scratch[2][32];
   const RowGroup g(tpr);
-  const int nvec = p.cols / VEC;
-  const float inv_n = 1.f / static_cast<float>(p.cols);
   float dw[VPT][VEC], db[VPT][VEC];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -424,86 +541,16 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
        first += step) {
     const int64_t row = first + g.group;
-    const bool valid = row < p.rows;
-    const int64_t off = row * p.cols;
-    bool live[VPT];
-    int64_t at[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int c = i * tpr + g.lane;
-      live[i] = valid && c < nvec;
-      at[i] = off + static_cast<int64_t>(c) * VEC;
-    }
-    Raw<R, VEC> xv[VPT], sv[VPT];
-    Raw<T, VEC> gv[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        xv[i] = load_raw<R, VEC>(p.x + at[i]);
-        gv[i] = load_raw<T, VEC>(p.dy + at[i]);
-        if (p.dsum) sv[i] = load_raw<R, VEC>(p.dsum + at[i]);
-      }
-    }
-    const float mean = valid && p.mean ? p.mean[row] : 0.f;
-    const float rstd = valid ? p.rstd[row] : 0.f;
-    float s[2] = {0.f, 0.f};  // sum of g, sum of g * xhat
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + g.lane, 1.f);
-        const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (xf.v[j] - mean) * rstd;
-          const float d = df.v[j];
-          const float gw = d * w.v[j];
-          s[0] += gw;
-          s[1] += gw * xhat;
-          dw[i][j] += d * xhat;
-          db[i][j] += d;
-        }
-      }
-    }
-    group_sum<2>(s, tpr, scratch);
-    const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + g.lane, 1.f);
-        const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
-        FVec<VEC> o;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (xf.v[j] - mean) * rstd;
-          o.v[j] = rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
-        }
-        if (p.dsum) {
-          const FVec<VEC> sf = to_float(sv[i]);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
-        }
-        store_raw<R, VEC>(p.dx + at[i], from_float<R, VEC>(o));
-      }
-    }
+    bwd_row(p, row, row < p.rows, g.lane, tpr, dw, db,
+            [&](float(&s)[2]) { group_sum<2>(s, tpr, scratch); });
   }
   if (!p.dw_part && !p.db_part) return;  // uniform across the grid
-  float* dwp = p.dw_part ? p.dw_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
-  float* dbp = p.db_part ? p.db_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
   if (g.groups == 1) {  // each column has one owner in the block
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int c = i * tpr + g.lane;
-      if (c < nvec) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          if (dwp) dwp[c * VEC + j] = dw[i][j];
-          if (dbp) dbp[c * VEC + j] = db[i][j];
-        }
-      }
-    }
+    store_partials(p.dw_part, p.db_part, blockIdx.x, p.cols, g.lane, tpr, dw, db);
     return;
   }
   // Several groups own the same columns: add their partials in group order.
+  const int nvec = p.cols / VEC;
   for (int k = threadIdx.x; k < 2 * p.cols; k += blockDim.x) combine[k] = 0.f;
   __syncthreads();
   for (int q = 0; q < g.groups; ++q) {
@@ -522,10 +569,61 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
     }
     __syncthreads();
   }
+  float* dwp = p.dw_part ? p.dw_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+  float* dbp = p.db_part ? p.db_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
   for (int k = threadIdx.x; k < p.cols; k += blockDim.x) {
     if (dwp) dwp[k] = combine[k];
     if (dbp) dbp[k] = combine[p.cols + k];
   }
+}
+
+// Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
+// columns (16 elements per thread, as in norm_bwd_regs), so x and dy are read once and the
+// dweight / dbias accumulators of a 64K-column row still fit in the cluster's registers. The
+// two row sums: a block sum, then each block adds the blocks' sums in rank order through
+// distributed shared memory (the same order everywhere: every block gets the same value).
+// Clusters walk rows (persistent grid); partial row = cluster index. Compiled to a no-op
+// below sm_90; the launcher only picks it where the sm_90 code is what runs.
+template <typename T, typename W, typename R, int VEC, int VPT>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+norm_bwd_cluster(BwdParams<T, W, R> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ float scratch[2][32];
+  __shared__ float2 slot[2];  // this block's row sums, by row parity
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int csize = static_cast<int>(cluster.num_blocks());
+  const int tpr = csize * blockDim.x, lane = rank * blockDim.x + threadIdx.x;
+  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
+  float dw[VPT][VEC], db[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
+  }
+  int parity = 0;
+  // Every block of a cluster visits the same rows: the cluster barriers stay uniform.
+  for (int64_t row = cid; row < p.rows; row += clusters, parity ^= 1) {
+    bwd_row(p, row, true, lane, tpr, dw, db, [&](float(&s)[2]) {
+      group_sum<2>(s, blockDim.x, scratch);
+      if (threadIdx.x == 0) slot[parity] = make_float2(s[0], s[1]);
+      // Publishes slot[parity]. Two slots: a block writes this slot again two rows later,
+      // after the next barrier, which every block passes only once done reading it here.
+      cluster.sync();
+      float a = 0.f, b = 0.f;
+      for (int r = 0; r < csize; ++r) {
+        const float2 v = *cluster.map_shared_rank(&slot[parity], r);
+        a += v.x;
+        b += v.y;
+      }
+      s[0] = a;
+      s[1] = b;
+    });
+  }
+  cluster.sync();  // no block exits while another may still read its slots
+  store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
+#endif
 }
 
 // Long rows, step 1: per row, c = (mean(g), mean(g * xhat)) (mean(g) = 0 for rms norm).
@@ -748,6 +846,51 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
   p.db_part = nb.dbias.defined() ? base + (nb.dweight.defined() ? parts * nb.cols : 0) : nullptr;
 }
 
+// Rows too long for one block (need > kBwdMaxThreads threads at kBwdElems elements each) on
+// sm_90: norm_bwd_cluster, a cluster of up to kMaxCluster blocks per row. Returns false
+// where it cannot run (GPU older than sm_90, no sm_90 code for it in this build, rows over
+// kMaxCluster * kBwdMaxThreads * kBwdElems elements): the caller takes the two-pass path.
+template <typename T, typename W, typename R, int VEC, int VPT>
+bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
+  if (need > kMaxCluster * kBwdMaxThreads) return false;
+  if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;
+  auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT>;
+  cudaFuncAttributes fa;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  if (fa.ptxVersion < 90 || fa.binaryVersion < 90) return false;  // the no-op body
+  // Smallest power-of-two cluster of 256-thread blocks (two per SM: one streams while the
+  // other waits at a cluster barrier), 512-thread blocks beyond 8 x 256 threads.
+  const int per_block = need <= kMaxCluster * 256 ? 256 : kBwdMaxThreads;
+  int csize = 1;
+  while (csize * per_block < need) csize *= 2;
+  const int threads = round_up(static_cast<int>(ceil_div(need, csize)), 32);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(csize);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(csize));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = current_stream();
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int active = 0;  // clusters resident at once on the whole GPU: the persistent grid
+  if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
+    (void)cudaGetLastError();  // clear it; the two-pass path still works
+    return false;
+  }
+  const int64_t clusters = std::min<int64_t>(p.rows, active);
+  at::Tensor part = alloc_partials(nb, clusters);
+  point_partials(p, part, clusters, nb);
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * csize));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  FUSED_LAUNCH_CHECK();
+  if (part.defined()) reduce_partials<T>(part, clusters, p.cols, nb);
+  return true;
+}
+
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
@@ -775,7 +918,8 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
     if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
     return;
   }
-  // Long rows: the two row sums first, then column tiles x row chunks.
+  if (backward_cluster<T, W, R, VEC, VPT>(p, nb, need)) return;
+  // Longer rows, or no clusters: the two row sums first, then column tiles x row chunks.
   at::Tensor c = at::empty({p.rows, 2}, nb.dy.options().dtype(at::kFloat));
   float2* cp = reinterpret_cast<float2*>(c.mutable_data_ptr<float>());
   norm_bwd_row_sums<T, W, R, VEC>
