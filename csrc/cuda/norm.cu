@@ -255,29 +255,40 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     auto live = [&](int i) { return valid && col(i) < nvec; };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
     const float shift = p.layer && valid ? row_first(p, off) : 0.f;
-    Raw<T, VEC> xv[VPT];
-    Raw<R, VEC> rv[VPT];
+    // v: the row in the sum's dtype (exactly what the unfused x + residual holds). When
+    // T == R, x is loaded straight into v (no second copy of the row in registers: that
+    // copy made the 8-vector kernels spill).
+    constexpr bool kSame = std::is_same_v<T, R>;
+    Raw<R, VEC> v[VPT], rv[VPT];
+    Raw<T, VEC> xsep[kSame ? 1 : VPT];
+    auto xv = [&](int i) -> Raw<T, VEC>& {
+      if constexpr (kSame) {
+        return v[i];
+      } else {
+        return xsep[i];
+      }
+    };
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
-        xv[i] = load_raw<T, VEC>(p.x + off + col(i) * VEC);
+        xv(i) = load_raw<T, VEC>(p.x + off + col(i) * VEC);
         if (p.residual) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
       }
     }
-    // The row in the sum's dtype: exactly what the unfused x + residual holds.
-    Raw<R, VEC> v[VPT];
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
-        FVec<VEC> f = to_float(xv[i]);
-        if (p.residual) {
-          const FVec<VEC> r = to_float(rv[i]);
+        FVec<VEC> f = to_float(xv(i));
+        if (p.residual || !kSame) {
+          if (p.residual) {
+            const FVec<VEC> r = to_float(rv[i]);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
+            for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
+          }
+          v[i] = from_float<R, VEC>(f);
+          f = to_float(v[i]);
         }
-        v[i] = from_float<R, VEC>(f);  // a copy when there is no residual (then R == T)
-        f = to_float(v[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
       }
