@@ -53,8 +53,10 @@ def main():
         "native": lambda t: F.dropout(t, P),
         "compile": torch.compile(lambda t: reference.dropout(t, P)),
     }
-    print(f"dropout p={P}, shape {tuple(args.shape)}, {args.dtype}: output {out_bytes / 2**20:.1f} MiB")
-    print(f"{'impl':<8} {'held after fwd MiB':>19} {'saved for bwd MiB':>18} {'peak fwd+bwd MiB':>17}")
+    print(f"dropout p={P}, shape {tuple(args.shape)}, {args.dtype}: "
+          f"output {out_bytes / 2**20:.1f} MiB")
+    print(f"{'impl':<8} {'held after fwd MiB':>19} {'saved for bwd MiB':>18} "
+          f"{'peak fwd+bwd MiB':>17}")
     for name, fn in impls.items():
         held_and_peak(fn, x)  # warm-up (compiles)
         held, peak = held_and_peak(fn, x)

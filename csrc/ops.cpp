@@ -28,8 +28,8 @@ TORCH_LIBRARY(fused, m) {
   m.def("add_rms_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] normalized_shape, Tensor rstd, Tensor? weight, bool weight_grad) -> (Tensor, Tensor)");
   // softmax: y = softmax(scale * x, dim); causal=True masks keys j > i over the last two dims (query i, key j).
   m.def("softmax(Tensor x, int dim=-1, *, float scale=1.0, bool causal=False) -> Tensor");
-  // softmax_backward: dx = scale * y * (dy - sum(dy * y, dim)), from the forward's output y.
-  m.def("softmax_backward(Tensor grad_out, Tensor y, int dim=-1, *, float scale=1.0) -> Tensor");
+  // softmax_backward: dx = scale * y * (dy - sum(dy * y, dim)), from the forward's output y; causal: masked y are 0, not read.
+  m.def("softmax_backward(Tensor grad_out, Tensor y, int dim=-1, *, float scale=1.0, bool causal=False) -> Tensor");
   // log_softmax: y = x - max(x) - log(sum(exp(x - max(x)))) along dim.
   m.def("log_softmax(Tensor x, int dim=-1) -> Tensor");
   // log_softmax_backward: dx = dy - exp(y) * sum(dy, dim), from the forward's output y.

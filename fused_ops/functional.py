@@ -58,6 +58,11 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
 def softmax(input: torch.Tensor, dim: int = -1, *, scale: float = 1.0, causal: bool = False,
             dtype: torch.dtype = None) -> torch.Tensor:
     """softmax(scale * input) along dim, as torch.softmax (default dim: the last).
+def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
+            dtype: torch.dtype = None, *, scale: float = 1.0,
+            causal: bool = False) -> torch.Tensor:
+    """softmax(scale * input) along dim, as torch.nn.functional.softmax (same positional
+    arguments; default dim: the last; _stacklevel is accepted and unused).
 
     causal=True treats the last two dims as (query i, key j) and masks keys j > i before
     the softmax (output 0 there), as scaled_dot_product_attention(is_causal=True); it
@@ -68,8 +73,9 @@ def softmax(input: torch.Tensor, dim: int = -1, *, scale: float = 1.0, causal: b
     return ops.softmax(input, dim, scale=scale, causal=causal)
 
 
-def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: torch.dtype = None) -> torch.Tensor:
-    """log_softmax along dim, as torch.log_softmax (default dim: the last)."""
+def log_softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
+                dtype: torch.dtype = None) -> torch.Tensor:
+    """log_softmax along dim, as torch.nn.functional.log_softmax (default dim: the last)."""
     if dtype is not None:
         input = input.to(dtype)
     return ops.log_softmax(input, dim)

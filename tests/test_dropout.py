@@ -353,6 +353,19 @@ def test_p_one_gives_zeros_and_zero_grads(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_zero_dim(device):
+    x = torch.tensor(3.0, device=device, requires_grad=True)
+    kept = 0
+    for _ in range(64):
+        y = fused_ops.dropout(x, 0.5)
+        assert y.shape == () and y.item() in (0.0, 6.0)
+        kept += y.item() != 0
+        y.backward()
+    assert 0 < kept < 64
+    assert x.grad.item() == 2.0 * kept
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty(device):
     x = torch.empty(0, 4, device=device)
     y, so = ops.dropout(x, 0.5, True)

@@ -50,10 +50,10 @@ def bwd_ref(dy, y, dim=-1, scale=1.0, log=False):
     return scale * y * (dy - (dy * y).sum(dim, keepdim=True))
 
 
-def bwd(dy, y, dim=-1, scale=1.0, log=False):
+def bwd(dy, y, dim=-1, scale=1.0, log=False, causal=False):
     if log:
         return ops.log_softmax_backward(dy, y, dim)
-    return ops.softmax_backward(dy, y, dim, scale=scale)
+    return ops.softmax_backward(dy, y, dim, scale=scale, causal=causal)
 
 
 def rows_for(length, budget=1 << 18):
@@ -70,10 +70,10 @@ def check_forward(x, dim=-1, scale=1.0, causal=False, log=False, msg=""):
     return y
 
 
-def check_backward(y, dim=-1, scale=1.0, log=False, msg=""):
+def check_backward(y, dim=-1, scale=1.0, log=False, causal=False, msg=""):
     dy = torch.randn(y.shape, device=y.device).to(y.dtype)
     poison_next_alloc(y.numel() * y.element_size(), y.device)
-    dx = bwd(dy, y, dim, scale, log)
+    dx = bwd(dy, y, dim, scale, log, causal)
     assert dx.shape == y.shape and dx.dtype == y.dtype and dx.is_contiguous()
     assert_close(dx, bwd_ref(dy, y, dim, scale, log), dtype=y.dtype, msg=msg or None)
 
@@ -235,6 +235,8 @@ def test_causal(device, shape, dtype, scale):
         mask = reference.causal_mask(shape[-2], shape[-1], device).expand(shape)
         assert (y[mask] == 0).all()
         check_backward(y, scale=scale, msg=f"view={name}")
+        # causal=True in the backward skips the masked entries (y = 0 there): same result.
+        check_backward(y, scale=scale, causal=True, msg=f"causal backward view={name}")
     # dim=-1 spelled as a positive dim is accepted.
     x = torch.randn(shape, device=device).to(dtype)
     assert_close(fused_ops.softmax(x, len(shape) - 1, causal=True), fwd_ref(x, causal=True))
@@ -247,6 +249,7 @@ def test_cuda_causal_large(dtype, shape):
     # Attention scores at the benchmarked row length; rows long enough to be split.
     x = torch.randn(shape, device="cuda").to(dtype) * 3
     y = check_forward(x, scale=1 / 8, causal=True)
+    check_backward(y, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8)
 
 
@@ -280,7 +283,7 @@ def test_autograd(device, kw):
     y = fwd(xa, dim, log=log, **kw)
     y.backward(dy)
     # The autograd wiring calls the backward op on the forward's output...
-    explicit = bwd(dy, y.detach(), dim, kw.get("scale", 1.0), log)
+    explicit = bwd(dy, y.detach(), dim, kw.get("scale", 1.0), log, kw.get("causal", False))
     torch.testing.assert_close(xa.grad, explicit, rtol=0, atol=0)
     # ...and the result is the float64 gradient (float32 here: no cancellation issue).
     xr = x.double().requires_grad_()
@@ -311,6 +314,7 @@ def test_opcheck(device):
     dy = torch.randn_like(y)
     torch.library.opcheck(ops.softmax_backward.default, (dy, y, -1), {"scale": 0.5})
     torch.library.opcheck(ops.softmax_backward.default, (dy, y, 1))
+    torch.library.opcheck(ops.softmax_backward.default, (dy, y, -1), {"causal": True})
     torch.library.opcheck(ops.log_softmax_backward.default, (dy, y.log(), -1))
 
 
@@ -370,6 +374,9 @@ def test_bad_inputs(device):
         fused_ops.softmax(torch.randn(5, device=device), causal=True)
     with pytest.raises(RuntimeError, match="causal=True takes the softmax over the last dim.*dim=0"):
         fused_ops.softmax(x, 0, causal=True)
+    with pytest.raises(RuntimeError, match="softmax_backward: causal=True needs an input with at least 2"):
+        ops.softmax_backward(torch.randn(5, device=device), torch.randn(5, device=device),
+                             causal=True)
     with pytest.raises(RuntimeError, match="same shape"):
         ops.softmax_backward(torch.randn(3, device=device), torch.randn(4, device=device))
     with pytest.raises(RuntimeError, match="same dtype"):
@@ -384,3 +391,15 @@ def test_cuda_device_and_dtype_errors():
         ops.softmax_backward(torch.randn(3), torch.randn(3, device="cuda"))
     with pytest.raises(RuntimeError, match="float64"):
         fused_ops.softmax(torch.randn(3, device="cuda", dtype=torch.float64))
+
+
+def test_functional_matches_torch_signature():
+    # Same positional arguments as torch.nn.functional (input, dim, _stacklevel, dtype);
+    # scale and causal are keyword-only.
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(fused_ops.softmax(x, 0, 3, torch.float64),
+                               torch.nn.functional.softmax(x, 0, 3, torch.float64))
+    torch.testing.assert_close(fused_ops.log_softmax(x, 1, dtype=torch.float64),
+                               torch.nn.functional.log_softmax(x, 1, dtype=torch.float64))
+    with pytest.raises(TypeError):
+        fused_ops.softmax(x, -1, 3, None, 0.5)

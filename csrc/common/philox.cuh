@@ -43,10 +43,33 @@ FUSED_HD void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
 }
 }  // namespace philox_detail
 
+// The ten round keys: key + round * (W0, W1). A kernel computes them once per thread (they
+// depend on the seed only) and reuses them for every Philox call, which leaves each round
+// two multiplies and two three-input xors.
+struct PhiloxKey {
+  uint32_t k0[10];
+  uint32_t k1[10];
+};
+
+FUSED_HD PhiloxKey philox_key(uint64_t seed) {
+  PhiloxKey k;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    k.k0[round] = k0;
+    k.k1[round] = k1;
+    k0 += philox_detail::kW0;
+    k1 += philox_detail::kW1;
+  }
+  return k;
+}
+
 // Philox4x32 with 10 rounds: the round function is two 32x32->64 multiplies and xors with
-// the key; the key is bumped by the Weyl constants between rounds.
+// the round key.
 FUSED_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                               uint32_t k0, uint32_t k1) {
+                               const PhiloxKey& key) {
   using namespace philox_detail;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -55,31 +78,39 @@ FUSED_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c
     uint32_t hi0, lo0, hi1, lo1;
     mulhilo(kM0, c0, hi0, lo0);
     mulhilo(kM1, c2, hi1, lo1);
-    uint32_t n0 = hi1 ^ c1 ^ k0;
-    uint32_t n2 = hi0 ^ c3 ^ k1;
+    const uint32_t n0 = hi1 ^ c1 ^ key.k0[round];
+    const uint32_t n2 = hi0 ^ c3 ^ key.k1[round];
     c0 = n0;
     c1 = lo1;
     c2 = n2;
     c3 = lo0;
-    k0 += kW0;
-    k1 += kW1;
   }
   return Philox4{{c0, c1, c2, c3}};
 }
 
+FUSED_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                               uint32_t k0, uint32_t k1) {
+  return philox4x32_10(c0, c1, c2, c3,
+                       philox_key(static_cast<uint64_t>(k1) << 32 | k0));
+}
+
 // The four 32-bit words for elements 4*group .. 4*group+3 of a tensor, drawn from generator
-// state (seed, offset). offset is PyTorch's per-thread philox offset (a multiple of 4).
-FUSED_HD Philox4 philox_group(uint64_t seed, uint64_t offset, uint64_t group) {
+// state (key = philox_key(seed), offset). offset is PyTorch's per-thread philox offset (a
+// multiple of 4).
+FUSED_HD Philox4 philox_group(const PhiloxKey& key, uint64_t offset, uint64_t group) {
   const uint64_t ctr = offset / 4;
   return philox4x32_10(static_cast<uint32_t>(ctr), static_cast<uint32_t>(ctr >> 32),
-                       static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
-                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+                       static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), key);
+}
+
+FUSED_HD Philox4 philox_group(uint64_t seed, uint64_t offset, uint64_t group) {
+  return philox_group(philox_key(seed), offset, group);
 }
 
 // The 32-bit random word of element i alone (computes its whole group: use philox_group
 // when the caller handles four neighbours anyway).
-FUSED_HD uint32_t philox_uint32(uint64_t seed, uint64_t offset, uint64_t i) {
-  return philox_group(seed, offset, i / 4).w[i % 4];
+FUSED_HD uint32_t philox_uint32(const PhiloxKey& key, uint64_t offset, uint64_t i) {
+  return philox_group(key, offset, i / 4).w[i % 4];
 }
 
 // Dropout keeps an element when its 32-bit word is below this threshold, which makes

@@ -65,10 +65,11 @@ void dropout_cpu_kernel(const T* x, const T* bias, const T* res, T* out, acc_t<T
   using A = acc_t<T>;
   const A scale = static_cast<A>(d.scale);
   const int64_t groups = (n + 3) / 4;  // Philox draws four words at a time
+  const PhiloxKey key = philox_key(so.seed);
   at::parallel_for(0, groups, 4096, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       Philox4 r{};
-      if (d.random()) r = philox_group(so.seed, so.offset, static_cast<uint64_t>(g));
+      if (d.random()) r = philox_group(key, so.offset, static_cast<uint64_t>(g));
       for (int j = 0; j < 4 && 4 * g + j < n; ++j) {
         const int64_t i = 4 * g + j;
         A v = static_cast<A>(x[i]);

@@ -51,7 +51,8 @@ void forward_rows(const T* x, T* y, int64_t rows, int64_t len, double scale_d, i
 }
 
 template <bool LOG, typename T>
-void backward_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t len, double scale_d) {
+void backward_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t len, double scale_d,
+                   int64_t causal_q) {
   using A = acc_t<T>;
   const A scale = static_cast<A>(scale_d);
   at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(len, 1)),
@@ -60,15 +61,18 @@ void backward_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t len, do
       const T* dyr = dy + r * len;
       const T* yr = y + r * len;
       T* dxr = dx + r * len;
+      // causal: y is 0 at masked keys (j >= limit); they are not read, and dx there is
+      // the formula at dy = y = 0 (so 0), as on CUDA.
+      const int64_t limit = causal_q > 0 ? std::min(len, r % causal_q + 1) : len;
       double sum = 0;
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = 0; j < limit; ++j) {
         sum += LOG ? static_cast<double>(dyr[j])
                    : static_cast<double>(dyr[j]) * static_cast<double>(yr[j]);
       }
       const A dot = static_cast<A>(sum);
       for (int64_t j = 0; j < len; ++j) {
-        const A g = static_cast<A>(dyr[j]);
-        const A v = static_cast<A>(yr[j]);
+        const A g = j < limit ? static_cast<A>(dyr[j]) : A(0);
+        const A v = j < limit ? static_cast<A>(yr[j]) : A(0);
         dxr[j] = static_cast<T>(LOG ? g - std::exp(v) * dot : scale * v * (g - dot));
       }
     }
@@ -95,19 +99,21 @@ at::Tensor forward_cpu(const at::Tensor& x, int64_t dim, double scale, bool caus
 
 template <bool LOG>
 at::Tensor backward_cpu(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
-                        double scale, const char* op) {
+                        double scale, bool causal, const char* op) {
   check_float(y, op, "y");
   check_same_device(grad_out, y, op, "grad_out", "y");
   check_same_dtype(grad_out, y, op, "grad_out", "y");
   check_same_shape(grad_out, y, op, "grad_out", "y");
   const int64_t d = softmax_wrap_dim(dim, y.dim(), op);
+  if (causal) softmax_check_causal(y, d, dim, op);
   SoftmaxRows yv = softmax_rows(y, d);
   SoftmaxRows gv = softmax_rows(grad_out, d);
   at::Tensor dx = at::empty(yv.t.sizes(), yv.t.options());
   if (dx.numel() > 0) {
     FUSED_DISPATCH_CPU(y.scalar_type(), "fused::softmax_backward", [&] {
       backward_rows<LOG>(gv.t.const_data_ptr<scalar_t>(), yv.t.const_data_ptr<scalar_t>(),
-                         dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len, scale);
+                         dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len, scale,
+                         causal ? y.size(-2) : 0);
     });
   }
   return softmax_restore(dx, y, d);
@@ -122,13 +128,13 @@ at::Tensor log_softmax_cpu(const at::Tensor& x, int64_t dim) {
 }
 
 at::Tensor softmax_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
-                                double scale) {
-  return backward_cpu<false>(grad_out, y, dim, scale, "fused::softmax_backward");
+                                double scale, bool causal) {
+  return backward_cpu<false>(grad_out, y, dim, scale, causal, "fused::softmax_backward");
 }
 
 at::Tensor log_softmax_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y,
                                     int64_t dim) {
-  return backward_cpu<true>(grad_out, y, dim, 1.0, "fused::log_softmax_backward");
+  return backward_cpu<true>(grad_out, y, dim, 1.0, false, "fused::log_softmax_backward");
 }
 
 }  // namespace

@@ -39,7 +39,10 @@
 namespace fused {
 namespace {
 
-constexpr int kThreads = 256;
+// Elementwise launch shape: 128 threads, each 2 groups (one 16-byte vector per input each):
+// best or tied-best in the H200 sweep of the shared elementwise kernel (KERNEL_LOG, GeLU v3).
+constexpr int kThreads = 128;
+constexpr int kGroupsPerThread = 2;
 
 // Where a kernel gets its Philox key and counter base: forward unpacks the generator's
 // state (and records what it used in seed_offset), backward reads seed_offset back.
@@ -69,12 +72,12 @@ __device__ __forceinline__ void rng_seed_offset(const RngArgs& a, uint64_t& seed
 // When V is a multiple of 4 (and so, by construction, e0 is), one Philox call serves four
 // elements; otherwise each element draws its own group and picks its word.
 template <int V>
-__device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, uint64_t seed,
+__device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, const PhiloxKey& key,
                                            uint64_t offset, uint32_t threshold, float scale) {
   if constexpr (V % 4 == 0) {
 #pragma unroll
     for (int q = 0; q < V / 4; ++q) {
-      const Philox4 r = philox_group(seed, offset, static_cast<uint64_t>(e0 / 4 + q));
+      const Philox4 r = philox_group(key, offset, static_cast<uint64_t>(e0 / 4 + q));
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         k[4 * q + w] = r.w[w] < threshold ? k[4 * q + w] * scale : 0.0f;
@@ -83,7 +86,7 @@ __device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, uint64_t s
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const uint32_t w = philox_uint32(seed, offset, static_cast<uint64_t>(e0 + j));
+      const uint32_t w = philox_uint32(key, offset, static_cast<uint64_t>(e0 + j));
       k[j] = w < threshold ? k[j] * scale : 0.0f;
     }
   }
@@ -130,18 +133,14 @@ struct DropoutArgs {
   RngArgs rng;
 };
 
-template <bool RES>
-constexpr int groups_per_thread() {
-  return RES ? 2 : 4;
-}
-
 // One thread's U groups of V elements, spaced kThreads groups apart: all loads first (U
 // loads in flight per input), then the mask and the stores. FULL: every group is whole and
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
 template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP>
 __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first,
-                                               int64_t col, uint64_t seed, uint64_t offset) {
-  constexpr int U = groups_per_thread<RES>();
+                                               int64_t col, const PhiloxKey& key,
+                                               uint64_t offset) {
+  constexpr int U = kGroupsPerThread;
   Vec<T, V> xv[U], rv[U], bv[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -178,7 +177,7 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
       k[j] = static_cast<float>(xv[u].v[j]);
       if constexpr (BIAS) k[j] += static_cast<float>(bv[u].v[j]);
     }
-    if constexpr (DROP) apply_mask<V>(k, e0, seed, offset, a.threshold, a.scale);
+    if constexpr (DROP) apply_mask<V>(k, e0, key, offset, a.threshold, a.scale);
     Vec<T, V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -195,26 +194,35 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
 // no randomness drawn.
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
-  constexpr int U = groups_per_thread<RES>();
+  constexpr int U = kGroupsPerThread;
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) rng_seed_offset(a.rng, seed, offset);
+  const PhiloxKey key = philox_key(seed);  // unused (and removed) when !DROP
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * U + threadIdx.x;
-  // Column of the first element of this thread's first group.
-  const int64_t col = BIAS ? (first * V) % a.cols : 0;
+  // Column of the first element of this thread's first group (a 32-bit remainder when the
+  // operands fit: a 64-bit one is a long subroutine).
+  int64_t col = 0;
+  if constexpr (BIAS) {
+    const uint64_t e = static_cast<uint64_t>(first) * V;
+    const uint64_t c = static_cast<uint64_t>(a.cols);
+    col = static_cast<int64_t>(((e | c) >> 32) == 0
+                                   ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c)
+                                   : e % c);
+  }
   if constexpr (VEC) {
     const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
     if (last_end <= a.n) {
-      dropout_thread<T, V, true, BIAS, RES, DROP>(a, first, col, seed, offset);
+      dropout_thread<T, V, true, BIAS, RES, DROP>(a, first, col, key, offset);
       return;
     }
   }
-  dropout_thread<T, V, false, BIAS, RES, DROP>(a, first, col, seed, offset);
+  dropout_thread<T, V, false, BIAS, RES, DROP>(a, first, col, key, offset);
 }
 
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
 void launch_dropout_kernel(DropoutArgs<T> a) {
   a.col_step = BIAS ? (static_cast<int64_t>(kThreads) * V) % a.cols : 0;
-  constexpr int U = groups_per_thread<RES>();
+  constexpr int U = kGroupsPerThread;
   const int64_t groups = ceil_div(a.n, V);
   const int64_t blocks = ceil_div(groups, static_cast<int64_t>(kThreads) * U);
   dropout_kernel<T, V, VEC, BIAS, RES, DROP><<<blocks, kThreads, 0, current_stream()>>>(a);
@@ -249,7 +257,7 @@ void run_dropout(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& 
     a.res = has_res ? res.const_data_ptr<scalar_t>() : nullptr;
     a.out = out.data_ptr<scalar_t>();
     a.n = x.numel();
-    a.cols = x.size(-1);
+    a.cols = x.dim() > 0 ? x.size(-1) : 1;  // only a bias (x.dim() >= 1) uses it
     a.threshold = d.threshold;
     a.scale = static_cast<float>(d.scale);
     a.rng = rng;
@@ -373,7 +381,8 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cuda(const at::Tensor& x_in,
 // ---- bias_dropout_add backward: dx and a deterministic column sum of dx -------------------
 
 constexpr int kGradTX = 32;  // lanes along columns (a warp covers kGradTX * V columns)
-constexpr int kGradTY = kThreads / kGradTX;  // warps along rows
+constexpr int kGradThreads = 256;
+constexpr int kGradTY = kGradThreads / kGradTX;  // warps along rows
 constexpr int kGradRows = 4;  // rows each thread loads before computing
 
 // kGradRows rows r, r + kGradTY, ... of one thread's V columns from c0: loads first, then
@@ -383,7 +392,7 @@ constexpr int kGradRows = 4;  // rows each thread loads before computing
 template <typename T, int V, bool VEC, bool DROP, bool FULL>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t cols, int64_t c0, uint64_t seed,
+                                               int64_t cols, int64_t c0, const PhiloxKey& key,
                                                uint64_t offset, uint32_t threshold,
                                                float scale) {
   Vec<T, V> g[kGradRows];
@@ -406,7 +415,7 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
     float k[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) k[j] = static_cast<float>(g[rr].v[j]);
-    if constexpr (DROP) apply_mask<V>(k, row * cols + c0, seed, offset, threshold, scale);
+    if constexpr (DROP) apply_mask<V>(k, row * cols + c0, key, offset, threshold, scale);
     Vec<T, V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -428,7 +437,7 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
 // float; the block's 8 row-lanes are combined in shared memory in a fixed order and written
 // to partial[blockIdx.y][column].
 template <typename T, int V, bool VEC, bool DROP>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kGradThreads)
     bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partial,
                      const int64_t* __restrict__ saved, int64_t rows, int64_t cols,
                      int64_t rows_per_chunk, uint32_t threshold, float scale) {
@@ -444,6 +453,7 @@ __global__ void __launch_bounds__(kThreads)
     seed = static_cast<uint64_t>(saved[0]);
     offset = static_cast<uint64_t>(saved[1]);
   }
+  const PhiloxKey key = philox_key(seed);
 
   float acc[V];
 #pragma unroll
@@ -452,10 +462,10 @@ __global__ void __launch_bounds__(kThreads)
   if (c0 < cols) {  // VEC: cols % V == 0, so the whole group is inside the row
     for (int64_t r = r_begin + ty; r < r_end; r += kGradTY * kGradRows) {
       if (r + (kGradRows - 1) * kGradTY < r_end) {
-        bias_grad_rows<T, V, VEC, DROP, true>(dy, dx, acc, r, r_end, cols, c0, seed, offset,
+        bias_grad_rows<T, V, VEC, DROP, true>(dy, dx, acc, r, r_end, cols, c0, key, offset,
                                               threshold, scale);
       } else {
-        bias_grad_rows<T, V, VEC, DROP, false>(dy, dx, acc, r, r_end, cols, c0, seed, offset,
+        bias_grad_rows<T, V, VEC, DROP, false>(dy, dx, acc, r, r_end, cols, c0, key, offset,
                                                threshold, scale);
       }
     }
@@ -464,7 +474,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < V; ++j) smem[ty][tx * V + j] = acc[j];
   __syncthreads();
-  for (int c = threadIdx.x; c < kGradTX * V; c += kThreads) {
+  for (int c = threadIdx.x; c < kGradTX * V; c += kGradThreads) {
     float s = 0.0f;
 #pragma unroll
     for (int y = 0; y < kGradTY; ++y) s += smem[y][c];
@@ -475,10 +485,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Stage 2: dbias[c] = sum over chunks of partial[chunk][c], in chunk order.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kGradThreads)
     bias_grad_finish(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks,
                      int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x;
   if (c >= cols) return;
   float s = 0.0f;
   for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
@@ -491,20 +501,28 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   const int64_t cols = g.size(-1);
   const int64_t rows = g.numel() / cols;
   const int64_t col_blocks = ceil_div(cols, static_cast<int64_t>(kGradTX) * V);
-  // Enough row chunks for ~8 blocks per SM; each chunk a whole number of row steps.
+  // Row chunks so that the grid is about one full wave of resident blocks (a ragged last
+  // wave would idle SMs); each chunk a whole number of row steps.
+  static const int blocks_per_sm = [] {
+    int b = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, bias_grad_kernel<T, V, VEC, DROP>, kGradThreads, 0));
+    return std::max(b, 1);
+  }();
   const int64_t row_step = static_cast<int64_t>(kGradTY) * kGradRows;
-  const int64_t want_chunks = std::max<int64_t>(1, ceil_div(num_sms() * 8, col_blocks));
+  const int64_t want_chunks =
+      std::max<int64_t>(1, static_cast<int64_t>(num_sms()) * blocks_per_sm / col_blocks);
   int64_t rows_per_chunk = ceil_div(rows, std::min(want_chunks, ceil_div(rows, row_step)));
   rows_per_chunk = ceil_div(rows_per_chunk, row_step) * row_step;
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
   at::Tensor partial = at::empty({chunks, cols}, g.options().dtype(at::kFloat));
   bias_grad_kernel<T, V, VEC, DROP>
-      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kThreads, 0,
+      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kGradThreads, 0,
          current_stream()>>>(g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
                              partial.mutable_data_ptr<float>(), saved, rows, cols,
                              rows_per_chunk, d.threshold, static_cast<float>(d.scale));
   FUSED_LAUNCH_CHECK();
-  bias_grad_finish<T><<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0,
+  bias_grad_finish<T><<<static_cast<unsigned>(ceil_div(cols, kGradThreads)), kGradThreads, 0,
                         current_stream()>>>(partial.const_data_ptr<float>(),
                                             dbias.mutable_data_ptr<T>(), chunks, cols);
   FUSED_LAUNCH_CHECK();

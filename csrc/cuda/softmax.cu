@@ -7,11 +7,14 @@
 //
 //   len <= 32 * E          a (sub-)warp of g <= 32 threads per row, 128/g rows per block,
 //                          shuffle reductions                       (E = elements/thread)
-//   len <= 1024 * E        a block of 128, 512 or 1024 threads per row, CUB reduction
-//   len <= 16 * 1024 * E   sm_90: the row split over the C <= 16 blocks of a thread-block
-//                          cluster, each block reducing its share and the C partial
-//                          results combined through distributed shared memory
-//   otherwise              (or no clusters) a block per row walks the row in tiles twice:
+//   len <= 512 * E         a block per row, the smallest of 64..512 threads that holds it,
+//                          CUB reduction
+//   len <= 16 * 1024 * E   sm_90: the row split over the C <= 16 blocks (512 or 1024
+//                          threads) of a thread-block cluster, each block reducing its share
+//                          and the C partial results combined through distributed shared
+//                          memory (FUSED_SOFTMAX_NO_CLUSTER=1 turns this off)
+//   otherwise              (or no clusters) a block of 1024 threads per row: in registers
+//                          up to 1024 * E, beyond that it walks the row in tiles twice:
 //                          pass 1 an online max-and-sum, pass 2 reads again and writes
 //
 // E is 32 for the forward (x in registers as floats) and 16 for the backward (dy and y).
@@ -32,7 +35,11 @@
 
 #include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
+#include <cstdlib>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -57,12 +64,16 @@ struct MaxSum {
 
 __device__ __forceinline__ float exp_offset(float m) { return m == kNegInf ? 0.f : m; }
 
+// (M, S) of the union: the part with the larger max keeps its sum, the other one's is
+// rescaled (one exp). Symmetric, so butterfly shuffles give every lane the same result.
+// lo.m = -inf: lo.s is 0 or NaN, and exp(-inf - o) = 0 keeps it 0 or NaN; both +inf:
+// exp(inf - inf) = NaN, as torch gives for a row holding +inf.
 struct CombineMaxSum {
   __device__ __forceinline__ MaxSum operator()(const MaxSum& a, const MaxSum& b) const {
-    const float m = fmaxf(a.m, b.m);
-    const float o = exp_offset(m);
-    // a.m = -inf: a.s is 0 or NaN, and exp(-inf - o) = 0 keeps it 0 or NaN.
-    return {m, a.s * expf(a.m - o) + b.s * expf(b.m - o)};
+    const bool a_hi = a.m >= b.m;
+    const MaxSum& hi = a_hi ? a : b;
+    const MaxSum& lo = a_hi ? b : a;
+    return {hi.m, hi.s + lo.s * expf(lo.m - exp_offset(hi.m))};
   }
 };
 
@@ -141,7 +152,8 @@ struct Fwd {
 };
 
 // Backward from the forward's output y: softmax dx = scale * y * (dy - sum(dy * y)),
-// log_softmax dx = dy - exp(y) * sum(dy). Missing entries are 0. v[0] = dy, v[1] = y.
+// log_softmax dx = dy - exp(y) * sum(dy). Missing entries, and causal-masked ones (y = 0
+// there, so they are not read), are 0 and give dx = 0. v[0] = dy, v[1] = y.
 template <bool LOG>
 struct Bwd {
   static constexpr int kIn = 2;
@@ -228,7 +240,7 @@ __device__ __forceinline__ State reduce_row(State v, int g, int cluster, int par
     for (int i = 1; i < cluster; ++i) acc = op(acc, *cl.map_shared_rank(&slot[parity], i));
     return acc;
 #else
-    __trap();  // the host launches clusters only on sm_90 code (cluster_supported)
+    __trap();  // the host launches clusters only on sm_90 code (cluster_ok)
     return r;
 #endif
   }
@@ -276,7 +288,14 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(RowArgs<T> a, Op op) {
       for (int k = 0; k < NV; ++k) {
         if (k < a.nv) {
           const int64_t col = begin + t * span + (static_cast<int64_t>(k) * g + lane) * VEC;
-          if (col < limit) {
+          if (col + VEC <= limit) {  // the common case: a whole vector
+#pragma unroll
+            for (int i = 0; i < kIn; ++i) {
+              const Vec<T, VEC> raw = load_vec<T, VEC>(in[i] + col);
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) v[i][k][e] = op.load(i, static_cast<float>(raw.v[e]));
+            }
+          } else if (col < limit) {  // straddles the causal limit (still inside the row)
 #pragma unroll
             for (int i = 0; i < kIn; ++i) {
               const Vec<T, VEC> raw = load_vec<T, VEC>(in[i] + col);
@@ -336,7 +355,9 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(RowArgs<T> a, Op op) {
 // ---------------------------------------------------------------------------------------
 // Host: choosing the strategy and launching
 
-enum class Mode { kWarpSmall, kWarp, kBlock128, kBlock512, kBlock1024 };
+// kWarpSmall / kWarp: 128-thread blocks, `group` (<= 32) threads per row, NV = 1 or E/VEC.
+// kBlock: one row (share) per block of `group` threads (64..1024).
+enum class Mode { kWarpSmall, kWarp, kBlock };
 
 struct Plan {
   Mode mode;
@@ -350,21 +371,68 @@ int next_pow2(int64_t n) {
   return p;
 }
 
-// Kernels compiled for sm_90 can use clusters (the 8.0 pass, or its PTX JIT-compiled for a
-// newer GPU, cannot).
-template <typename Kernel>
-bool cluster_supported(Kernel kernel) {
-  if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;
-  cudaFuncAttributes attr;
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attr.ptxVersion >= 90;
+cudaLaunchAttribute cluster_attr(int cluster) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
 }
 
-// Launches kernel over `grid` blocks of `block` threads, as clusters of a.cluster blocks
-// when a.cluster > 1. Returns false (launching nothing) if that cluster cannot run here.
+// Whether `kernel` can run here as clusters of `cluster` blocks of `block` threads: the
+// GPU is sm_90+, the kernel's code was compiled for sm_90 (not the 8.0 pass or its PTX
+// JIT-compiled for a newer GPU), and enough such clusters fit at once to cover half the
+// SMs (a 16-block cluster needs 16 free SMs of one GPC). Cached per device, kernel and
+// cluster size. FUSED_SOFTMAX_NO_CLUSTER=1 turns clusters off (to compare with the
+// fallback).
+template <typename Kernel>
+bool cluster_ok(Kernel kernel, int block, int cluster) {
+  static const bool disabled = [] {
+    const char* e = std::getenv("FUSED_SOFTMAX_NO_CLUSTER");
+    return e != nullptr && e[0] == '1';
+  }();
+  if (disabled) return false;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int>, bool> cache;
+  const auto key = std::make_tuple(static_cast<int>(c10::cuda::current_device()),
+                                   reinterpret_cast<const void*>(kernel), cluster);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+
+  bool ok = at::cuda::getCurrentDeviceProperties()->major >= 9;
+  cudaFuncAttributes fattr;
+  if (ok) ok = cudaFuncGetAttributes(&fattr, kernel) == cudaSuccess;
+  if (ok) {
+    // The virtual arch the running code was compiled for: PTX JIT-compiled here reports
+    // its PTX version; a SASS-only build may report 0, and then its SASS arch is it.
+    const int arch = fattr.ptxVersion > 0 ? fattr.ptxVersion : fattr.binaryVersion;
+    ok = arch >= 90;
+  }
+  if (ok && cluster > 8) {
+    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+         cudaSuccess;
+  }
+  if (ok) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(cluster);
+    cfg.blockDim = dim3(block);
+    cudaLaunchAttribute attr = cluster_attr(cluster);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int active = 0;
+    ok = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess &&
+         active * cluster >= num_sms() / 2;
+  }
+  (void)cudaGetLastError();  // a failed query above is an answer, not an error to keep
+  cache.emplace(key, ok);
+  return ok;
+}
+
+// Launches kernel over `row_blocks` groups of a.cluster blocks of `block` threads (as
+// thread-block clusters when a.cluster > 1). Returns false, launching nothing, if that
+// cluster cannot run here.
 template <typename Kernel, typename Args, typename Op>
 bool launch(Kernel kernel, int64_t row_blocks, int block, const Args& a, const Op& op) {
   const int64_t max_groups = std::numeric_limits<int>::max() / a.cluster;
@@ -375,37 +443,21 @@ bool launch(Kernel kernel, int64_t row_blocks, int block, const Args& a, const O
     FUSED_LAUNCH_CHECK();
     return true;
   }
-  if (!cluster_supported(kernel)) return false;
+  if (!cluster_ok(kernel, block, a.cluster)) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(block);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = current_stream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = a.cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
+  cudaLaunchAttribute attr = cluster_attr(a.cluster);
+  cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  if (a.cluster > 8 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-          cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  int active = 0;
-  if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
-    (void)cudaGetLastError();
-    return false;
-  }
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
   return true;
 }
 
 // Threads per row and elements per thread for a row of `len`, E = Op::kMaxElems per thread.
 Plan plan(int64_t len, int E, int VEC) {
-  const int NV = E / VEC;
   auto vectors = [&](int64_t cols, int threads) {
     return static_cast<int>((cols + static_cast<int64_t>(threads) * VEC - 1) /
                             (static_cast<int64_t>(threads) * VEC));
@@ -415,22 +467,35 @@ Plan plan(int64_t len, int E, int VEC) {
     return {Mode::kWarpSmall, next_pow2((len + VEC - 1) / VEC), 1, 1, 1, len};
   }
   if (len <= 32 * E) return {Mode::kWarp, 32, vectors(len, 32), 1, 1, len};
-  if (len <= 128 * E) return {Mode::kBlock128, 128, vectors(len, 128), 1, 1, len};
-  if (len <= 512 * E) return {Mode::kBlock512, 512, vectors(len, 512), 1, 1, len};
-  if (len <= 1024 * E) return {Mode::kBlock1024, 1024, vectors(len, 1024), 1, 1, len};
-  // Long rows: the caller tries clusters first (cluster > 1 here), then falls back to tiles.
+  // The smallest block that holds the row: every thread's registers are used.
+  for (int block : {64, 128, 256, 512}) {
+    if (len <= block * E) return {Mode::kBlock, block, vectors(len, block), 1, 1, len};
+  }
+  // Longer rows: a cluster of 512-thread blocks (two fit on an SM, so one block's
+  // reduction overlaps the other's loads), or of 1024-thread ones for the longest rows.
+  // launch_rows falls back to fallback_plan when the cluster cannot run.
   for (int block : {512, 1024}) {
-    const int64_t c = (len + static_cast<int64_t>(block) * E - 1) / (static_cast<int64_t>(block) * E);
+    const int64_t per_block = static_cast<int64_t>(block) * E;
+    const int64_t c = (len + per_block - 1) / per_block;
     if (c <= 8 || (block == 1024 && c <= 16)) {
       // Even shares, a whole number of vectors each.
       int64_t chunk = (len + c - 1) / c;
       chunk = (chunk + VEC - 1) / VEC * VEC;
-      return {block == 512 ? Mode::kBlock512 : Mode::kBlock1024, block, vectors(chunk, block),
-              1, static_cast<int>(c), chunk};
+      return {Mode::kBlock, block, vectors(chunk, block), 1, static_cast<int>(c), chunk};
     }
   }
-  return {Mode::kBlock1024, 1024, NV, static_cast<int>((len + 1024 * E - 1) / (1024 * E)), 1,
-          len};
+  return {Mode::kBlock, 1024, E / VEC, 1, 0, len};  // cluster 0: no cluster plan
+}
+
+// Without clusters: a 1024-thread block per row, the row in registers if it fits, else
+// streamed in tiles of 1024 * E (two passes).
+Plan fallback_plan(int64_t len, int E, int VEC) {
+  const int64_t tile = 1024 * static_cast<int64_t>(E);
+  if (len <= tile) {
+    return {Mode::kBlock, 1024, static_cast<int>((len + 1024 * VEC - 1) / (1024 * VEC)), 1, 1,
+            len};
+  }
+  return {Mode::kBlock, 1024, E / VEC, static_cast<int>((len + tile - 1) / tile), 1, len};
 }
 
 template <typename T, typename Op, int VEC>
@@ -438,37 +503,30 @@ void launch_rows(RowArgs<T> a, const Op& op) {
   constexpr int E = Op::kMaxElems;
   constexpr int NV = E / VEC;
   Plan p = plan(a.len, E, VEC);
+  if (p.cluster == 0) p = fallback_plan(a.len, E, VEC);
   for (int attempt = 0; attempt < 2; ++attempt) {
     a.group = p.group;
     a.nv = p.nv;
     a.ntiles = p.ntiles;
     a.cluster = p.cluster;
     a.chunk = p.chunk;
-    const int64_t rows_per_block = p.mode == Mode::kWarpSmall || p.mode == Mode::kWarp
-                                       ? 128 / p.group : 1;
+    const int rows_per_block = p.mode == Mode::kBlock ? 1 : 128 / p.group;
     const int64_t row_blocks = (a.rows + rows_per_block - 1) / rows_per_block;
     bool ok = false;
-    switch (p.mode) {
-      case Mode::kWarpSmall:
-        ok = launch(row_kernel<T, Op, VEC, 1, 128, true>, row_blocks, 128, a, op);
-        break;
-      case Mode::kWarp:
-        ok = launch(row_kernel<T, Op, VEC, NV, 128, true>, row_blocks, 128, a, op);
-        break;
-      case Mode::kBlock128:
-        ok = launch(row_kernel<T, Op, VEC, NV, 128, false>, row_blocks, 128, a, op);
-        break;
-      case Mode::kBlock512:
-        ok = launch(row_kernel<T, Op, VEC, NV, 512, false>, row_blocks, 512, a, op);
-        break;
-      case Mode::kBlock1024:
+    // -1: warp-small, 0: warp, else the block size.
+    switch (p.mode == Mode::kWarpSmall ? -1 : p.mode == Mode::kWarp ? 0 : p.group) {
+      case -1: ok = launch(row_kernel<T, Op, VEC, 1, 128, true>, row_blocks, 128, a, op); break;
+      case 0: ok = launch(row_kernel<T, Op, VEC, NV, 128, true>, row_blocks, 128, a, op); break;
+      case 64: ok = launch(row_kernel<T, Op, VEC, NV, 64, false>, row_blocks, 64, a, op); break;
+      case 128: ok = launch(row_kernel<T, Op, VEC, NV, 128, false>, row_blocks, 128, a, op); break;
+      case 256: ok = launch(row_kernel<T, Op, VEC, NV, 256, false>, row_blocks, 256, a, op); break;
+      case 512: ok = launch(row_kernel<T, Op, VEC, NV, 512, false>, row_blocks, 512, a, op); break;
+      case 1024:
         ok = launch(row_kernel<T, Op, VEC, NV, 1024, false>, row_blocks, 1024, a, op);
         break;
     }
     if (ok) return;
-    // The cluster could not run here: a block per row, streaming the row in tiles.
-    p = {Mode::kBlock1024, 1024, NV, static_cast<int>((a.len + 1024 * E - 1) / (1024 * E)), 1,
-         a.len};
+    p = fallback_plan(a.len, E, VEC);  // the cluster cannot run here
   }
   TORCH_CHECK(false, "fused softmax: internal error, no launch configuration for a row of ",
               a.len);
@@ -509,12 +567,13 @@ at::Tensor forward_cuda(const at::Tensor& x, int64_t dim, double scale, bool cau
 
 template <bool LOG>
 at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
-                         double scale, const char* op) {
+                         double scale, bool causal, const char* op) {
   check_float(y, op, "y");
   check_same_device(grad_out, y, op, "grad_out", "y");
   check_same_dtype(grad_out, y, op, "grad_out", "y");
   check_same_shape(grad_out, y, op, "grad_out", "y");
   const int64_t d = softmax_wrap_dim(dim, y.dim(), op);
+  if (causal) softmax_check_causal(y, d, dim, op);
   c10::cuda::CUDAGuard guard(y.device());
   SoftmaxRows yv = softmax_rows(y, d);
   SoftmaxRows gv = softmax_rows(grad_out, d);
@@ -522,8 +581,8 @@ at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_
   if (dx.numel() > 0) {
     FUSED_DISPATCH_CUDA(y.scalar_type(), "fused::softmax_backward", [&] {
       run<scalar_t>(gv.t.const_data_ptr<scalar_t>(), yv.t.const_data_ptr<scalar_t>(),
-                    dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len, 0,
-                    Bwd<LOG>{static_cast<float>(scale)});
+                    dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len,
+                    causal ? y.size(-2) : 0, Bwd<LOG>{static_cast<float>(scale)});
     });
   }
   return softmax_restore(dx, y, d);
@@ -538,13 +597,13 @@ at::Tensor log_softmax_cuda(const at::Tensor& x, int64_t dim) {
 }
 
 at::Tensor softmax_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
-                                 double scale) {
-  return backward_cuda<false>(grad_out, y, dim, scale, "fused::softmax_backward");
+                                 double scale, bool causal) {
+  return backward_cuda<false>(grad_out, y, dim, scale, causal, "fused::softmax_backward");
 }
 
 at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y,
                                      int64_t dim) {
-  return backward_cuda<true>(grad_out, y, dim, 1.0, "fused::log_softmax_backward");
+  return backward_cuda<true>(grad_out, y, dim, 1.0, false, "fused::log_softmax_backward");
 }
 
 }  // namespace

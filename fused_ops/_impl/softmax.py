@@ -26,7 +26,7 @@ def _log_softmax_fake(x, dim=-1):
 
 
 @torch.library.register_fake("fused::softmax_backward")
-def _softmax_backward_fake(grad_out, y, dim=-1, *, scale=1.0):
+def _softmax_backward_fake(grad_out, y, dim=-1, *, scale=1.0, causal=False):
     return y.new_empty(y.shape)
 
 
@@ -36,16 +36,18 @@ def _log_softmax_backward_fake(grad_out, y, dim=-1):
 
 
 # Both backwards need only the forward's output y (dx = scale * y * (dy - sum(dy * y)) and
-# dx = dy - exp(y) * sum(dy)), so x is not saved.
+# dx = dy - exp(y) * sum(dy)), so x is not saved. With causal, the backward skips the
+# masked entries (y = 0 there).
 def _softmax_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.dim = inputs[1]
     ctx.scale = keyword_only_inputs.get("scale", 1.0)
+    ctx.causal = keyword_only_inputs.get("causal", False)
     ctx.save_for_backward(output)
 
 
 def _softmax_backward(ctx, grad_out):
     (y,) = ctx.saved_tensors
-    return ops.softmax_backward(grad_out, y, ctx.dim, scale=ctx.scale), None
+    return ops.softmax_backward(grad_out, y, ctx.dim, scale=ctx.scale, causal=ctx.causal), None
 
 
 def _log_softmax_setup_context(ctx, inputs, output):
