@@ -120,14 +120,15 @@ def _big(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9])
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9, 0.001, 0.999])  # 16-bit draws, then 32-bit
 def test_kept_fraction(device, p):
     n = _big(device)
     _, so = ops.dropout(torch.randn(n, device=device), p, True)
     kept = mask_from_seed(so, (n,), p, device).double()
     assert abs(kept.mean().item() - (1 - p)) < z_bound(n, 1 - p)
-    # Every Philox word (i % 4) and every position in a 16-byte vector (i % 8) on its own.
-    for period in (4, 8):
+    # Every 16-bit half (i % 2), Philox word (i % 4 or i % 8 / 2) and position in a 16-byte
+    # vector (i % 8) on its own.
+    for period in (2, 4, 8):
         m = n // period
         frac = kept[: m * period].view(m, period).mean(0)
         assert (frac - (1 - p)).abs().max().item() < z_bound(m, 1 - p), f"period {period}"
@@ -201,12 +202,26 @@ def test_mask_independent_of_alignment_layout_and_size(device):
     assert torch.equal(ops.dropout_backward(off, so, 0.3) != 0, full)
 
 
+def _keep_threshold16(p):
+    """The 16-bit keep threshold, or None where 16 bits are too coarse for p (philox.cuh's
+    dropout_keep_threshold16: rounding error at most 2^-10 of min(p, 1 - p))."""
+    keep = 1.0 - p
+    t = math.floor(keep * 65536.0 + 0.5)
+    if t < 1 or t > 65535 or abs(t / 65536.0 - keep) > min(p, keep) * 2.0**-10:
+        return None
+    return t
+
+
 def _philox_reference_mask(seed, offset, n, p):
     """Philox4x32-10 in numpy (written from the paper's definition), the stream layout of
-    csrc/common/philox.cuh and the keep threshold: the mask the kernels must produce."""
+    csrc/common/philox.cuh and the keep threshold: the mask the kernels must produce. 16-bit
+    draws: element i takes half i % 2 (low, high) of word (i % 8) // 2 of Philox(i // 8);
+    32-bit draws: word i % 4 of Philox(i // 4)."""
     np = pytest.importorskip("numpy")
     m32 = np.uint64(0xFFFFFFFF)
-    groups = np.arange((n + 3) // 4, dtype=np.uint64)
+    t16 = _keep_threshold16(p)
+    per_call = 8 if t16 is not None else 4
+    groups = np.arange((n + per_call - 1) // per_call, dtype=np.uint64)
     ctr = np.uint64(offset // 4)
     c = [np.full_like(groups, ctr & m32), np.full_like(groups, ctr >> np.uint64(32)),
          groups & m32, groups >> np.uint64(32)]
@@ -217,15 +232,26 @@ def _philox_reference_mask(seed, offset, n, p):
         c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), p1 & m32,
              (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1), p0 & m32]
         k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
-    words = np.stack(c, axis=1).reshape(-1)[:n]
+    words = np.stack(c, axis=1).reshape(-1)
+    if t16 is not None:
+        halves = np.stack([words & np.uint64(0xFFFF), words >> np.uint64(16)], axis=1)
+        return torch.from_numpy(halves.reshape(-1)[:n] < np.uint64(t16))
     threshold = min(int((1 - p) * 2.0**32 + 0.5), 0xFFFFFFFF)
-    return torch.from_numpy(words < np.uint64(threshold))
+    return torch.from_numpy(words[:n] < np.uint64(threshold))
+
+
+def test_16bit_draws_rule():
+    # Which p take 16-bit draws: every p in [2^-7, 1 - 2^-7], multiples of 2^-16, not 1e-3.
+    for p in (0.0078125, 0.01, 0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 0.9921875, 2.0**-12):
+        assert _keep_threshold16(p) is not None, p
+    for p in (1e-3, 0.999, 1e-5, 1 - 1e-5, 0.003):
+        assert _keep_threshold16(p) is None, p
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_mask_matches_philox_reference(device):
     n = 10007
-    for p in (0.1, 0.7):
+    for p in (0.1, 0.7, 0.001, 0.999, 2.0**-12):  # 16-bit, 16-bit, 32-bit, 32-bit, 16-bit
         _, so = ops.dropout(torch.randn(n, device=device), p, True)
         seed, offset = (int(v) % 2**64 for v in so.cpu())
         ref = _philox_reference_mask(seed, offset, n, p)

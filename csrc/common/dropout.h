@@ -23,10 +23,13 @@ inline void check_dropout_p(double p, const char* op) {
 
 // What a kernel needs to apply the mask: an element is kept when its Philox word is below
 // `threshold`, and kept values are multiplied by `scale` = 1 / (1 - p).
+// With 16-bit draws (bits16, chosen from p alone: dropout_keep_threshold16) element i's draw
+// is philox_uint16(i) and threshold < 2^16; otherwise it is philox_uint32(i).
 struct DropoutParams {
   double p;            // effective drop probability (0 when not training)
-  uint32_t threshold;  // keep iff word < threshold (valid for 0 < p < 1)
+  uint32_t threshold;  // keep iff draw < threshold (valid for 0 < p < 1)
   double scale;        // 1 / (1 - p); kernels round it to their math type once
+  bool bits16;         // 16-bit draws (8 elements per Philox call) instead of 32-bit
 
   bool identity() const { return p == 0.0; }  // nothing dropped: no randomness drawn
   bool drop_all() const { return p == 1.0; }  // everything dropped: no randomness drawn
@@ -36,9 +39,11 @@ struct DropoutParams {
 inline DropoutParams dropout_params(double p, bool training, const char* op) {
   check_dropout_p(p, op);
   const double pe = training ? p : 0.0;
-  DropoutParams d{pe, 0u, 1.0};
+  DropoutParams d{pe, 0u, 1.0, false};
   if (d.random()) {
-    d.threshold = dropout_keep_threshold(pe);
+    const uint32_t t16 = dropout_keep_threshold16(pe);
+    d.bits16 = t16 != 0;
+    d.threshold = d.bits16 ? t16 : dropout_keep_threshold(pe);
     d.scale = 1.0 / (1.0 - pe);
   }
   return d;

@@ -8,11 +8,13 @@
 // draw here never overlaps a PyTorch kernel's draws made from the same generator state:
 //   key     = (seed low 32 bits, seed high 32 bits)
 //   counter = (offset / 4 as 64 bits in words 0-1, subsequence as 64 bits in words 2-3)
-// and element i of a tensor takes subsequence i / 4, word i % 4 (philox_uint32 below).
+// and element i of a tensor takes subsequence i / 4, word i % 4 (philox_uint32 below), or
+// with 16-bit draws subsequence i / 8, half i % 2 of word (i % 8) / 2 (philox_uint16).
 //
 // Host and device: the CPU kernels include this header too, so CPU and CUDA agree bit for
 // bit for the same (seed, offset). No dependencies beyond <cstdint>.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -113,6 +115,16 @@ FUSED_HD uint32_t philox_uint32(const PhiloxKey& key, uint64_t offset, uint64_t 
   return philox_group(key, offset, i / 4).w[i % 4];
 }
 
+// 16-bit draws: element i takes half (i % 2) (0: low 16 bits, 1: high 16 bits) of word
+// (i % 8) / 2 of Philox(subsequence i / 8), so one Philox call serves eight elements. The
+// dropout kernels use these when p's keep probability is close enough to a multiple of
+// 2^-16 (dropout_keep_threshold16 below); the counter layout is the one above, so draws still
+// never overlap PyTorch's.
+FUSED_HD uint32_t philox_uint16(const PhiloxKey& key, uint64_t offset, uint64_t i) {
+  const uint32_t w = philox_group(key, offset, i / 8).w[(i % 8) / 2];
+  return i % 2 ? w >> 16 : w & 0xFFFFu;
+}
+
 // Dropout keeps an element when its 32-bit word is below this threshold, which makes
 // P(keep) = threshold / 2^32 = 1 - p to within 2^-32 and keeps the per-element test a single
 // integer compare. For p in (0, 1).
@@ -121,6 +133,24 @@ inline uint32_t dropout_keep_threshold(double p) {
   if (t >= 4294967295.0) return 0xFFFFFFFFu;
   if (t <= 0.0) return 0u;
   return static_cast<uint32_t>(t + 0.5);
+}
+
+// The 16-bit threshold for p, or 0 when 16 bits are not precise enough for p: keep iff the
+// element's 16-bit draw < threshold, P(keep) = threshold / 2^16. Rounding moves P(keep) by at
+// most 2^-17 (7.6e-6); the 16-bit draws are used only when that error is at most 2^-10 of
+// min(p, 1 - p), i.e. both the drop rate and the expected output (kept values are still
+// scaled by exactly 1 / (1 - p)) are off by less than 0.1% of themselves; p = 0.1: keep
+// 58982 / 65536 = 0.8999939 (1 - p - 6.1e-6, expected output 6.8e-6 low, far below bf16/fp16
+// rounding and undetectable statistically below ~10^10 elements). In practice every p in
+// [0.0078, 0.9922] and every p that is a multiple of 2^-16 qualifies; other p (e.g. 1e-3)
+// keep the exact 32-bit draws. For p in (0, 1).
+inline uint32_t dropout_keep_threshold16(double p) {
+  const double keep = 1.0 - p;
+  const double t = std::floor(keep * 65536.0 + 0.5);
+  const double err = t / 65536.0 - keep;
+  const double tol = std::ldexp(keep < p ? keep : p, -10);
+  if (t < 1.0 || t > 65535.0 || (err < 0 ? -err : err) > tol) return 0u;
+  return static_cast<uint32_t>(t);
 }
 
 }  // namespace fused

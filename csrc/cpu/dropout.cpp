@@ -59,19 +59,40 @@ SeedOffset read_seed_offset(const at::Tensor& t) {
 // bias and residual terms optional. When `kept` is given it also receives the dropped,
 // unrounded value mask * scale * (x + bias) (bias_dropout_add_backward sums it for dbias).
 // out may alias x (in-place dropout): each element is read before it is written.
+// Each element's random draw, eight at a time (elements 8g .. 8g+7): the 16-bit halves of
+// one Philox call, or the 32-bit words of two (philox.cuh, DropoutParams::bits16).
+void draws8(const PhiloxKey& key, uint64_t offset, bool bits16, int64_t g, uint32_t (&r)[8]) {
+  if (bits16) {
+    const Philox4 a = philox_group(key, offset, static_cast<uint64_t>(g));
+    for (int w = 0; w < 4; ++w) {
+      r[2 * w] = a.w[w] & 0xFFFFu;
+      r[2 * w + 1] = a.w[w] >> 16;
+    }
+  } else {
+    for (int h = 0; h < 2; ++h) {
+      const Philox4 a = philox_group(key, offset, static_cast<uint64_t>(2 * g + h));
+      for (int w = 0; w < 4; ++w) r[4 * h + w] = a.w[w];
+    }
+  }
+}
+
+// The one CPU kernel: out[i] = res[i] + mask[i] * scale * (x[i] + bias[i % cols]), with the
+// bias and residual terms optional. When `kept` is given it also receives the dropped,
+// unrounded value mask * scale * (x + bias) (bias_dropout_add_backward sums it for dbias).
+// out may alias x (in-place dropout): each element is read before it is written.
 template <typename T>
 void dropout_cpu_kernel(const T* x, const T* bias, const T* res, T* out, acc_t<T>* kept,
                         int64_t n, int64_t cols, SeedOffset so, const DropoutParams& d) {
   using A = acc_t<T>;
   const A scale = static_cast<A>(d.scale);
-  const int64_t groups = (n + 3) / 4;  // Philox draws four words at a time
+  const int64_t groups = (n + 7) / 8;  // eight draws at a time (draws8)
   const PhiloxKey key = philox_key(so.seed);
-  at::parallel_for(0, groups, 4096, [&](int64_t g0, int64_t g1) {
+  at::parallel_for(0, groups, 2048, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
-      Philox4 r{};
-      if (d.random()) r = philox_group(key, so.offset, static_cast<uint64_t>(g));
-      for (int j = 0; j < 4 && 4 * g + j < n; ++j) {
-        const int64_t i = 4 * g + j;
+      uint32_t r[8] = {};
+      if (d.random()) draws8(key, so.offset, d.bits16, g, r);
+      for (int j = 0; j < 8 && 8 * g + j < n; ++j) {
+        const int64_t i = 8 * g + j;
         A v = static_cast<A>(x[i]);
         if (bias != nullptr) v += static_cast<A>(bias[i % cols]);
         A k;
@@ -80,7 +101,7 @@ void dropout_cpu_kernel(const T* x, const T* bias, const T* res, T* out, acc_t<T
         } else if (d.identity()) {
           k = v;
         } else {
-          k = r.w[j] < d.threshold ? v * scale : A(0);
+          k = r[j] < d.threshold ? v * scale : A(0);
         }
         if (kept != nullptr) kept[i] = k;
         out[i] = static_cast<T>(res != nullptr ? static_cast<A>(res[i]) + k : k);

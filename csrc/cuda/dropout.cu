@@ -4,15 +4,16 @@
 // advanced by 4: one Philox counter per subsequence, see philox.cuh), unpacks it in the
 // kernel (under CUDA-graph capture the offset is read from device memory, so each replay
 // draws a fresh mask) and writes the {seed, offset} it used into the small seed_offset
-// output. Backward reads seed_offset and regenerates the same mask. Element i's keep bit is
-// word i % 4 of Philox(subsequence i / 4): independent of launch configuration, alignment
-// and vector width.
+// output. Backward reads seed_offset and regenerates the same mask. Element i's draw is the
+// 16-bit half i % 2 of word (i % 8) / 2 of Philox(subsequence i / 8) for most p (one call per
+// 8 elements), else word i % 4 of Philox(subsequence i / 4) (DropoutParams::bits16, chosen
+// from p): independent of launch configuration, alignment and vector width.
 //
 // Kernels:
 //   dropout_kernel:   out = [res +] mask * scale * (x [+ bias]); dropout forward, dropout
 //                     backward (x = grad_out, seed from seed_offset), bias_dropout_add
 //                     forward. 16-byte vectors when every pointer is aligned, groups of 4
-//                     scalars otherwise (one Philox call per 4 elements either way).
+//                     scalars otherwise.
 //   bias_grad_kernel: bias_dropout_add backward: dx = mask * scale * dy, and per-(row chunk,
 //                     column) partial sums of dx; bias_grad_finish sums the chunks in a fixed
 //                     order (two stages, no atomics: deterministic).
@@ -26,8 +27,13 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstring>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -39,10 +45,12 @@
 namespace fused {
 namespace {
 
-// Elementwise launch shape: 128 threads, each 2 groups (one 16-byte vector per input each):
-// best or tied-best in the H200 sweep of the shared elementwise kernel (KERNEL_LOG, GeLU v3).
+// Elementwise launch shape: 128 threads (best or tied-best in the H200 sweep of the shared
+// elementwise kernel: KERNEL_LOG, GeLU v3), each 4 groups (one 16-byte vector per input
+// each): the per-thread prologue (RNG state, round keys, addressing) is shared by 32 bf16
+// elements (KERNEL_LOG, dropout v2).
 constexpr int kThreads = 128;
-constexpr int kGroupsPerThread = 2;
+constexpr int kGroupsPerThread = 4;
 
 // Where a kernel gets its Philox key and counter base: forward unpacks the generator's
 // state (and records what it used in seed_offset), backward reads seed_offset back.
@@ -69,12 +77,37 @@ __device__ __forceinline__ void rng_seed_offset(const RngArgs& a, uint64_t& seed
 }
 
 // Applies the mask to k[0..V), the values of elements e0 .. e0+V-1: k = keep ? k * scale : 0.
-// When V is a multiple of 4 (and so, by construction, e0 is), one Philox call serves four
-// elements; otherwise each element draws its own group and picks its word.
-template <int V>
+// e0 is a multiple of V, and of 4 when V is. B16 (DropoutParams::bits16): element i's draw
+// is the 16-bit half i % 2 of word (i % 8) / 2 of Philox(i / 8): one Philox call serves 8
+// elements (a 16-byte vector of bf16/fp16), half a call 4 (the fp32 vector and the scalar
+// groups). Otherwise word i % 4 of Philox(i / 4), one call per 4 elements. Single elements
+// (V == 1) draw their own call. threshold < 2^16 with B16: the high half h of a word w is
+// below it iff w < threshold << 16, and the low half iff (w << 16) < threshold << 16.
+template <int V, bool B16>
 __device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, const PhiloxKey& key,
                                            uint64_t offset, uint32_t threshold, float scale) {
-  if constexpr (V % 4 == 0) {
+  if constexpr (B16 && V % 4 == 0) {
+    const uint32_t t_hi = threshold << 16;
+    auto mask_pair = [&](float& lo, float& hi, uint32_t w) {
+      lo = (w << 16) < t_hi ? lo * scale : 0.0f;
+      hi = w < t_hi ? hi * scale : 0.0f;
+    };
+    if constexpr (V % 8 == 0) {
+#pragma unroll
+      for (int q = 0; q < V / 8; ++q) {
+        const Philox4 r = philox_group(key, offset, static_cast<uint64_t>(e0 / 8 + q));
+#pragma unroll
+        for (int w = 0; w < 4; ++w) mask_pair(k[8 * q + 2 * w], k[8 * q + 2 * w + 1], r.w[w]);
+      }
+    } else {
+      static_assert(V == 4, "groups of 4 or of a multiple of 8");
+      // Words 0-1 serve elements 8g .. 8g+3, words 2-3 elements 8g+4 .. 8g+7.
+      const Philox4 r = philox_group(key, offset, static_cast<uint64_t>(e0 / 8));
+      const bool upper = e0 % 8 != 0;
+      mask_pair(k[0], k[1], upper ? r.w[2] : r.w[0]);
+      mask_pair(k[2], k[3], upper ? r.w[3] : r.w[1]);
+    }
+  } else if constexpr (!B16 && V % 4 == 0) {
 #pragma unroll
     for (int q = 0; q < V / 4; ++q) {
       const Philox4 r = philox_group(key, offset, static_cast<uint64_t>(e0 / 4 + q));
@@ -86,10 +119,61 @@ __device__ __forceinline__ void apply_mask(float (&k)[V], int64_t e0, const Phil
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const uint32_t w = philox_uint32(key, offset, static_cast<uint64_t>(e0 + j));
+      const uint64_t i = static_cast<uint64_t>(e0 + j);
+      const uint32_t w = B16 ? philox_uint16(key, offset, i) : philox_uint32(key, offset, i);
       k[j] = w < threshold ? k[j] * scale : 0.0f;
     }
   }
+}
+
+// k[j] = v[j] (ADD: k[j] += v[j]) in float. bf16 pairs are unpacked from their 32-bit word
+// with one instruction each (a shift, a mask): the generic conversion spends two on the high
+// half.
+template <bool ADD, typename T, int V>
+__device__ __forceinline__ void to_float(float (&k)[V], const Vec<T, V>& v) {
+  auto put = [&](float& d, float f) {
+    if constexpr (ADD) {
+      d += f;
+    } else {
+      d = f;
+    }
+  };
+  if constexpr (std::is_same_v<T, at::BFloat16> && V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) {
+      uint32_t w;
+      std::memcpy(&w, &v.v[j], sizeof(w));
+      put(k[j], __uint_as_float(w << 16));
+      put(k[j + 1], __uint_as_float(w & 0xFFFF0000u));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) put(k[j], static_cast<float>(v.v[j]));
+  }
+}
+
+// f[0..V) rounded to T; bf16/fp16 pairs with one packed conversion each.
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> round_vec(const float (&f)[V]) {
+  Vec<T, V> o;
+  constexpr bool kBf16 = std::is_same_v<T, at::BFloat16>;
+  constexpr bool kHalf = std::is_same_v<T, at::Half>;
+  if constexpr ((kBf16 || kHalf) && V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) {
+      if constexpr (kBf16) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(f[j], f[j + 1]);
+        std::memcpy(&o.v[j], &h, sizeof(h));
+      } else {
+        const __half2 h = __floats2half2_rn(f[j], f[j + 1]);
+        std::memcpy(&o.v[j], &h, sizeof(h));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = static_cast<T>(f[j]);
+  }
+  return o;
 }
 
 // V consecutive elements from e0: one 16-byte load when FULL (the caller guarantees
@@ -128,15 +212,16 @@ struct DropoutArgs {
   int64_t n;          // elements
   int64_t cols;       // x.size(-1): bias index = i % cols
   int64_t col_step;   // (kThreads * V) % cols: column advance between a thread's groups
-  uint32_t threshold; // keep iff Philox word < threshold
+  uint32_t threshold; // keep iff the element's draw < threshold
   float scale;        // 1 / (1 - p)
+  bool bits16;        // 16-bit draws (DropoutParams::bits16)
   RngArgs rng;
 };
 
 // One thread's U groups of V elements, spaced kThreads groups apart: all loads first (U
 // loads in flight per input), then the mask and the stores. FULL: every group is whole and
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
-template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP>
+template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16>
 __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first,
                                                int64_t col, const PhiloxKey& key,
                                                uint64_t offset) {
@@ -172,25 +257,35 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
     const int64_t e0 = (first + static_cast<int64_t>(u) * kThreads) * V;
     if (!FULL && e0 >= a.n) break;
     float k[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      k[j] = static_cast<float>(xv[u].v[j]);
-      if constexpr (BIAS) k[j] += static_cast<float>(bv[u].v[j]);
-    }
-    if constexpr (DROP) apply_mask<V>(k, e0, key, offset, a.threshold, a.scale);
-    Vec<T, V> o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      o.v[j] = static_cast<T>(RES ? static_cast<float>(rv[u].v[j]) + k[j] : k[j]);
-    }
-    store_group<T, V, FULL>(a.out, e0, a.n, o);
+    to_float<false>(k, xv[u]);
+    if constexpr (BIAS) to_float<true>(k, bv[u]);
+    if constexpr (DROP) apply_mask<V, B16>(k, e0, key, offset, a.threshold, a.scale);
+    if constexpr (RES) to_float<true>(k, rv[u]);
+    store_group<T, V, FULL>(a.out, e0, a.n, round_vec<T, V>(k));
   }
+}
+
+// A thread's work: the straight-line vector path when all its groups are whole, else the
+// guarded one.
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16>
+__device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t first,
+                                             int64_t col, const PhiloxKey& key,
+                                             uint64_t offset) {
+  constexpr int U = kGroupsPerThread;
+  if constexpr (VEC) {
+    const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
+    if (last_end <= a.n) {
+      dropout_thread<T, V, true, BIAS, RES, DROP, B16>(a, first, col, key, offset);
+      return;
+    }
+  }
+  dropout_thread<T, V, false, BIAS, RES, DROP, B16>(a, first, col, key, offset);
 }
 
 // out = [res +] mask * scale * (x [+ bias]) over n elements, in groups of V consecutive
 // elements. VEC: all pointers 16-byte aligned (and cols % V == 0 with a bias); threads whose
 // groups are all whole take the vector path, the rest (the tail) guarded scalars. !VEC: V = 4
-// scalars per group, one Philox call each. DROP = false: no mask (bias_dropout_add in eval),
+// scalars per group. DROP = false: no mask (bias_dropout_add in eval),
 // no randomness drawn.
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
@@ -209,14 +304,11 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
                                    ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c)
                                    : e % c);
   }
-  if constexpr (VEC) {
-    const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
-    if (last_end <= a.n) {
-      dropout_thread<T, V, true, BIAS, RES, DROP>(a, first, col, key, offset);
-      return;
-    }
+  if (DROP && a.bits16) {
+    dropout_body<T, V, VEC, BIAS, RES, DROP, true>(a, first, col, key, offset);
+  } else {
+    dropout_body<T, V, VEC, BIAS, RES, DROP, false>(a, first, col, key, offset);
   }
-  dropout_thread<T, V, false, BIAS, RES, DROP>(a, first, col, key, offset);
 }
 
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
@@ -260,6 +352,7 @@ void run_dropout(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& 
     a.cols = x.dim() > 0 ? x.size(-1) : 1;  // only a bias (x.dim() >= 1) uses it
     a.threshold = d.threshold;
     a.scale = static_cast<float>(d.scale);
+    a.bits16 = d.bits16;
     a.rng = rng;
     if (!has_res) {
       launch_dropout_layout<scalar_t, false, false, true>(a);
@@ -384,12 +477,13 @@ constexpr int kGradTX = 32;  // lanes along columns (a warp covers kGradTX * V c
 constexpr int kGradThreads = 256;
 constexpr int kGradTY = kGradThreads / kGradTX;  // warps along rows
 constexpr int kGradRows = 4;  // rows each thread loads before computing
+constexpr int kGradMinBlocks = 3;  // resident blocks per SM the register budget allows
 
 // kGradRows rows r, r + kGradTY, ... of one thread's V columns from c0: loads first, then
 // dx = mask * scale * dy stored and added to acc. FULL: all rows exist (unconditional
 // loads); otherwise rows from r_end on are skipped. VEC: 16-byte loads (cols % V == 0);
 // otherwise V == 1.
-template <typename T, int V, bool VEC, bool DROP, bool FULL>
+template <typename T, int V, bool VEC, bool DROP, bool B16, bool FULL>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
                                                int64_t cols, int64_t c0, const PhiloxKey& key,
@@ -413,15 +507,11 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
     const int64_t row = r + rr * kGradTY;
     if (!FULL && row >= r_end) break;
     float k[V];
+    to_float<false>(k, g[rr]);
+    if constexpr (DROP) apply_mask<V, B16>(k, row * cols + c0, key, offset, threshold, scale);
 #pragma unroll
-    for (int j = 0; j < V; ++j) k[j] = static_cast<float>(g[rr].v[j]);
-    if constexpr (DROP) apply_mask<V>(k, row * cols + c0, key, offset, threshold, scale);
-    Vec<T, V> o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      acc[j] += k[j];
-      o.v[j] = static_cast<T>(k[j]);
-    }
+    for (int j = 0; j < V; ++j) acc[j] += k[j];
+    const Vec<T, V> o = round_vec<T, V>(k);
     T* q = dx + row * cols + c0;
     if constexpr (VEC) {
       store_vec<T, V>(q, o);
@@ -431,16 +521,37 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
   }
 }
 
+// One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time.
+template <typename T, int V, bool VEC, bool DROP, bool B16>
+__device__ __forceinline__ void bias_grad_walk(const T* __restrict__ dy, T* __restrict__ dx,
+                                               float (&acc)[V], int64_t r, int64_t r_end,
+                                               int64_t cols, int64_t c0, const PhiloxKey& key,
+                                               uint64_t offset, uint32_t threshold,
+                                               float scale) {
+  for (; r < r_end; r += kGradTY * kGradRows) {
+    if (r + (kGradRows - 1) * kGradTY < r_end) {
+      bias_grad_rows<T, V, VEC, DROP, B16, true>(dy, dx, acc, r, r_end, cols, c0, key, offset,
+                                                 threshold, scale);
+    } else {
+      bias_grad_rows<T, V, VEC, DROP, B16, false>(dy, dx, acc, r, r_end, cols, c0, key,
+                                                  offset, threshold, scale);
+    }
+  }
+}
+
 // Block (blockIdx.x, blockIdx.y) covers columns [blockIdx.x * 32 * V, +32 * V) of rows
 // [blockIdx.y * rows_per_chunk, +rows_per_chunk). Each thread owns V columns and walks its
 // rows (a warp reads 32 * V contiguous columns of a row), writing dx and summing dx in
 // float; the block's 8 row-lanes are combined in shared memory in a fixed order and written
 // to partial[blockIdx.y][column].
+// At most 80 registers (3 blocks of 256 per SM, no spills on sm_90a): 1.5x the loads in
+// flight per SM of the unbounded version (116 registers in bf16, 2 blocks); a 64-register
+// bound (4 blocks) spilled.
 template <typename T, int V, bool VEC, bool DROP>
-__global__ void __launch_bounds__(kGradThreads)
+__global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
     bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partial,
                      const int64_t* __restrict__ saved, int64_t rows, int64_t cols,
-                     int64_t rows_per_chunk, uint32_t threshold, float scale) {
+                     int64_t rows_per_chunk, uint32_t threshold, float scale, bool bits16) {
   static_assert(VEC || V == 1, "the scalar path takes one column per thread");
   __shared__ float smem[kGradTY][kGradTX * V];
   const int tx = threadIdx.x % kGradTX;
@@ -460,14 +571,12 @@ __global__ void __launch_bounds__(kGradThreads)
   for (int j = 0; j < V; ++j) acc[j] = 0.0f;
 
   if (c0 < cols) {  // VEC: cols % V == 0, so the whole group is inside the row
-    for (int64_t r = r_begin + ty; r < r_end; r += kGradTY * kGradRows) {
-      if (r + (kGradRows - 1) * kGradTY < r_end) {
-        bias_grad_rows<T, V, VEC, DROP, true>(dy, dx, acc, r, r_end, cols, c0, key, offset,
-                                              threshold, scale);
-      } else {
-        bias_grad_rows<T, V, VEC, DROP, false>(dy, dx, acc, r, r_end, cols, c0, key, offset,
-                                               threshold, scale);
-      }
+    if (DROP && bits16) {
+      bias_grad_walk<T, V, VEC, DROP, true>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key,
+                                            offset, threshold, scale);
+    } else {
+      bias_grad_walk<T, V, VEC, DROP, false>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key,
+                                             offset, threshold, scale);
     }
   }
 
@@ -490,8 +599,17 @@ __global__ void __launch_bounds__(kGradThreads)
                      int64_t cols) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x;
   if (c >= cols) return;
+  // Eight loads in flight at a time (the chunks' partials are independent), added in order.
   float s = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
+  int64_t k = 0;
+  for (; k + 8 <= chunks; k += 8) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = partial[(k + j) * cols + c];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s += v[j];
+  }
+  for (; k < chunks; ++k) s += partial[k * cols + c];
   dbias[c] = static_cast<T>(s);
 }
 
@@ -520,7 +638,8 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
       <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kGradThreads, 0,
          current_stream()>>>(g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
                              partial.mutable_data_ptr<float>(), saved, rows, cols,
-                             rows_per_chunk, d.threshold, static_cast<float>(d.scale));
+                             rows_per_chunk, d.threshold, static_cast<float>(d.scale),
+                             d.bits16);
   FUSED_LAUNCH_CHECK();
   bias_grad_finish<T><<<static_cast<unsigned>(ceil_div(cols, kGradThreads)), kGradThreads, 0,
                         current_stream()>>>(partial.const_data_ptr<float>(),
