@@ -292,12 +292,18 @@ int main() {
 
 @CUDA
 def test_cpu_and_cuda_masks_agree():
-    for p in (0.1, 0.5):
-        for shape in [(5,), (129, 257), (1 << 16) + 3]:
+    # 16-bit draws (0.1, 0.5) and 32-bit draws (0.001); every vector width (dtype) and the
+    # bias-gradient kernel's paths (vector: 1024 columns, scalar: the others).
+    for p in (0.1, 0.5, 0.001):
+        for shape in [(5,), (129, 257), ((1 << 16) + 3,), (64, 1024)]:
             _, so = ops.dropout(torch.randn(shape, device="cuda"), p, True)
-            cuda_mask = mask_from_seed(so, shape, p, "cuda").cpu()
             cpu_mask = mask_from_seed(so.cpu(), shape, p, "cpu")
-            assert torch.equal(cuda_mask, cpu_mask)
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                cuda_mask = mask_from_seed(so, shape, p, "cuda", dtype).cpu()
+                assert torch.equal(cuda_mask, cpu_mask), (p, shape, dtype)
+                ones = torch.ones(shape, device="cuda", dtype=dtype)
+                dx, _ = ops.bias_dropout_add_backward(ones, so, p)
+                assert torch.equal((dx != 0).cpu(), cpu_mask), (p, shape, dtype, "bias grad")
 
 
 @CUDA
@@ -490,8 +496,9 @@ def test_bias_dropout_add_backward(device, dtype, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_bias_dropout_add_backward_op_consistent_with_forward_mask(device):
-    shape, p = (77, 40), 0.25
+@pytest.mark.parametrize("p", [0.25, 0.001])  # 16-bit and 32-bit draws
+def test_bias_dropout_add_backward_op_consistent_with_forward_mask(device, p):
+    shape = (77, 40)
     x = away_from_zero(torch.randn(shape, device=device))
     zero_b = torch.zeros(shape[-1], device=device)
     out, so = ops.bias_dropout_add(x, zero_b, torch.zeros(shape, device=device), p, True)
