@@ -22,7 +22,8 @@
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
-//   * norm_bwd_regs: x and dy in registers (16 elements per thread), one read each; the
+//   * norm_bwd_regs: x and dy in registers (8 elements per thread on the 16-byte path up to
+//     4K-element rows, 64 registers, two 512-thread blocks per SM; else 16), one read each; the
 //     block's threads also accumulate dweight / dbias for the columns they own across the
 //     rows they visit (persistent grid), written as float32 partials [blocks, cols].
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
@@ -56,6 +57,15 @@ constexpr int kLongThreads = 512;     // the long-row kernels: a block per row
 constexpr int kTileThreads = 256;     // norm_bwd_tiles: one vector column per thread
 constexpr int kTileRows = 4;          // rows norm_bwd_tiles loads before using them
 constexpr int kBwdElems = 16;         // elements per thread in norm_bwd_regs
+constexpr int kBwdSmallElems = 8;     // ... on the 16-byte path for rows up to 512 x 8
+
+// norm_bwd_regs with at most 8 elements per thread on the 16-byte path fits 64 registers
+// without spills: two 512-thread blocks per SM (32 warps, one block's loads cover the
+// other's reductions) instead of one (16 elements: 97-128 registers).
+template <int VEC, int VPT>
+constexpr int bwd_min_blocks() {
+  return VEC > 1 && VEC * VPT <= kBwdSmallElems ? 2 : 1;
+}
 constexpr int kMaxCluster = 8;        // portable thread-block cluster size (sm_90)
 
 template <typename T, typename W, typename R>
@@ -254,11 +264,21 @@ template <typename R, int VEC>
 constexpr int fwd_vpt() {
   return VEC == 1 ? 8 : 64 / (VEC * static_cast<int>(sizeof(R)));
 }
+// The wide variant for plain 16-bit rows of 16K-32K: 8 vectors per thread in blocks of up
+// to 512 threads, two blocks per SM (still 64 registers, 8 bytes spilled), so one block's
+// loads cover the other's reductions (one 1024-thread block per SM would idle in them).
+constexpr int kFwdWideVpt = 8;
+constexpr int kFwdWideThreads = 512;
 
-template <typename T, typename W, typename R, int VEC, int LAYER, int RES>
-__global__ void __launch_bounds__(kFwdMaxThreads, 1)
+template <int VPT, int DEFAULT_VPT>
+constexpr int fwd_max_threads() {
+  return VPT > DEFAULT_VPT ? kFwdWideThreads : kFwdMaxThreads;
+}
+
+template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES>
+__global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
+                                  kFwdMaxThreads / fwd_max_threads<VPT, fwd_vpt<R, VEC>()>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
-  constexpr int VPT = fwd_vpt<R, VEC>();
   // Two scratch slots, alternated by consecutive reductions (mean, variance, next row's
   // ...), so each reduction needs one barrier: a slot is written again only after the
   // other slot's barrier, which every thread reaches after reading this one.
@@ -568,7 +588,7 @@ __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, i
 }
 
 template <typename T, typename W, typename R, int VEC, int VPT>
-__global__ void __launch_bounds__(kBwdMaxThreads)
+__global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks<VEC, VPT>())
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
   __shared__ float scratch[2][32];
@@ -806,18 +826,24 @@ bool vec_ok(const P* p) {
 // arises with a residual, so only that variant is instantiated for it.
 template <typename T, typename W, typename R, int VEC, typename Launch>
 void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
+  constexpr int VPT = fwd_vpt<R, VEC>();
   if constexpr (VEC == 1) {
-    launch(norm_fwd_regs<T, W, R, VEC, kRuntime, kRuntime>);
+    launch(norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime>);
   } else {
     const bool res = p.residual != nullptr;
-    if (res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, 1, 1>);
-    if (res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, 0, 1>);
+    if (res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 1, 1>);
+    if (res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 0, 1>);
     if constexpr (std::is_same_v<T, R>) {
-      if (!res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, 1, 0>);
-      if (!res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, 0, 0>);
+      if (!res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 1, 0>);
+      if (!res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 0, 0>);
     }
   }
 }
+
+// Whether the wide variant (kFwdWideVpt vectors per thread) exists for these types: plain
+// norms of 16-bit rows on the 16-byte path (with a residual it would spill ~200 bytes).
+template <typename T, typename R, int VEC>
+constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R> && sizeof(R) == 2;
 
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
@@ -825,7 +851,16 @@ void forward_with(const FwdParams<T, W, R>& p) {
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));  // threads per row
   cudaStream_t stream = current_stream();
-  if (need <= kFwdMaxThreads) {
+  const int need_wide = static_cast<int>(ceil_div(nvec, kFwdWideVpt));
+  if (kFwdHasWide<T, R, VEC> && p.residual == nullptr && need > kFwdWideThreads &&
+      need_wide <= kFwdWideThreads) {
+    if constexpr (kFwdHasWide<T, R, VEC>) {  // 16K-32K elements: one row per block
+      const int tpr = round_up(need_wide, 32);
+      auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
+                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
+      kernel<<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
+    }
+  } else if (need <= kFwdMaxThreads) {
     // A power-of-two group of <= 32 threads per row, several rows per 128-thread block; or
     // whole warps, one row per block. Small blocks, one per row group (no grid-stride
     // loop in practice): the SM overlaps many blocks, one's reductions with another's loads.
@@ -942,31 +977,45 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   return true;
 }
 
+// Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
+// Several rows share a block (up to 512 threads) so that a few large blocks per SM hold the
+// dweight / dbias accumulators: fewer partial rows.
+template <typename T, typename W, typename R, int VEC, int VPT>
+void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
+  const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
+  int groups = std::max(1, kBwdMaxThreads / tpr);
+  const size_t combine_bytes = 2 * sizeof(float) * p.cols;
+  if (combine_bytes > 48 * 1024) groups = 1;
+  const size_t smem = groups > 1 ? combine_bytes : 0;
+  const int threads = tpr * groups;
+  auto kernel = norm_bwd_regs<T, W, R, VEC, VPT>;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t blocks =
+      std::min<int64_t>(ceil_div(p.rows, groups), std::max(per_sm, 1) * int64_t{num_sms()});
+  at::Tensor part = alloc_partials(nb, blocks);
+  point_partials(p, part, blocks, nb);
+  kernel<<<grid_for(blocks), threads, smem, current_stream()>>>(p, tpr);
+  FUSED_LAUNCH_CHECK();
+  if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+}
+
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));
   cudaStream_t stream = current_stream();
+  if constexpr (VEC > 1) {  // rows up to 512 x 8 elements: the 64-register variant
+    constexpr int kSmallVpt = kBwdSmallElems / VEC;
+    const int need_small = static_cast<int>(ceil_div(nvec, kSmallVpt));
+    if (need_small <= kBwdMaxThreads) {
+      backward_regs<T, W, R, VEC, kSmallVpt>(p, nb, need_small);
+      return;
+    }
+  }
   if (need <= kBwdMaxThreads) {
-    // Rows in registers. Several rows share a block (up to 512 threads) so that a few
-    // large blocks per SM hold the dweight / dbias accumulators: fewer partial rows.
-    const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
-    int groups = std::max(1, kBwdMaxThreads / tpr);
-    const size_t combine_bytes = 2 * sizeof(float) * p.cols;
-    if (combine_bytes > 48 * 1024) groups = 1;
-    const size_t smem = groups > 1 ? combine_bytes : 0;
-    const int threads = tpr * groups;
-    auto kernel = norm_bwd_regs<T, W, R, VEC, VPT>;
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const int64_t blocks =
-        std::min<int64_t>(ceil_div(p.rows, groups), std::max(per_sm, 1) * int64_t{num_sms()});
-    at::Tensor part = alloc_partials(nb, blocks);
-    point_partials(p, part, blocks, nb);
-    kernel<<<grid_for(blocks), threads, smem, stream>>>(p, tpr);
-    FUSED_LAUNCH_CHECK();
-    if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+    backward_regs<T, W, R, VEC, VPT>(p, nb, need);
     return;
   }
   if (backward_cluster<T, W, R, VEC, VPT>(p, nb, need)) return;
