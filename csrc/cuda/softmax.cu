@@ -78,10 +78,14 @@ struct CombineMaxSum {
 };
 
 struct CombineSum {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  template <typename F>
+  __device__ __forceinline__ F operator()(F a, F b) const { return a + b; }
 };
 
 __device__ __forceinline__ float shfl_xor(float v, int o) {
+  return __shfl_xor_sync(0xffffffffu, v, o);
+}
+__device__ __forceinline__ double shfl_xor(double v, int o) {
   return __shfl_xor_sync(0xffffffffu, v, o);
 }
 __device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int o) {
@@ -154,33 +158,45 @@ struct Fwd {
 // Backward from the forward's output y: softmax dx = scale * y * (dy - sum(dy * y)),
 // log_softmax dx = dy - exp(y) * sum(dy). Missing entries, and causal-masked ones (y = 0
 // there, so they are not read), are 0 and give dx = 0. v[0] = dy, v[1] = y.
+//
+// The row sum is accumulated in double. sum(dy) cancels (terms of both signs, |sum| ~
+// sqrt(len) while the partial sums run larger), and a float accumulation errs by ~1e-7 of
+// the partial sums: after the multiplication by exp(y), up to ~1 that is ~1e-6 absolute
+// in dx where dx itself is near 0, past float32 accuracy (GPU run 1 failed fp32
+// log_softmax backward at 1e-5 / 1e-6 for rows >= 255). sum(dy * y) is milder (y <= 1,
+// sum y = 1) but cancels the same way for large dy of both signs. One float->double
+// conversion and one double add per element: far below what memory bandwidth leaves.
 template <bool LOG>
 struct Bwd {
   static constexpr int kIn = 2;
   static constexpr int kMaxElems = 16;  // per thread: 2 x 16 float registers
   static constexpr float kFill = 0.f;
-  using State = float;
+  using State = double;
   using Combine = CombineSum;
   float scale;
 
   __device__ __forceinline__ float load(int /*input*/, float x) const { return x; }
 
   template <int NV, int VEC>
-  __device__ __forceinline__ float partial(float (&v)[kIn][NV][VEC], int nv) const {
-    float s = 0.f;
+  __device__ __forceinline__ double partial(float (&v)[kIn][NV][VEC], int nv) const {
+    double s = 0.0;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       if (k < nv) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s += LOG ? v[0][k][e] : v[0][k][e] * v[1][k][e];
+        for (int e = 0; e < VEC; ++e) {
+          // dy * y rounded once in float (relative 6e-8 per term, no cancellation there)
+          s += static_cast<double>(LOG ? v[0][k][e] : v[0][k][e] * v[1][k][e]);
+        }
       }
     }
     return s;
   }
 
   template <int NV, int VEC>
-  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, float /*mine*/,
-                                         float row) const {
+  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, double /*mine*/,
+                                         double row_sum) const {
+    const float row = static_cast<float>(row_sum);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       if (k < nv) {
