@@ -55,9 +55,8 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
     y, s, _ = ops.add_rms_norm(input, residual, _shape(normalized_shape), weight, eps,
                                residual_in_fp32)
     return y, s
-def softmax(input: torch.Tensor, dim: int = -1, *, scale: float = 1.0, causal: bool = False,
-            dtype: torch.dtype = None) -> torch.Tensor:
-    """softmax(scale * input) along dim, as torch.softmax (default dim: the last).
+
+
 def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
             dtype: torch.dtype = None, *, scale: float = 1.0,
             causal: bool = False) -> torch.Tensor:

@@ -280,7 +280,8 @@ def test_large_mean_rows(device, dtype, kind):
 def test_constant_rows(device, dtype, kind):
     # Variance 0: y is exactly the bias (layer norm), nothing is NaN. 1.5 is dyadic, so any
     # summation order gets the mean exactly.
-    for n in (1, 8, 1000, 4096):
+    # 20000: register forward + cluster backward on sm_90; 70000: the long-row kernels.
+    for n in (1, 8, 1000, 4096, 20000, 70000):
         x = torch.full((3, n), 1.5, device=device, dtype=dtype)
         w, b = _params(kind, (n,), dtype, device, "same")
         check_forward(kind, x, [n], w, b, msg=f"constant n={n}")
@@ -425,10 +426,10 @@ def test_compile_fullgraph(device):
 
     def f(x, r, w, b):
         h = fused_ops.layer_norm(x, (64,), w, b)
-        y, s = fused_ops.add_rms_norm(h, r, (64,), w)
-        return (y * s).sum()
+        return fused_ops.add_rms_norm(h, r, (64,), w)
 
-    out = torch.compile(f, fullgraph=True)(x, r, w, b)
+    y, s = torch.compile(f, fullgraph=True)(x, r, w, b)
+    out = (y * s).sum()  # outside the compiled graph: keeps inductor's codegen small
     out.backward()
     grads = [t.grad.clone() for t in (x, r, w, b)]
     args64 = [t.detach().double().requires_grad_() for t in (x, r, w, b)]
@@ -521,10 +522,13 @@ def test_cuda_device_mismatch():
 
 # ---- GPU: every kernel strategy, both sides of each threshold ------------------------------
 # Forward (bf16/fp16 vectors of 8, fp32 vectors of 4, scalar path when cols is not a
-# multiple or a pointer is misaligned): sub-warp groups up to 32 threads x 4 vectors, warps
-# per row x 4 vectors up to 512 threads, x 8 vectors up to 1024 threads, then the long-row
-# kernel. Backward: 16 elements per thread, sub-warp up to 512 columns, warps up to 8192
-# columns, then row sums + column tiles.
+# multiple or a pointer is misaligned): sub-warp groups up to 32 threads x 4 vectors (1024
+# / 512 / 128 columns), warps x 4 vectors up to 512 threads (16384 / 8192 / 2048), x 8
+# vectors up to 512 threads (1024 on the scalar path: 32768 / 16384 / 8192), then the
+# long-row kernel (float32 residual stream with 16-bit x: 16384). Backward: 16 elements per
+# thread, sub-warp up to 512 columns, warps up to 8192 columns, then on sm_90 a cluster of
+# 2-8 blocks per row up to 65536 columns (256-thread blocks up to 32768), beyond that (and
+# before sm_90) row sums + tiles.
 GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 511, 512, 513, 520, 1000, 1024, 1032, 2048, 2056,
             4096, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776, 50257, 65536,
             65544, 131072]
@@ -573,7 +577,7 @@ def test_cuda_many_rows(kind):
     # Persistent backward grids: each block visits many rows and merges several row groups'
     # dweight / dbias partials; tiny rows put 256-512 rows in one block.
     for rows, cols in [(20000, 1), (20000, 7), (9000, 64), (5000, 1000), (3000, 4096),
-                       (1500, 16384)]:
+                       (1500, 16384), (700, 32768), (300, 65536)]:
         x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
         w, b = _params(kind, (cols,), torch.bfloat16, "cuda", "fp32")
         check_forward(kind, x, [cols], w, b, msg=f"{rows}x{cols}")
@@ -581,14 +585,16 @@ def test_cuda_many_rows(kind):
 
 
 @CUDA
-def test_cuda_deterministic_param_grads():
-    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(1024, device="cuda", dtype=torch.float32)
-    y, mean, rstd = ops.layer_norm(x, [1024], w, w, 1e-5)
+@pytest.mark.parametrize("rows,cols", [(4096, 1024), (512, 32768)])
+def test_cuda_deterministic_param_grads(rows, cols):
+    # 32768: the cluster backward (sm_90) sums the blocks' row sums in a fixed order.
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(cols, device="cuda", dtype=torch.float32)
+    y, mean, rstd = ops.layer_norm(x, [cols], w, w, 1e-5)
     dy = torch.randn_like(x)
-    first = ops.layer_norm_backward(dy, x, [1024], mean, rstd, w, w, [True, True])
+    first = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, w, [True, True])
     for _ in range(3):
-        again = ops.layer_norm_backward(dy, x, [1024], mean, rstd, w, w, [True, True])
+        again = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, w, [True, True])
         for a, b in zip(first, again):
             assert torch.equal(a, b)
 

@@ -5,7 +5,9 @@
 //     compute capability 9.0 when the build has sm_90a code and the operands suit TMA;
 //   - the portable kernel (matmul_portable.cuh: mma.sync + cp.async) everywhere else.
 //   FUSED_OPS_MATMUL_KERNEL=portable forces the portable kernel (benchmarks report its % of
-//   cuBLAS); "auto" (the default) and "hopper" take the Hopper kernel where it applies.
+//   cuBLAS); "auto" (the default) takes the Hopper kernel where it applies; "hopper" does the
+//   same but fails when no Hopper kernel is available at all (the tests use it to make sure
+//   the Hopper kernel is what they check on an H100/H200).
 // float32: cuBLAS through at::mm / at::matmul, which uses TF32 exactly when torch allows it
 //   (torch.backends.cuda.matmul.allow_tf32), then one elementwise pass for bias + activation.
 //   The hand kernels are 16-bit only.
@@ -66,15 +68,17 @@ void launch_portable_layout(const GemmProblem& p, cudaStream_t stream) {
   FUSED_LAUNCH_CHECK();
 }
 
+// Three operand layouts are compiled: A K-major with B either way (forward, dX = dZ W, plain
+// row-major matmul) and both MN-major (dW = dZ^T X). gemm_16bit copies A to row-major for
+// the fourth (A MN-major, B K-major), which no layer produces.
 template <typename T, typename Cfg>
 void launch_portable_cfg(const GemmProblem& p, cudaStream_t stream) {
   if (p.a_kmajor && p.b_kmajor) {
     launch_portable_layout<T, Cfg, true, true>(p, stream);
   } else if (p.a_kmajor) {
     launch_portable_layout<T, Cfg, true, false>(p, stream);
-  } else if (p.b_kmajor) {
-    launch_portable_layout<T, Cfg, false, true>(p, stream);
   } else {
+    TORCH_CHECK(!p.b_kmajor, "fused::matmul: internal error: unsupported operand layout");
     launch_portable_layout<T, Cfg, false, false>(p, stream);
   }
 }
@@ -107,8 +111,14 @@ KernelChoice kernel_choice() {
 void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
   if (p.M == 0 || p.N == 0 || p.batch == 0) return;
   cudaStream_t stream = current_stream();
-  if (kernel_choice() != KernelChoice::kPortable && matmul::launch_sm90_gemm(p, dtype, stream)) {
-    return;
+  const KernelChoice choice = kernel_choice();
+  if (choice != KernelChoice::kPortable) {
+    const auto r = matmul::launch_sm90_gemm(p, dtype, stream);
+    if (r == matmul::Sm90Result::kLaunched) return;
+    TORCH_CHECK(r != matmul::Sm90Result::kUnavailable || choice != KernelChoice::kHopper,
+                "fused::matmul: FUSED_OPS_MATMUL_KERNEL=hopper, but the Hopper kernel is not "
+                "available here (it needs a compute capability 9.0 GPU and a build with sm_90a, "
+                "e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
   }
   if (dtype == at::kBFloat16) {
     launch_portable<__nv_bfloat16>(p, stream);
@@ -132,7 +142,7 @@ struct MatView {
   bool row_major;
 };
 
-MatView prepare_operand(const at::Tensor& t) {
+MatView prepare_operand(const at::Tensor& t, bool allow_col_major = true) {
   const int64_t R = t.size(1), C = t.size(2);
   const int64_t sb = t.size(0) == 1 ? 0 : t.stride(0);
   if (t.numel() == 0) return {t, t.const_data_ptr(), 8, 0, true};  // nothing is read
@@ -141,7 +151,7 @@ MatView prepare_operand(const at::Tensor& t) {
     const int64_t ld = R == 1 ? round_up8(C) : t.stride(1);
     if (ld % 8 == 0) return {t, t.const_data_ptr(), ld, sb, true};
   }
-  if (aligned && (t.stride(1) == 1 || R == 1)) {
+  if (allow_col_major && aligned && (t.stride(1) == 1 || R == 1)) {
     const int64_t ld = C == 1 ? round_up8(R) : t.stride(2);
     if (ld % 8 == 0) return {t, t.const_data_ptr(), ld, sb, false};
   }
@@ -162,8 +172,9 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
   TORCH_CHECK(M <= kMax && N <= kMax && K <= kMax && batch <= kMax,
               "fused::matmul: dimensions must be below 2^31, got batch ", batch, ", M ", M,
               ", N ", N, ", K ", K);
-  const MatView A = prepare_operand(a3);
+  MatView A = prepare_operand(a3);
   const MatView B = prepare_operand(b3);
+  if (!A.row_major && !B.row_major) A = prepare_operand(a3, false);  // see launch_portable_cfg
   at::Tensor bias_c;
   if (bias != nullptr) bias_c = bias->contiguous();
   GemmProblem p;

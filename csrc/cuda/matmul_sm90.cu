@@ -13,9 +13,10 @@
 //                          completed (one group kept in flight), arrive on empty[s].
 // The producer runs ahead into the next tile while consumers store the current one.
 //
-// Scope: both operands K-major (A [M, K] row-major; B given as [N, K] row-major, i.e. the
-// weight of a linear layer), 16-byte aligned base, leading dimension and batch stride (TMA's
-// rules), K >= 1. TMA zero-fills the parts of a box outside the matrix (M, N, K edges); the
+// Scope: operands K-major (A [M, K] row-major; B given as [N, K] row-major, the weight of a
+// linear layer) or MN-major (the backward pass: dX = dZ W reads W N-major, dW = dZ^T X reads
+// both MN-major; wgmma transposes 16-bit MN-major tiles itself), 16-byte aligned base,
+// leading dimension and batch stride (TMA's rules), K >= 1. TMA zero-fills the parts of a box outside the matrix (M, N, K edges); the
 // epilogue predicates its stores. Anything else returns false and runs on the portable kernel.
 //
 // The kernel body exists only in the sm_90a compile pass (__CUDA_ARCH_FEAT_SM90_ALL, which
@@ -49,6 +50,7 @@ struct HopperConfig {
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
   static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
+  static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
   // Tiles, then the full and empty barriers; + 1024 to align the tiles to the swizzle atom.
   static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
 };
@@ -72,9 +74,13 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // Waits until the barrier's phase with the given parity has completed. On a fresh barrier
 // the phase "before" the first one counts as completed, so waiting with parity 1 returns at
 // once: the producer's first pass over the empty barriers does not block.
+// A wait that spins for seconds means a protocol bug: trap (a launch error the host
+// reports) rather than hang the process.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
+  uint32_t spins = 0;
   do {
+    if (++spins == (1u << 26)) __trap();
     asm volatile(
         "{\n.reg .pred p;\n"
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
@@ -95,15 +101,20 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 64
-// 16-bit elements (128 B), 8-row swizzle atoms 1024 B apart (the stride byte offset); the
-// leading byte offset is unused in this mode. The tile must be 1024-byte aligned; a k-step
-// of 16 elements inside the atom advances the start address by 32 B.
-__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+// Shared-memory matrix descriptors (128-byte swizzle; tiles 1024-byte aligned). Both operand
+// layouts are written by TMA boxes whose inner extent is 64 16-bit elements (128 B, one
+// swizzle row):
+//   K-major tile  [rows][64 k]: 8-row swizzle atoms 1024 B apart (stride byte offset); the
+//                 leading byte offset is unused; k-step kk starts 32 B further (inside the
+//                 atom, as the swizzle is a function of the address).
+//   MN-major tile [mn / 64][64 k][64 mn]: one TMA box per 64-wide mn block, 8 KB apart (the
+//                 leading byte offset); 8-k-row groups 1024 B apart (stride byte offset);
+//                 k-step kk starts 16 rows (2 KB) further.
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   uint64_t d = (smem_u32(p) & 0x3FFFF) >> 4;
-  d |= uint64_t(16 >> 4) << 16;
-  d |= uint64_t(1024 >> 4) << 32;
-  d |= uint64_t(1) << 62;
+  d |= uint64_t(lbo >> 4) << 16;
+  d |= uint64_t(sbo >> 4) << 32;
+  d |= uint64_t(1) << 62;  // 128-byte swizzle
   return d;
 }
 
@@ -122,8 +133,8 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d[128] += A(desc) * B(desc), m64n256k16, both operands K-major in shared memory.
-template <typename T>
+// d[128] += A(desc) * B(desc), m64n256k16, TRANS_A/B: 1 = that operand is MN-major.
+template <typename T, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
                                                  int scale_d) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -139,7 +150,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
         :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -157,7 +168,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -171,7 +182,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
         :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -189,12 +200,12 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 }
 
-// d[64] += A(desc) * B(desc), m64n128k16, both operands K-major in shared memory.
-template <typename T>
+// d[64] += A(desc) * B(desc), m64n128k16, TRANS_A/B: 1 = that operand is MN-major.
+template <typename T, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                                  int scale_d) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -206,7 +217,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
         :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -216,7 +227,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -226,7 +237,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
         :
         "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -236,21 +247,27 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 }
 
-template <typename T, int BN>
+template <typename T, int BN, bool AK, bool BK>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db) {
   if constexpr (BN == 256) {
-    wgmma_m64n256k16<T>(d, da, db, 1);
+    wgmma_m64n256k16<T, AK ? 0 : 1, BK ? 0 : 1>(d, da, db, 1);
   } else {
-    wgmma_m64n128k16<T>(d, da, db, 1);
+    wgmma_m64n128k16<T, AK ? 0 : 1, BK ? 0 : 1>(d, da, db, 1);
   }
+}
+
+// Descriptor of k-step kk (16 deep) of an operand tile in its stage (see the layouts above).
+template <bool KMAJOR, typename T>
+__device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
+  return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
 #endif  // FUSED_SM90A
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool AK, bool BK_MAJ>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     hopper_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b, const GemmProblem p) {
@@ -291,8 +308,25 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         const int s = it % STAGES;
         mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
-        tma_load_3d(sA + s * Cfg::A_ELEMS, &map_a, &full[s], kt * BK, tm * BM, ba);
-        tma_load_3d(sB + s * Cfg::B_ELEMS, &map_b, &full[s], kt * BK, tn * BN, bb);
+        // A K-major: one box {64 k, BM rows}; MN-major: BM / 64 boxes {64 m, 64 k}.
+        if constexpr (AK) {
+          tma_load_3d(sA + s * Cfg::A_ELEMS, &map_a, &full[s], kt * BK, tm * BM, ba);
+        } else {
+#pragma unroll
+          for (int i = 0; i < BM / 64; ++i) {
+            tma_load_3d(sA + s * Cfg::A_ELEMS + i * 64 * BK, &map_a, &full[s], tm * BM + i * 64,
+                        kt * BK, ba);
+          }
+        }
+        if constexpr (BK_MAJ) {
+          tma_load_3d(sB + s * Cfg::B_ELEMS, &map_b, &full[s], kt * BK, tn * BN, bb);
+        } else {
+#pragma unroll
+          for (int i = 0; i < BN / 64; ++i) {
+            tma_load_3d(sB + s * Cfg::B_ELEMS + i * 64 * BK, &map_b, &full[s], tn * BN + i * 64,
+                        kt * BK, bb);
+          }
+        }
       }
     }
   } else {
@@ -312,13 +346,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
+        // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
+        // same 4096-element offset either way).
         const T* a_s = sA + s * Cfg::A_ELEMS + c * 64 * BK;
         const T* b_s = sB + s * Cfg::B_ELEMS;
         fence_acc(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          wgmma_tile<T, BN>(acc, smem_desc(a_s + kk * 16), smem_desc(b_s + kk * 16));
+          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
         }
         wgmma_commit();
         fence_acc(acc);
@@ -369,18 +405,20 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A [batch?, rows, k] K-major operand as a 3-D tensor map with boxes of 64 (k) x box_rows,
-// 128-byte swizzled. A broadcast operand (batch stride 0) gets a batch extent of 1.
-bool make_map(CUtensorMap* map, const void* ptr, int64_t k, int64_t rows, int64_t batch,
-              int64_t ld, int64_t batch_stride, int box_rows, at::ScalarType dtype) {
+// An operand [batch?, rows, k] as a 3-D tensor map, 128-byte swizzled, innermost dimension
+// first: K-major {k, rows, batch} with boxes {64, box_rows, 1}; MN-major {rows, k, batch}
+// with boxes {64, 64, 1}. A broadcast operand (batch stride 0) gets a batch extent of 1.
+bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t rows,
+              int64_t batch, int64_t ld, int64_t batch_stride, int box_rows, at::ScalarType dtype) {
   auto encode = encode_fn();
   if (encode == nullptr) return false;
   const int64_t esize = 2;
-  cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
+  const int64_t inner = kmajor ? k : rows, outer = kmajor ? rows : k;
+  cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer),
                         static_cast<cuuint64_t>(batch_stride != 0 ? batch : 1)};
   cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * esize),
-                           static_cast<cuuint64_t>((batch_stride != 0 ? batch_stride : ld * rows) * esize)};
-  cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};
+                           static_cast<cuuint64_t>((batch_stride != 0 ? batch_stride : ld * outer) * esize)};
+  cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kmajor ? box_rows : 64), 1};
   cuuint32_t elem_strides[3] = {1, 1, 1};
   CUresult r = encode(map,
                       dtype == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -410,40 +448,49 @@ bool has_sm90a_code(Kernel kernel) {
   return known[dev] == 1;
 }
 
-template <typename T, typename Cfg>
-bool launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  auto kernel = hopper_gemm_kernel<T, Cfg>;
-  if (!has_sm90a_code(kernel)) return false;
-  CUtensorMap map_a, map_b;
-  if (!make_map(&map_a, p.a, p.K, p.M, p.batch, p.lda, p.batch_stride_a, Cfg::BM, dtype) ||
-      !make_map(&map_b, p.b, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::BN, dtype)) {
-    return false;
-  }
+template <typename T, typename Cfg, bool AK, bool BK>
+Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  auto kernel = hopper_gemm_kernel<T, Cfg, AK, BK>;
+  if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
   const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
-  if (tiles >= (int64_t(1) << 31)) return false;
+  if (tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
+  CUtensorMap map_a, map_b;
+  if (!make_map(&map_a, p.a, AK, p.K, p.M, p.batch, p.lda, p.batch_stride_a, Cfg::BM, dtype) ||
+      !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::BN, dtype)) {
+    return Sm90Result::kNotApplicable;  // TMA refused these strides
+  }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return true;
+  return Sm90Result::kLaunched;
+}
+
+template <typename T>
+Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  // Tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128 (both
+  // operands K-major only: the other layouts come from the backward pass of large layers).
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
+  const bool wide = wide_tiles >= sms;
+  if (p.a_kmajor && p.b_kmajor) {
+    return wide ? launch<T, HopperConfig<256>, true, true>(p, dtype, stream)
+                : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
+  }
+  if (!wide) return Sm90Result::kNotApplicable;
+  if (p.a_kmajor) return launch<T, HopperConfig<256>, true, false>(p, dtype, stream);   // dX = dZ W
+  if (!p.b_kmajor) return launch<T, HopperConfig<256>, false, false>(p, dtype, stream); // dW = dZ^T X
+  return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
 }
 
 }  // namespace
 
-bool launch_sm90_gemm(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  if (!p.a_kmajor || !p.b_kmajor || p.K == 0) return false;
-  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  // Tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128.
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
-  const bool wide = wide_tiles >= sms;
-  if (dtype == at::kBFloat16) {
-    return wide ? launch<__nv_bfloat16, HopperConfig<256>>(p, dtype, stream)
-                : launch<__nv_bfloat16, HopperConfig<128>>(p, dtype, stream);
-  }
-  return wide ? launch<__half, HopperConfig<256>>(p, dtype, stream)
-              : launch<__half, HopperConfig<128>>(p, dtype, stream);
+Sm90Result launch_sm90_gemm(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  if (p.K == 0) return Sm90Result::kNotApplicable;
+  if (dtype == at::kBFloat16) return launch_layout<__nv_bfloat16>(p, dtype, stream);
+  if (dtype == at::kHalf) return launch_layout<__half>(p, dtype, stream);
+  return Sm90Result::kNotApplicable;
 }
 
 }  // namespace matmul

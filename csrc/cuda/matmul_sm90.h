@@ -8,10 +8,15 @@
 namespace fused {
 namespace matmul {
 
-// Runs the problem on the Hopper kernel and returns true, or returns false (launching
-// nothing) when it does not apply: not a compute capability 9.0 device, a build without
-// sm_90a code, or operands TMA cannot describe (see matmul_sm90.cu).
-bool launch_sm90_gemm(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream);
+enum class Sm90Result {
+  kLaunched,       // ran on the Hopper kernel
+  kNotApplicable,  // this problem's shape or layout is not for the Hopper kernel
+  kUnavailable,    // no Hopper kernel here: not a CC 9.0 device, or a build without sm_90a
+};
+
+// Runs the problem on the Hopper kernel, or launches nothing and says why not (matmul_sm90.cu
+// lists what applies).
+Sm90Result launch_sm90_gemm(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream);
 
 }  // namespace matmul
 }  // namespace fused

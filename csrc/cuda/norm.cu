@@ -12,21 +12,29 @@
 //     memory once. A row group of `tpr` threads owns a row: a power of two <= 32 (several
 //     rows per warp, warp-shuffle reductions) for short rows, whole warps (up to the whole
 //     block) for long ones. Mean, then the centered sum of squares over the registers
-//     (two passes, no E[x^2] - E[x]^2 cancellation).
-//   * norm_fwd_long: rows too long for registers (bf16 > 64K, fp32 > 32K, fp32 residual
-//     with bf16 x > 32K, scalar path > 8K): a block per row, Welford over one read, then a
-//     second read (mostly from L2) to write y.
+//     (two passes, no E[x^2] - E[x]^2 cancellation). Layer norm sums x - x0 (x0 = the row's
+//     first element), so a constant row gets mean = x0 and xhat = 0 exactly.
+//     Blocks of up to 512 threads (1024 on the scalar path): rows in registers up to 32K
+//     elements for 16-bit x, 16K for float32 x or a float32 residual stream, 8K scalar.
+//   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
+//     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
 //   * norm_bwd_regs: x and dy in registers (16 elements per thread), one read each; the
 //     block's threads also accumulate dweight / dbias for the columns they own across the
 //     rows they visit (persistent grid), written as float32 partials [blocks, cols].
-//   * rows over 8K elements (not enough registers for row + accumulators): norm_bwd_row_sums
-//     (the two row sums) then norm_bwd_tiles (column tiles x row chunks: dx and partials);
-//     x and dy are read twice.
+//   * rows over 8K elements (one block has not enough registers for row + accumulators):
+//     on sm_90, norm_bwd_cluster: the norm_bwd_regs row, spread over a thread-block cluster
+//     of up to 8 blocks (up to 64K elements), one read of x and dy. Elsewhere (older GPUs,
+//     longer rows) norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles
+//     x row chunks: dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
 //     atomics) into dweight / dbias.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cooperative_groups.h>
 
 #include <type_traits>
 
@@ -40,12 +48,12 @@
 namespace fused {
 namespace {
 
-constexpr int kFwdMaxThreads = 1024;  // norm_fwd_regs: up to a block per row
 constexpr int kBwdMaxThreads = 512;   // norm_bwd_regs: more registers per thread
 constexpr int kLongThreads = 512;     // the long-row kernels: a block per row
 constexpr int kTileThreads = 256;     // norm_bwd_tiles: one vector column per thread
 constexpr int kTileRows = 4;          // rows norm_bwd_tiles loads before using them
 constexpr int kBwdElems = 16;         // elements per thread in norm_bwd_regs
+constexpr int kMaxCluster = 8;        // portable thread-block cluster size (sm_90)
 
 template <typename T, typename W, typename R>
 struct FwdParams {
@@ -78,9 +86,110 @@ struct BwdParams {
   int cols;
 };
 
+// Register-resident vectors are kept as raw 32-bit words (Raw<T, N>: the bits of N
+// elements of T, loaded and stored as one 16-byte access when N * sizeof(T) == 16) and
+// converted to and from float vectors (FVec<N>). Plain integers, not c10::Half /
+// c10::BFloat16 members: arrays of those end up in local memory once elements are
+// assigned one at a time.
+template <typename T, int N, int BYTES = static_cast<int>(sizeof(T)) * N>
+struct alignas(BYTES) Raw {
+  uint32_t w[BYTES / 4];
+};
+template <typename T, int N>
+struct alignas(2) Raw<T, N, 2> {  // one 16-bit element (the scalar path)
+  uint16_t h;
+};
+
+template <int N>
+struct FVec {
+  float v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> load_raw(const T* p) {
+  return *reinterpret_cast<const Raw<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_raw(T* p, const Raw<T, N>& r) {
+  *reinterpret_cast<Raw<T, N>*>(p) = r;
+}
+
 template <typename T>
-__device__ __forceinline__ float f32(T v) {
-  return static_cast<float>(v);
+__device__ __forceinline__ float half_bits_to_float(uint32_t b) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return __uint_as_float(b << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t float_to_half_bits(float f) {  // nearest even
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  } else {
+    return __half_as_ushort(__float2half_rn(f));
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ FVec<N> to_float(const Raw<T, N>& r) {
+  FVec<N> f;
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) f.v[j] = __uint_as_float(r.w[j]);
+  } else if constexpr (N == 1) {
+    f.v[0] = half_bits_to_float<T>(r.h);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      f.v[2 * k] = half_bits_to_float<T>(r.w[k] & 0xffffu);
+      f.v[2 * k + 1] = half_bits_to_float<T>(r.w[k] >> 16);
+    }
+  }
+  return f;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> from_float(const FVec<N>& f) {
+  Raw<T, N> r;
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.w[j] = __float_as_uint(f.v[j]);
+  } else if constexpr (N == 1) {
+    r.h = static_cast<uint16_t>(float_to_half_bits<T>(f.v[0]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      r.w[k] = float_to_half_bits<T>(f.v[2 * k]) | (float_to_half_bits<T>(f.v[2 * k + 1]) << 16);
+    }
+  }
+  return r;
+}
+
+// Parameter vector i of a row as floats (1 when absent).
+template <typename W, int VEC>
+__device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
+  if (p) return to_float(load_raw<W, VEC>(p + c * VEC));
+  FVec<VEC> f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f.v[j] = dflt;
+  return f;
+}
+
+// The first element of a row as normalized (x + residual rounded to R, or x): layer norm
+// shifts the row by it before summing, mean = x0 + sum(x - x0) / n, so a constant row gets
+// exactly mean = x0 and xhat = 0 (sum / n of the unshifted row can be 1 ulp off, which
+// rstd = 1/sqrt(eps) would magnify into visible noise).
+template <typename T, typename W, typename R>
+__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off) {
+  FVec<1> f = to_float(load_raw<T, 1>(p.x + off));
+  if (p.residual) {
+    f.v[0] += to_float(load_raw<R, 1>(p.residual + off)).v[0];
+    f = to_float(from_float<R, 1>(f));
+  }
+  return f.v[0];
 }
 
 // A row group: `tpr` consecutive threads of a block own one row. tpr is a power of two
@@ -120,8 +229,16 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
 
 // ---- forward ------------------------------------------------------------------------------
 
+// Threads per block norm_fwd_regs is compiled for: 512 (up to 128 registers per thread:
+// with 64, the vector kernels spill) on the vector path, 1024 on the scalar path (a thread
+// holds at most 8 elements there).
+template <typename R, int VEC, int VPT>
+constexpr int fwd_max_threads() {
+  return VEC == 1 ? 1024 : 512;
+}
+
 template <typename T, typename W, typename R, int VEC, int VPT>
-__global__ void __launch_bounds__(kFwdMaxThreads)
+__global__ void __launch_bounds__(fwd_max_threads<R, VEC, VPT>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   __shared__ float scratch[1][32];
   const RowGroup g(tpr);
@@ -133,53 +250,63 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     const int64_t row = first + g.group;
     const bool valid = row < p.rows;
     const int64_t off = row * p.cols;
-    bool live[VPT];  // this thread holds vector i of the row
-    int64_t at[VPT];
+    // Vector i of the row, if this thread holds it, sits at off + col(i) * VEC.
+    auto col = [&](int i) { return i * tpr + g.lane; };
+    auto live = [&](int i) { return valid && col(i) < nvec; };
+    // All loads first (no store in between): VPT 16-byte loads per input in flight.
+    const float shift = p.layer && valid ? row_first(p, off) : 0.f;
+    // v: the row in the sum's dtype (exactly what the unfused x + residual holds). When
+    // T == R, x is loaded straight into v (no second copy of the row in registers: that
+    // copy made the 8-vector kernels spill).
+    constexpr bool kSame = std::is_same_v<T, R>;
+    Raw<R, VEC> v[VPT], rv[VPT];
+    Raw<T, VEC> xsep[kSame ? 1 : VPT];
+    auto xv = [&](int i) -> Raw<T, VEC>& {
+      if constexpr (kSame) {
+        return v[i];
+      } else {
+        return xsep[i];
+      }
+    };
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int c = i * tpr + g.lane;
-      live[i] = valid && c < nvec;
-      at[i] = off + static_cast<int64_t>(c) * VEC;
-    }
-    // All loads first: several 16-byte loads in flight per thread.
-    Vec<T, VEC> xv[VPT];
-    Vec<R, VEC> rv[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        xv[i] = load_vec<T, VEC>(p.x + at[i]);
-        if (p.residual) rv[i] = load_vec<R, VEC>(p.residual + at[i]);
+      if (live(i)) {
+        xv(i) = load_raw<T, VEC>(p.x + off + col(i) * VEC);
+        if (p.residual) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
       }
     }
-    // The row in the sum's dtype: exactly what the unfused x + residual would hold.
-    Vec<R, VEC> v[VPT];
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
+      if (live(i)) {
+        FVec<VEC> f = to_float(xv(i));
+        if (p.residual || !kSame) {
+          if (p.residual) {
+            const FVec<VEC> r = to_float(rv[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          float s = f32(xv[i].v[j]);
-          if (p.residual) s += f32(rv[i].v[j]);
-          v[i].v[j] = static_cast<R>(s);
-          sum += f32(v[i].v[j]);
+            for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
+          }
+          v[i] = from_float<R, VEC>(f);
+          f = to_float(v[i]);
         }
-        if (p.residual) store_vec<R, VEC>(p.sum + at[i], v[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
       }
     }
     float mean = 0.f;
     if (p.layer) {
       float t[1] = {sum};
       group_sum<1>(t, tpr, scratch);
-      mean = t[0] * inv_n;
+      mean = shift + t[0] * inv_n;
     }
     float t[1] = {0.f};
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
+      if (live(i)) {
+        const FVec<VEC> f = to_float(v[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float d = f32(v[i].v[j]) - mean;
+          const float d = f.v[j] - mean;
           t[0] += d * d;
         }
       }
@@ -188,20 +315,15 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     const float rstd = rsqrtf(t[0] * inv_n + p.eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        const int c = i * tpr + g.lane;
-        Vec<W, VEC> wv, bv;
-        if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
-        if (p.bias) bv = load_vec<W, VEC>(p.bias + c * VEC);
-        Vec<T, VEC> out;
+      if (live(i)) {
+        const int64_t e = off + col(i) * VEC;
+        if (p.residual) store_raw<R, VEC>(p.sum + e, v[i]);
+        const FVec<VEC> w = param_or<W, VEC>(p.weight, col(i), 1.f);
+        const FVec<VEC> b = param_or<W, VEC>(p.bias, col(i), 0.f);
+        FVec<VEC> o = to_float(v[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          float o = (f32(v[i].v[j]) - mean) * rstd;
-          if (p.weight) o *= f32(wv.v[j]);
-          if (p.bias) o += f32(bv.v[j]);
-          out.v[j] = static_cast<T>(o);
-        }
-        store_vec<T, VEC>(p.y + at[i], out);
+        for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
+        store_raw<T, VEC>(p.y + e, from_float<T, VEC>(o));
       }
     }
     if (valid && g.lane == 0) {
@@ -266,60 +388,49 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
   const float inv_n = 1.f / static_cast<float>(p.cols);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t off = row * p.cols;
-    // Pass 1: read x (+ residual, writing the sum); Welford per vector, merged per thread.
+    // Pass 1: read x (+ residual, writing the sum); Welford per vector of x - shift (see
+    // row_first), merged per thread.
+    const float shift = p.layer ? row_first(p, off) : 0.f;
     Welford acc{0.f, 0.f, 0.f};
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      const Vec<T, VEC> xv = load_vec<T, VEC>(p.x + e);
-      Vec<R, VEC> v;
+      FVec<VEC> f = to_float(load_raw<T, VEC>(p.x + e));
       if (p.residual) {
-        const Vec<R, VEC> rv = load_vec<R, VEC>(p.residual + e);
+        const FVec<VEC> r = to_float(load_raw<R, VEC>(p.residual + e));
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]) + f32(rv.v[j]));
-        store_vec<R, VEC>(p.sum + e, v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]));
+        for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
+        const Raw<R, VEC> v = from_float<R, VEC>(f);
+        store_raw<R, VEC>(p.sum + e, v);
+        f = to_float(v);  // normalize the rounded sum
       }
       float m = 0.f, m2 = 0.f;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m += f32(v.v[j]);
+      for (int j = 0; j < VEC; ++j) f.v[j] -= shift;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m += f.v[j];
       m *= 1.f / VEC;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = f32(v.v[j]) - m;
+        const float d = f.v[j] - m;
         m2 += d * d;
       }
       acc = welford_merge(acc, Welford{static_cast<float>(VEC), m, m2});
     }
     acc = block_welford(acc, smem);
-    const float mean = p.layer ? acc.mean : 0.f;
-    // rms norm: E[x^2] = var + mean^2 (a sum of non-negative terms, no cancellation)
+    const float mean = p.layer ? shift + acc.mean : 0.f;
+    // rms norm (shift 0): E[x^2] = var + mean^2 (non-negative terms, no cancellation)
     const float ms = acc.m2 * inv_n + (p.layer ? 0.f : acc.mean * acc.mean);
     const float rstd = rsqrtf(ms + p.eps);
     // Pass 2: read the rows again (this thread's own elements; mostly L2 hits), write y.
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      Vec<R, VEC> v;
-      if (p.residual) {
-        v = load_vec<R, VEC>(p.sum + e);
-      } else {
-        const Vec<T, VEC> xv = load_vec<T, VEC>(p.x + e);
+      FVec<VEC> o = p.residual ? to_float(load_raw<R, VEC>(p.sum + e))
+                               : to_float(load_raw<T, VEC>(p.x + e));
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, c, 1.f);
+      const FVec<VEC> b = param_or<W, VEC>(p.bias, c, 0.f);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v.v[j] = static_cast<R>(f32(xv.v[j]));
-      }
-      Vec<W, VEC> wv, bv;
-      if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
-      if (p.bias) bv = load_vec<W, VEC>(p.bias + c * VEC);
-      Vec<T, VEC> out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        float o = (f32(v.v[j]) - mean) * rstd;
-        if (p.weight) o *= f32(wv.v[j]);
-        if (p.bias) o += f32(bv.v[j]);
-        out.v[j] = static_cast<T>(o);
-      }
-      store_vec<T, VEC>(p.y + e, out);
+      for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
+      store_raw<T, VEC>(p.y + e, from_float<T, VEC>(o));
     }
     if (threadIdx.x == 0) {
       if (p.mean) p.mean[row] = mean;
@@ -330,14 +441,107 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 
 // ---- backward -----------------------------------------------------------------------------
 
+// One row of the register backward, for the thread at `lane` of the row's `tpr` owners
+// (vector i of the row at column i * tpr + lane): loads its vectors of x, dy (and d_sum)
+// once, adds its dweight / dbias terms to dw / db, reduces the two row sums with
+// row_sum(s) (called by every owner thread, valid row or not), writes dx.
+template <typename T, typename W, typename R, int VEC, int VPT, typename RowSum>
+__device__ __forceinline__ void bwd_row(const BwdParams<T, W, R>& p, int64_t row, bool valid,
+                                        int lane, int tpr, float (&dw)[VPT][VEC],
+                                        float (&db)[VPT][VEC], RowSum&& row_sum) {
+  const int nvec = p.cols / VEC;
+  const float inv_n = 1.f / static_cast<float>(p.cols);
+  const int64_t off = row * p.cols;
+  bool live[VPT];
+  int64_t at[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = i * tpr + lane;
+    live[i] = valid && c < nvec;
+    at[i] = off + static_cast<int64_t>(c) * VEC;
+  }
+  Raw<R, VEC> xv[VPT], sv[VPT];
+  Raw<T, VEC> gv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live[i]) {
+      xv[i] = load_raw<R, VEC>(p.x + at[i]);
+      gv[i] = load_raw<T, VEC>(p.dy + at[i]);
+      if (p.dsum) sv[i] = load_raw<R, VEC>(p.dsum + at[i]);
+    }
+  }
+  const float mean = valid && p.mean ? p.mean[row] : 0.f;
+  const float rstd = valid ? p.rstd[row] : 0.f;
+  float s[2] = {0.f, 0.f};  // sum of g, sum of g * xhat
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live[i]) {
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + lane, 1.f);
+      const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (xf.v[j] - mean) * rstd;
+        const float d = df.v[j];
+        const float gw = d * w.v[j];
+        s[0] += gw;
+        s[1] += gw * xhat;
+        dw[i][j] += d * xhat;
+        db[i][j] += d;
+      }
+    }
+  }
+  row_sum(s);
+  const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live[i]) {
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, i * tpr + lane, 1.f);
+      const FVec<VEC> xf = to_float(xv[i]), df = to_float(gv[i]);
+      FVec<VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (xf.v[j] - mean) * rstd;
+        o.v[j] = rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
+      }
+      if (p.dsum) {
+        const FVec<VEC> sf = to_float(sv[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
+      }
+      store_raw<R, VEC>(p.dx + at[i], from_float<R, VEC>(o));
+    }
+  }
+}
+
+// Writes a thread's dweight / dbias accumulators into partial row `part` when every column
+// has exactly one owner thread (lane of tpr) in the block or cluster.
+template <int VEC, int VPT>
+__device__ __forceinline__ void store_partials(float* dw_part, float* db_part, int64_t part,
+                                               int cols, int lane, int tpr,
+                                               const float (&dw)[VPT][VEC],
+                                               const float (&db)[VPT][VEC]) {
+  float* dwp = dw_part ? dw_part + part * cols : nullptr;
+  float* dbp = db_part ? db_part + part * cols : nullptr;
+  const int nvec = cols / VEC;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = i * tpr + lane;
+    if (c < nvec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (dwp) dwp[c * VEC + j] = dw[i][j];
+        if (dbp) dbp[c * VEC + j] = db[i][j];
+      }
+    }
+  }
+}
+
 template <typename T, typename W, typename R, int VEC, int VPT>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
   __shared__ float scratch[2][32];
   const RowGroup g(tpr);
-  const int nvec = p.cols / VEC;
-  const float inv_n = 1.f / static_cast<float>(p.cols);
   float dw[VPT][VEC], db[VPT][VEC];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -348,85 +552,16 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
        first += step) {
     const int64_t row = first + g.group;
-    const bool valid = row < p.rows;
-    const int64_t off = row * p.cols;
-    bool live[VPT];
-    int64_t at[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int c = i * tpr + g.lane;
-      live[i] = valid && c < nvec;
-      at[i] = off + static_cast<int64_t>(c) * VEC;
-    }
-    Vec<R, VEC> xv[VPT], sv[VPT];
-    Vec<T, VEC> gv[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        xv[i] = load_vec<R, VEC>(p.x + at[i]);
-        gv[i] = load_vec<T, VEC>(p.dy + at[i]);
-        if (p.dsum) sv[i] = load_vec<R, VEC>(p.dsum + at[i]);
-      }
-    }
-    const float mean = valid && p.mean ? p.mean[row] : 0.f;
-    const float rstd = valid ? p.rstd[row] : 0.f;
-    float s[2] = {0.f, 0.f};  // sum of g, sum of g * xhat
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        Vec<W, VEC> wv;
-        if (p.weight) wv = load_vec<W, VEC>(p.weight + (i * tpr + g.lane) * VEC);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (f32(xv[i].v[j]) - mean) * rstd;
-          const float d = f32(gv[i].v[j]);
-          const float gw = p.weight ? d * f32(wv.v[j]) : d;
-          s[0] += gw;
-          s[1] += gw * xhat;
-          dw[i][j] += d * xhat;
-          db[i][j] += d;
-        }
-      }
-    }
-    group_sum<2>(s, tpr, scratch);
-    const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live[i]) {
-        Vec<W, VEC> wv;
-        if (p.weight) wv = load_vec<W, VEC>(p.weight + (i * tpr + g.lane) * VEC);
-        Vec<R, VEC> out;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (f32(xv[i].v[j]) - mean) * rstd;
-          const float d = f32(gv[i].v[j]);
-          const float gw = p.weight ? d * f32(wv.v[j]) : d;
-          float o = rstd * (gw - c1 - xhat * c2);
-          if (p.dsum) o += f32(sv[i].v[j]);
-          out.v[j] = static_cast<R>(o);
-        }
-        store_vec<R, VEC>(p.dx + at[i], out);
-      }
-    }
+    bwd_row(p, row, row < p.rows, g.lane, tpr, dw, db,
+            [&](float(&s)[2]) { group_sum<2>(s, tpr, scratch); });
   }
   if (!p.dw_part && !p.db_part) return;  // uniform across the grid
-  float* dwp = p.dw_part ? p.dw_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
-  float* dbp = p.db_part ? p.db_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
   if (g.groups == 1) {  // each column has one owner in the block
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int c = i * tpr + g.lane;
-      if (c < nvec) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          if (dwp) dwp[c * VEC + j] = dw[i][j];
-          if (dbp) dbp[c * VEC + j] = db[i][j];
-        }
-      }
-    }
+    store_partials(p.dw_part, p.db_part, blockIdx.x, p.cols, g.lane, tpr, dw, db);
     return;
   }
   // Several groups own the same columns: add their partials in group order.
+  const int nvec = p.cols / VEC;
   for (int k = threadIdx.x; k < 2 * p.cols; k += blockDim.x) combine[k] = 0.f;
   __syncthreads();
   for (int q = 0; q < g.groups; ++q) {
@@ -445,10 +580,61 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
     }
     __syncthreads();
   }
+  float* dwp = p.dw_part ? p.dw_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+  float* dbp = p.db_part ? p.db_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
   for (int k = threadIdx.x; k < p.cols; k += blockDim.x) {
     if (dwp) dwp[k] = combine[k];
     if (dbp) dbp[k] = combine[p.cols + k];
   }
+}
+
+// Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
+// columns (16 elements per thread, as in norm_bwd_regs), so x and dy are read once and the
+// dweight / dbias accumulators of a 64K-column row still fit in the cluster's registers. The
+// two row sums: a block sum, then each block adds the blocks' sums in rank order through
+// distributed shared memory (the same order everywhere: every block gets the same value).
+// Clusters walk rows (persistent grid); partial row = cluster index. Compiled to a no-op
+// below sm_90; the launcher only picks it where the sm_90 code is what runs.
+template <typename T, typename W, typename R, int VEC, int VPT>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+norm_bwd_cluster(BwdParams<T, W, R> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ float scratch[2][32];
+  __shared__ float2 slot[2];  // this block's row sums, by row parity
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int csize = static_cast<int>(cluster.num_blocks());
+  const int tpr = csize * blockDim.x, lane = rank * blockDim.x + threadIdx.x;
+  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
+  float dw[VPT][VEC], db[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
+  }
+  int parity = 0;
+  // Every block of a cluster visits the same rows: the cluster barriers stay uniform.
+  for (int64_t row = cid; row < p.rows; row += clusters, parity ^= 1) {
+    bwd_row(p, row, true, lane, tpr, dw, db, [&](float(&s)[2]) {
+      group_sum<2>(s, blockDim.x, scratch);
+      if (threadIdx.x == 0) slot[parity] = make_float2(s[0], s[1]);
+      // Publishes slot[parity]. Two slots: a block writes this slot again two rows later,
+      // after the next barrier, which every block passes only once done reading it here.
+      cluster.sync();
+      float a = 0.f, b = 0.f;
+      for (int r = 0; r < csize; ++r) {
+        const float2 v = *cluster.map_shared_rank(&slot[parity], r);
+        a += v.x;
+        b += v.y;
+      }
+      s[0] = a;
+      s[1] = b;
+    });
+  }
+  cluster.sync();  // no block exits while another may still read its slots
+  store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
+#endif
 }
 
 // Long rows, step 1: per row, c = (mean(g), mean(g * xhat)) (mean(g) = 0 for rms norm).
@@ -465,14 +651,13 @@ norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
 #pragma unroll 4
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      const Vec<R, VEC> xv = load_vec<R, VEC>(p.x + e);
-      const Vec<T, VEC> gv = load_vec<T, VEC>(p.dy + e);
-      Vec<W, VEC> wv;
-      if (p.weight) wv = load_vec<W, VEC>(p.weight + c * VEC);
+      const FVec<VEC> xf = to_float(load_raw<R, VEC>(p.x + e));
+      const FVec<VEC> df = to_float(load_raw<T, VEC>(p.dy + e));
+      const FVec<VEC> w = param_or<W, VEC>(p.weight, c, 1.f);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (f32(xv.v[j]) - mean) * rstd;
-        const float gw = p.weight ? f32(gv.v[j]) * f32(wv.v[j]) : f32(gv.v[j]);
+        const float xhat = (xf.v[j] - mean) * rstd;
+        const float gw = df.v[j] * w.v[j];
         s[0] += gw;
         s[1] += gw * xhat;
       }
@@ -492,21 +677,20 @@ norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t ro
   if (cv >= nvec) return;  // no barriers in this kernel
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = std::min<int64_t>(p.rows, r0 + rows_per_chunk);
-  Vec<W, VEC> wv;
-  if (p.weight) wv = load_vec<W, VEC>(p.weight + cv * VEC);
+  const FVec<VEC> w = param_or<W, VEC>(p.weight, cv, 1.f);
   float dw[VEC], db[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) dw[j] = db[j] = 0.f;
   for (int64_t r = r0; r < r1; r += kTileRows) {
-    Vec<R, VEC> xv[kTileRows], sv[kTileRows];
-    Vec<T, VEC> gv[kTileRows];
+    Raw<R, VEC> xv[kTileRows], sv[kTileRows];
+    Raw<T, VEC> gv[kTileRows];
 #pragma unroll
     for (int k = 0; k < kTileRows; ++k) {
       if (r + k < r1) {
         const int64_t e = (r + k) * p.cols + static_cast<int64_t>(cv) * VEC;
-        xv[k] = load_vec<R, VEC>(p.x + e);
-        gv[k] = load_vec<T, VEC>(p.dy + e);
-        if (p.dsum) sv[k] = load_vec<R, VEC>(p.dsum + e);
+        xv[k] = load_raw<R, VEC>(p.x + e);
+        gv[k] = load_raw<T, VEC>(p.dy + e);
+        if (p.dsum) sv[k] = load_raw<R, VEC>(p.dsum + e);
       }
     }
 #pragma unroll
@@ -515,19 +699,21 @@ norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t ro
         const int64_t row = r + k;
         const float mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
         const float2 c = c_in[row];
-        Vec<R, VEC> out;
+        const FVec<VEC> xf = to_float(xv[k]), df = to_float(gv[k]);
+        FVec<VEC> o;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (f32(xv[k].v[j]) - mean) * rstd;
-          const float d = f32(gv[k].v[j]);
-          const float gw = p.weight ? d * f32(wv.v[j]) : d;
-          float o = rstd * (gw - c.x - xhat * c.y);
-          if (p.dsum) o += f32(sv[k].v[j]);
-          out.v[j] = static_cast<R>(o);
-          dw[j] += d * xhat;
-          db[j] += d;
+          const float xhat = (xf.v[j] - mean) * rstd;
+          o.v[j] = rstd * (df.v[j] * w.v[j] - c.x - xhat * c.y);
+          dw[j] += df.v[j] * xhat;
+          db[j] += df.v[j];
         }
-        store_vec<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC, out);
+        if (p.dsum) {
+          const FVec<VEC> sf = to_float(sv[k]);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
+        }
+        store_raw<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC, from_float<R, VEC>(o));
       }
     }
   }
@@ -559,7 +745,7 @@ column_sum(const float* __restrict__ part0, const float* __restrict__ part1, int
     float t = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) t += tile[k][threadIdx.x];
-    out[col] = static_cast<O>(t);
+    out[col] = static_cast<O>(t);  // one scalar store: no register array involved
   }
 }
 
@@ -591,19 +777,24 @@ void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kWide = VEC * 8 * sizeof(R) <= 128;
   const int need4 = static_cast<int>(ceil_div(nvec, 4));
   const int need8 = static_cast<int>(ceil_div(nvec, 8));
+  constexpr int kMax4 = fwd_max_threads<R, VEC, 4>();
+  constexpr int kMax8 = fwd_max_threads<R, VEC, 8>();
   cudaStream_t stream = current_stream();
   if (need4 <= 32) {  // a power-of-two group of <= 32 threads per row, 256-thread blocks
     const int tpr = next_pow2(need4), groups = 256 / tpr;
     norm_fwd_regs<T, W, R, VEC, 4>
         <<<grid_for(ceil_div(p.rows, groups)), 256, 0, stream>>>(p, tpr);
-  } else if (need4 <= 512 || (!kWide && need4 <= kFwdMaxThreads)) {  // warps per row
+  } else if (need4 <= std::min(512, kMax4)) {  // whole warps per row, 4 vectors each
     const int tpr = round_up(need4, 32);
     norm_fwd_regs<T, W, R, VEC, 4><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
-  } else if (kWide && need8 <= kFwdMaxThreads) {
+  } else if (kWide && need8 <= kMax8) {  // 8 vectors each
     if constexpr (kWide) {
       const int tpr = round_up(need8, 32);
       norm_fwd_regs<T, W, R, VEC, 8><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
     }
+  } else if (need4 <= kMax4) {
+    const int tpr = round_up(need4, 32);
+    norm_fwd_regs<T, W, R, VEC, 4><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
   } else {
     norm_fwd_long<T, W, R, VEC>
         <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p);
@@ -666,6 +857,51 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
   p.db_part = nb.dbias.defined() ? base + (nb.dweight.defined() ? parts * nb.cols : 0) : nullptr;
 }
 
+// Rows too long for one block (need > kBwdMaxThreads threads at kBwdElems elements each) on
+// sm_90: norm_bwd_cluster, a cluster of up to kMaxCluster blocks per row. Returns false
+// where it cannot run (GPU older than sm_90, no sm_90 code for it in this build, rows over
+// kMaxCluster * kBwdMaxThreads * kBwdElems elements): the caller takes the two-pass path.
+template <typename T, typename W, typename R, int VEC, int VPT>
+bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
+  if (need > kMaxCluster * kBwdMaxThreads) return false;
+  if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;
+  auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT>;
+  cudaFuncAttributes fa;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  if (fa.ptxVersion < 90 || fa.binaryVersion < 90) return false;  // the no-op body
+  // Smallest power-of-two cluster of 256-thread blocks (two per SM: one streams while the
+  // other waits at a cluster barrier), 512-thread blocks beyond 8 x 256 threads.
+  const int per_block = need <= kMaxCluster * 256 ? 256 : kBwdMaxThreads;
+  int csize = 1;
+  while (csize * per_block < need) csize *= 2;
+  const int threads = round_up(static_cast<int>(ceil_div(need, csize)), 32);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(csize);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(csize));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = current_stream();
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int active = 0;  // clusters resident at once on the whole GPU: the persistent grid
+  if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
+    (void)cudaGetLastError();  // clear it; the two-pass path still works
+    return false;
+  }
+  const int64_t clusters = std::min<int64_t>(p.rows, active);
+  at::Tensor part = alloc_partials(nb, clusters);
+  point_partials(p, part, clusters, nb);
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * csize));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  FUSED_LAUNCH_CHECK();
+  if (part.defined()) reduce_partials<T>(part, clusters, p.cols, nb);
+  return true;
+}
+
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
@@ -693,7 +929,8 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
     if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
     return;
   }
-  // Long rows: the two row sums first, then column tiles x row chunks.
+  if (backward_cluster<T, W, R, VEC, VPT>(p, nb, need)) return;
+  // Longer rows, or no clusters: the two row sums first, then column tiles x row chunks.
   at::Tensor c = at::empty({p.rows, 2}, nb.dy.options().dtype(at::kFloat));
   float2* cp = reinterpret_cast<float2*>(c.mutable_data_ptr<float>());
   norm_bwd_row_sums<T, W, R, VEC>
