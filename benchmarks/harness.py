@@ -442,7 +442,7 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
             step = make_step(fn, inputs, pass_, case.grad_inputs)
             t = timer.measure(step)
             rec.update(median_us=t["median_us"], min_us=t["min_us"], reps=t["reps"],
-                       host_us=t["host_us"])
+                       host_us=t.get("host_us"))
             rec["peak_mem_bytes"] = timer.peak_memory(step)
             if pass_ == "fwd+bwd":
                 rec["fwd_held_bytes"] = timer.held_memory(lambda: fn(**inputs))

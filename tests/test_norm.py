@@ -522,16 +522,17 @@ def test_cuda_device_mismatch():
 
 # ---- GPU: every kernel strategy, both sides of each threshold ------------------------------
 # Forward (bf16/fp16 vectors of 8, fp32 vectors of 4, scalar path when cols is not a
-# multiple or a pointer is misaligned): sub-warp groups up to 32 threads x 4 vectors (1024
-# / 512 / 128 columns), warps x 4 vectors up to 512 threads (16384 / 8192 / 2048), x 8
-# vectors up to 512 threads (1024 on the scalar path: 32768 / 16384 / 8192), then the
-# long-row kernel (float32 residual stream with 16-bit x: 16384). Backward: 16 elements per
-# thread, sub-warp up to 512 columns, warps up to 8192 columns, then on sm_90 a cluster of
-# 2-8 blocks per row up to 65536 columns (256-thread blocks up to 32768), beyond that (and
-# before sm_90) row sums + tiles.
-GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 511, 512, 513, 520, 1000, 1024, 1032, 2048, 2056,
-            4096, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776, 50257, 65536,
-            65544, 131072]
+# multiple or a pointer is misaligned): 4 vectors per thread (2 for a float32 residual
+# stream with 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads
+# (1024 / 512 / 256 columns), whole warps up to 1024 threads (32768 / 16384 / 8192; plain
+# 16-bit norms over 16384: 8 vectors per thread), then the long-row kernel (float32
+# residual stream with 16-bit x: 16384). Backward: 8 elements per thread on the 16-byte
+# path up to 4096 columns, else 16 (sub-warp up to 512 columns, warps up to 8192 columns),
+# then on sm_90 a cluster of 2-8 blocks per row up to 65536 columns (256-thread blocks up
+# to 32768), beyond that (and before sm_90) row sums + tiles.
+GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 256, 257, 511, 512, 513, 520, 1000, 1024, 1032,
+            2048, 2056, 4096, 4104, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776,
+            50257, 65536, 65544, 131072]
 
 
 def _gpu_rows(cols):

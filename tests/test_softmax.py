@@ -90,6 +90,44 @@ def test_rows_match_float64(device, length, dtype, log):
         check_backward(y, log=log, msg=f"backward view={name}")
 
 
+# Backward row sums that cancel, at every CUDA backward strategy (16 elements per thread;
+# float32 vectors of 4, odd lengths scalar): warp-small 64 / 100, warp 333 / 500, block
+# 1000 / 4099 / 8192, cluster 50001 / 262144 (sm_90), tiles 300001.
+SUM_LENGTHS = [64, 100, 333, 500, 1000, 4099, 8192, 50001, 262144, 300001]
+
+
+def cancelling_rows(rows, length, log, device):
+    """float32 (dy, y) whose backward sum (sum dy, or sum dy * y) cancels: half the entries
+    carry +-A terms (equal y there, the + all before the -) so the partial sums run ~A
+    times larger than the total. A float accumulation then loses the small terms
+    (GPU run 1: fp32 log_softmax backward off at rows >= 255); the kernels' double one
+    does not. Entry 1 holds ~40% of the probability with dy = 0, so dx there is
+    -p * sum, and checks the sum to float32 accuracy."""
+    gen = torch.Generator().manual_seed(length)
+    big = torch.randperm(length, generator=gen)[: length // 2]
+    big = big[big != 1]
+    big = big[: big.numel() // 2 * 2].sort().values
+    sign = torch.ones(big.numel(), dtype=torch.float64)
+    sign[big.numel() // 2:] = -1
+    x = torch.randn(rows, length, dtype=torch.float64, generator=gen)
+    x[:, big] = 0.0
+    x[:, 1] = math.log(length)
+    y = (torch.log_softmax if log else torch.softmax)(x, -1)
+    dy = torch.randn(rows, length, dtype=torch.float64, generator=gen)
+    dy[:, 1] = 0.0
+    # log_softmax: sum(dy) cancels; softmax: sum(dy * y) does (terms +-1e2 on equal y).
+    dy[:, big] = sign * 1e4 if log else sign * (1e2 / y.float().double()[:, big[:1]])
+    return dy.float().to(device), y.float().to(device)
+
+
+@pytest.mark.parametrize("device,length", per_device([64, 1000], SUM_LENGTHS))
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_backward_sum_cancellation(device, length, log):
+    dy, y = cancelling_rows(3, length, log, device)
+    poison_next_alloc(y.numel() * y.element_size(), y.device)
+    assert_close(bwd(dy, y, log=log), bwd_ref(dy, y, log=log), dtype=torch.float32)
+
+
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])

@@ -34,7 +34,7 @@ A act_grad(A z, LinearAct act) {
 at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b) {
   check_matmul_args(a, b, "fused::matmul");
   const auto acc = acc_dtype(a.scalar_type());
-  return at::matmul(a.to(acc), b.to(acc)).to(a.scalar_type());
+  return at::matmul(a.to(acc), b.to(acc)).to(a.scalar_type()).contiguous();
 }
 
 // z = x W^T + bias in the accumulation type; returns (act(z), z) in x's dtype, the second

@@ -213,43 +213,54 @@ __global__ void bias_act_kernel(const T* __restrict__ zin, T* zout, T* y,
 
 // ---------------------------------------------------------------------------------------
 // Backward of the activation: dZ = dY * act'(Z), plus the column sums of dZ.
-// Block (32, 8): each block covers 64 columns (2 per lane) and kRowsPerBlock rows; the 8
-// row groups' sums are combined in shared memory in a fixed order, written as one partial
-// row per block; act_bias_finish_kernel adds the partial rows in order.
+// Block (32, 8): each lane owns VEC consecutive columns (one 16-byte load of dY and of Z
+// when rows allow it, VEC = 1 otherwise), so a block covers 32 VEC columns and
+// kRowsPerBlock rows; the 8 row groups' sums are combined in shared memory in a fixed order
+// and written as one partial row per block; act_bias_finish_kernel adds the partial rows in
+// order, so the bias gradient is deterministic.
 constexpr int kRowsPerBlock = 128;
 
-template <typename T, GeluKind K>
+template <typename T, GeluKind K, int VEC>
 __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict__ z,
                                     T* __restrict__ dz, float* __restrict__ partial, int64_t M,
                                     int64_t N) {
-  __shared__ float sums[8][64];
-  const int64_t col0 = blockIdx.x * 64 + threadIdx.x * 2;
+  __shared__ float sums[8][32 * VEC];
+  const int64_t col0 = (blockIdx.x * 32 + threadIdx.x) * int64_t(VEC);
   const int64_t row0 = blockIdx.y * int64_t(kRowsPerBlock);
-  float s[2] = {0.f, 0.f};
+  float s[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) s[e] = 0.f;
   for (int r = threadIdx.y; r < kRowsPerBlock; r += 8) {
     const int64_t row = row0 + r;
     if (row >= M) break;
+    const int64_t i = row * N + col0;
+    if constexpr (VEC > 1) {
+      if (col0 < N) {  // N % VEC == 0: the whole vector is inside the row
+        const Vec<T, VEC> gv = load_vec<T, VEC>(g + i), zv = load_vec<T, VEC>(z + i);
+        Vec<T, VEC> out;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int64_t col = col0 + e;
-      if (col < N) {
-        const int64_t i = row * N + col;
-        const float d = static_cast<float>(g[i]) * gelu_grad<K>(static_cast<float>(z[i]));
-        dz[i] = static_cast<T>(d);
-        s[e] += d;
+        for (int e = 0; e < VEC; ++e) {
+          const float d = static_cast<float>(gv.v[e]) * gelu_grad<K>(static_cast<float>(zv.v[e]));
+          out.v[e] = static_cast<T>(d);
+          s[e] += d;
+        }
+        store_vec<T, VEC>(dz + i, out);
       }
+    } else if (col0 < N) {
+      const float d = static_cast<float>(g[i]) * gelu_grad<K>(static_cast<float>(z[i]));
+      dz[i] = static_cast<T>(d);
+      s[0] += d;
     }
   }
   if (partial == nullptr) return;
-  sums[threadIdx.y][threadIdx.x * 2] = s[0];
-  sums[threadIdx.y][threadIdx.x * 2 + 1] = s[1];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) sums[threadIdx.y][threadIdx.x * VEC + e] = s[e];
   __syncthreads();
-  if (threadIdx.y < 2) {
-    const int c = threadIdx.y * 32 + threadIdx.x;
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * VEC; c += 256) {
     float t = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) t += sums[k][c];
-    const int64_t col = blockIdx.x * 64 + c;
+    const int64_t col = blockIdx.x * int64_t(32 * VEC) + c;
     if (col < N) partial[blockIdx.y * N + col] = t;
   }
 }
@@ -270,7 +281,7 @@ __global__ void act_bias_finish_kernel(const float* __restrict__ partial, T* __r
 at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
   check_matmul_args(a, b, "fused::matmul");
   c10::cuda::CUDAGuard guard(a.device());
-  if (a.scalar_type() == at::kFloat) return at::matmul(a, b);
+  if (a.scalar_type() == at::kFloat) return at::matmul(a, b).contiguous();
   at::Tensor a3 = a.dim() == 2 ? a.unsqueeze(0) : a;
   at::Tensor b3 = b.dim() == 2 ? b.unsqueeze(0) : b;
   const int64_t batch = std::max(a3.size(0), b3.size(0));
@@ -371,19 +382,27 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& gr
   if (bias_grad) partial = at::empty({row_blocks, N}, z.options().dtype(at::kFloat));
   cudaStream_t stream = current_stream();
   FUSED_DISPATCH_CUDA(z.scalar_type(), "fused::linear_act_backward", [&] {
-    dim3 grid(static_cast<unsigned>(ceil_div(N, 64)), static_cast<unsigned>(row_blocks));
-    dim3 block(32, 8);
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const bool vec = N % kVec == 0 && is_aligned(g.const_data_ptr()) &&
+                     is_aligned(z.const_data_ptr()) && is_aligned(dz.const_data_ptr());
     float* part = bias_grad ? partial.mutable_data_ptr<float>() : nullptr;
+    auto launch = [&](auto kind, auto vec_width) {
+      constexpr int V = decltype(vec_width)::value;
+      dim3 grid(static_cast<unsigned>(ceil_div(N, 32 * V)), static_cast<unsigned>(row_blocks));
+      act_backward_kernel<scalar_t, decltype(kind)::value, V><<<grid, dim3(32, 8), 0, stream>>>(
+          g.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(),
+          dz.mutable_data_ptr<scalar_t>(), part, M, N);
+      FUSED_LAUNCH_CHECK();
+    };
+    using One = std::integral_constant<int, 1>;
+    using Wide = std::integral_constant<int, kVec>;
+    using Exact = std::integral_constant<GeluKind, GeluKind::kNone>;
+    using Tanh = std::integral_constant<GeluKind, GeluKind::kTanh>;
     if (act == LinearAct::kGelu) {
-      act_backward_kernel<scalar_t, GeluKind::kNone><<<grid, block, 0, stream>>>(
-          g.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(),
-          dz.mutable_data_ptr<scalar_t>(), part, M, N);
+      vec ? launch(Exact{}, Wide{}) : launch(Exact{}, One{});
     } else {
-      act_backward_kernel<scalar_t, GeluKind::kTanh><<<grid, block, 0, stream>>>(
-          g.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(),
-          dz.mutable_data_ptr<scalar_t>(), part, M, N);
+      vec ? launch(Tanh{}, Wide{}) : launch(Tanh{}, One{});
     }
-    FUSED_LAUNCH_CHECK();
     if (bias_grad) {
       act_bias_finish_kernel<scalar_t><<<static_cast<unsigned>(ceil_div(N, 256)), 256, 0, stream>>>(
           part, db.mutable_data_ptr<scalar_t>(), row_blocks, N);

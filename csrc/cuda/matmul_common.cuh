@@ -59,20 +59,28 @@ __device__ __forceinline__ float apply_act(float z, int act) {
   return z;
 }
 
-// Stores the two accumulator values of columns n, n+1 of row m (m < M checked by the
-// caller), adding bias, storing the pre-activation when asked and applying the
-// activation. A 4-byte paired store when both columns exist and the row start allows it
-// (N even), element stores otherwise.
+// Bias of columns n, n+1 (0 past the edge or without bias), loaded once per column pair and
+// reused for every row a thread stores.
+template <typename T>
+__device__ __forceinline__ void load_bias_pair(const GemmProblem& p, int n, float& b0, float& b1) {
+  b0 = b1 = 0.f;
+  if (p.bias == nullptr) return;
+  const T* bias = static_cast<const T*>(p.bias);
+  if (n < p.N) b0 = Elem<T>::to_float(bias[n]);
+  if (n + 1 < p.N) b1 = Elem<T>::to_float(bias[n + 1]);
+}
+
+// Stores the two accumulator values of columns n, n+1 of one row (row_offset = its first
+// element; the caller checks the row is inside M), adding the bias, storing the
+// pre-activation when asked and applying the activation. A 4-byte paired store when both
+// columns exist and the row start allows it (N even), element stores otherwise.
 template <typename T>
 __device__ __forceinline__ void epilogue_pair(const GemmProblem& p, int64_t row_offset, int n,
-                                              float v0, float v1) {
+                                              float v0, float v1, float b0, float b1) {
   if (n >= p.N) return;
   const bool has1 = n + 1 < p.N;
-  if (p.bias != nullptr) {
-    const T* bias = static_cast<const T*>(p.bias);
-    v0 += Elem<T>::to_float(bias[n]);
-    if (has1) v1 += Elem<T>::to_float(bias[n + 1]);
-  }
+  v0 += b0;
+  v1 += b1;
   const bool paired = has1 && (p.N % 2 == 0);
   if (p.z != nullptr) {
     T* z = static_cast<T*>(p.z) + row_offset + n;

@@ -371,15 +371,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // + {0, 1}; 4j + {2, 3} the same columns 8 rows down.
       const int row0 = tm * BM + c * 64 + warp * 16 + lane / 4;
       const int col0 = tn * BN + 2 * (lane % 4);
+      const int64_t row_a = (static_cast<int64_t>(b) * p.M + row0) * p.N;
+      const int64_t row_b = row_a + 8 * static_cast<int64_t>(p.N);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int m = row0 + half * 8;
-        if (m < p.M) {
-          const int64_t row = (static_cast<int64_t>(b) * p.M + m) * p.N;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            epilogue_pair<T>(p, row, col0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-          }
+      for (int j = 0; j < BN / 8; ++j) {
+        float b0, b1;
+        load_bias_pair<T>(p, col0 + 8 * j, b0, b1);
+        if (row0 < p.M) epilogue_pair<T>(p, row_a, col0 + 8 * j, acc[4 * j], acc[4 * j + 1], b0, b1);
+        if (row0 + 8 < p.M) {
+          epilogue_pair<T>(p, row_b, col0 + 8 * j, acc[4 * j + 2], acc[4 * j + 3], b0, b1);
         }
       }
     }

@@ -3,23 +3,27 @@
 // (common/norm.h); this file holds the kernels and picks one by row length.
 //
 // One kernel family serves both norms: layer norm is rms norm plus a mean subtraction and a
-// bias (`layer` is a runtime flag, uniform across the grid). Types: T = x / y / grad_out,
+// bias (`layer`: a runtime flag, uniform across the grid, or a template flag). Types: T = x / y / grad_out,
 // W = weight / bias (T or float32), R = the normalized rows (T, or float32 for a float32
 // residual stream). Math in float32.
 //
 // Forward, by row length (nvec = 16-byte vectors per row, or elements on the scalar path):
-//   * norm_fwd_regs: the row lives in registers (VPT vectors per thread) and is read from
-//     memory once. A row group of `tpr` threads owns a row: a power of two <= 32 (several
-//     rows per warp, warp-shuffle reductions) for short rows, whole warps (up to the whole
-//     block) for long ones. Mean, then the centered sum of squares over the registers
-//     (two passes, no E[x^2] - E[x]^2 cancellation). Layer norm sums x - x0 (x0 = the row's
-//     first element), so a constant row gets mean = x0 and xhat = 0 exactly.
-//     Blocks of up to 512 threads (1024 on the scalar path): rows in registers up to 32K
-//     elements for 16-bit x, 16K for float32 x or a float32 residual stream, 8K scalar.
+//   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
+//     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
+//     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
+//     reductions) for short rows, whole warps (one row per block) for long ones. Mean,
+//     then the centered sum of squares over the registers (two passes, no E[x^2] - E[x]^2
+//     cancellation). Layer norm sums x - x0 (x0 = the row's first element), so a constant
+//     row gets mean = x0 and xhat = 0 exactly. At most 64 registers (launch bound 1024):
+//     >= 32 warps per SM whatever the block size, so other blocks' loads cover a block's
+//     reductions. Layer / residual are compile-time flags on the 16-byte path.
+//     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
+//     residual stream, 8K scalar.
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
-//   * norm_bwd_regs: x and dy in registers (16 elements per thread), one read each; the
+//   * norm_bwd_regs: x and dy in registers (8 elements per thread on the 16-byte path up to
+//     4K-element rows, 64 registers, two 512-thread blocks per SM; else 16), one read each; the
 //     block's threads also accumulate dweight / dbias for the columns they own across the
 //     rows they visit (persistent grid), written as float32 partials [blocks, cols].
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
@@ -53,6 +57,15 @@ constexpr int kLongThreads = 512;     // the long-row kernels: a block per row
 constexpr int kTileThreads = 256;     // norm_bwd_tiles: one vector column per thread
 constexpr int kTileRows = 4;          // rows norm_bwd_tiles loads before using them
 constexpr int kBwdElems = 16;         // elements per thread in norm_bwd_regs
+constexpr int kBwdSmallElems = 8;     // ... on the 16-byte path for rows up to 512 x 8
+
+// norm_bwd_regs with at most 8 elements per thread on the 16-byte path fits 64 registers
+// without spills: two 512-thread blocks per SM (32 warps, one block's loads cover the
+// other's reductions) instead of one (16 elements: 97-128 registers).
+template <int VEC, int VPT>
+constexpr int bwd_min_blocks() {
+  return VEC > 1 && VEC * VPT <= kBwdSmallElems ? 2 : 1;
+}
 constexpr int kMaxCluster = 8;        // portable thread-block cluster size (sm_90)
 
 template <typename T, typename W, typename R>
@@ -183,9 +196,10 @@ __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
 // exactly mean = x0 and xhat = 0 (sum / n of the unshifted row can be 1 ulp off, which
 // rstd = 1/sqrt(eps) would magnify into visible noise).
 template <typename T, typename W, typename R>
-__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off) {
+__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off,
+                                          bool res) {
   FVec<1> f = to_float(load_raw<T, 1>(p.x + off));
-  if (p.residual) {
+  if (res) {
     f.v[0] += to_float(load_raw<R, 1>(p.residual + off)).v[0];
     f = to_float(from_float<R, 1>(f));
   }
@@ -205,8 +219,11 @@ struct RowGroup {
 // of the block calls it. Hand-rolled on warp_sum instead of cub::BlockReduce because the
 // group width is a runtime value and several groups may share a block; the order is fixed,
 // so results are deterministic (and identical across the group's threads).
+// sync_after = false skips the trailing barrier that lets the caller reuse `scratch` at
+// once; the caller then alternates scratch buffers (see norm_fwd_regs).
 template <int K>
-__device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratch)[32]) {
+__device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratch)[32],
+                                          bool sync_after = true) {
   if (tpr <= 32) {
     for (int o = tpr / 2; o > 0; o >>= 1) {
 #pragma unroll
@@ -224,23 +241,51 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < wpg ? scratch[k][first + lane] : 0.f);
-  __syncthreads();
+  if (sync_after) __syncthreads();
 }
 
 // ---- forward ------------------------------------------------------------------------------
 
-// Threads per block norm_fwd_regs is compiled for: 512 (up to 128 registers per thread:
-// with 64, the vector kernels spill) on the vector path, 1024 on the scalar path (a thread
-// holds at most 8 elements there).
-template <typename R, int VEC, int VPT>
+// norm_fwd_regs' launch bound: any block size up to 1024 threads, hence at most 64
+// registers per thread, so every launch shape keeps >= 32 warps resident per SM (enough
+// loads in flight to cover the memory latency while other rows reduce).
+constexpr int kFwdMaxThreads = 1024;
+// Rows of up to 32 row-group threads share a block of this many threads.
+constexpr int kFwdShortThreads = 128;
+
+// A compile-time flag of norm_fwd_regs, or kRuntime: read it from the parameters (the
+// scalar path, which is not worth 4 instantiations per dtype).
+constexpr int kRuntime = -1;
+
+// Vectors per thread in norm_fwd_regs: 64 bytes of row per thread on the
+// 16-byte path (4 vectors of 16-bit or float32 rows, 2 of a float32 residual stream with
+// 16-bit x), 8 elements on the scalar path.
+template <typename R, int VEC>
+constexpr int fwd_vpt() {
+  return VEC == 1 ? 8 : 64 / (VEC * static_cast<int>(sizeof(R)));
+}
+// The wide variant for plain 16-bit rows of 16K-32K: 8 vectors per thread in blocks of up
+// to 512 threads, two blocks per SM (still 64 registers, 8 bytes spilled), so one block's
+// loads cover the other's reductions (one 1024-thread block per SM would idle in them).
+constexpr int kFwdWideVpt = 8;
+constexpr int kFwdWideThreads = 512;
+
+template <int VPT, int DEFAULT_VPT>
 constexpr int fwd_max_threads() {
-  return VEC == 1 ? 1024 : 512;
+  return VPT > DEFAULT_VPT ? kFwdWideThreads : kFwdMaxThreads;
 }
 
-template <typename T, typename W, typename R, int VEC, int VPT>
-__global__ void __launch_bounds__(fwd_max_threads<R, VEC, VPT>())
+template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES>
+__global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
+                                  kFwdMaxThreads / fwd_max_threads<VPT, fwd_vpt<R, VEC>()>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
-  __shared__ float scratch[1][32];
+  // Two scratch slots, alternated by consecutive reductions (mean, variance, next row's
+  // ...), so each reduction needs one barrier: a slot is written again only after the
+  // other slot's barrier, which every thread reaches after reading this one.
+  __shared__ float scratch[2][1][32];
+  int slot = 0;
+  const bool layer = LAYER == kRuntime ? p.layer : LAYER == 1;
+  const bool res = RES == kRuntime ? p.residual != nullptr : RES == 1;
   const RowGroup g(tpr);
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
@@ -254,10 +299,9 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     auto col = [&](int i) { return i * tpr + g.lane; };
     auto live = [&](int i) { return valid && col(i) < nvec; };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
-    const float shift = p.layer && valid ? row_first(p, off) : 0.f;
-    // v: the row in the sum's dtype (exactly what the unfused x + residual holds). When
-    // T == R, x is loaded straight into v (no second copy of the row in registers: that
-    // copy made the 8-vector kernels spill).
+    const float shift = layer && valid ? row_first(p, off, res) : 0.f;
+    // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
+    // packed words. When T == R, x is loaded straight into v (no second copy of the row).
     constexpr bool kSame = std::is_same_v<T, R>;
     Raw<R, VEC> v[VPT], rv[VPT];
     Raw<T, VEC> xsep[kSame ? 1 : VPT];
@@ -272,7 +316,7 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
         xv(i) = load_raw<T, VEC>(p.x + off + col(i) * VEC);
-        if (p.residual) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
+        if (res) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
       }
     }
     float sum = 0.f;
@@ -280,8 +324,8 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
         FVec<VEC> f = to_float(xv(i));
-        if (p.residual || !kSame) {
-          if (p.residual) {
+        if (res || !kSame) {
+          if (res) {
             const FVec<VEC> r = to_float(rv[i]);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
@@ -294,9 +338,10 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
       }
     }
     float mean = 0.f;
-    if (p.layer) {
+    if (layer) {
       float t[1] = {sum};
-      group_sum<1>(t, tpr, scratch);
+      group_sum<1>(t, tpr, scratch[slot], false);
+      slot ^= 1;
       mean = shift + t[0] * inv_n;
     }
     float t[1] = {0.f};
@@ -311,23 +356,29 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
         }
       }
     }
-    group_sum<1>(t, tpr, scratch);
+    group_sum<1>(t, tpr, scratch[slot], false);
+    slot ^= 1;
     const float rstd = rsqrtf(t[0] * inv_n + p.eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
         const int64_t e = off + col(i) * VEC;
-        if (p.residual) store_raw<R, VEC>(p.sum + e, v[i]);
+        if (res) store_raw<R, VEC>(p.sum + e, v[i]);
         const FVec<VEC> w = param_or<W, VEC>(p.weight, col(i), 1.f);
-        const FVec<VEC> b = param_or<W, VEC>(p.bias, col(i), 0.f);
         FVec<VEC> o = to_float(v[i]);
+        if (layer) {
+          const FVec<VEC> b = param_or<W, VEC>(p.bias, col(i), 0.f);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
+          for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) o.v[j] = o.v[j] * rstd * w.v[j];
+        }
         store_raw<T, VEC>(p.y + e, from_float<T, VEC>(o));
       }
     }
     if (valid && g.lane == 0) {
-      if (p.mean) p.mean[row] = mean;
+      if (layer) p.mean[row] = mean;
       p.rstd[row] = rstd;
     }
   }
@@ -390,7 +441,7 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
     const int64_t off = row * p.cols;
     // Pass 1: read x (+ residual, writing the sum); Welford per vector of x - shift (see
     // row_first), merged per thread.
-    const float shift = p.layer ? row_first(p, off) : 0.f;
+    const float shift = p.layer ? row_first(p, off, p.residual != nullptr) : 0.f;
     Welford acc{0.f, 0.f, 0.f};
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
@@ -537,7 +588,7 @@ __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, i
 }
 
 template <typename T, typename W, typename R, int VEC, int VPT>
-__global__ void __launch_bounds__(kBwdMaxThreads)
+__global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks<VEC, VPT>())
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
   __shared__ float scratch[2][32];
@@ -770,31 +821,55 @@ bool vec_ok(const P* p) {
   return p == nullptr || is_aligned(p, VEC * static_cast<int>(sizeof(P)));
 }
 
+// norm_fwd_regs with the layer / residual flags as compile-time constants on the 16-byte
+// path (the scalar path reads them at run time). A float32 row type with 16-bit x only
+// arises with a residual, so only that variant is instantiated for it.
+template <typename T, typename W, typename R, int VEC, typename Launch>
+void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
+  constexpr int VPT = fwd_vpt<R, VEC>();
+  if constexpr (VEC == 1) {
+    launch(norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime>);
+  } else {
+    const bool res = p.residual != nullptr;
+    if (res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 1, 1>);
+    if (res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 0, 1>);
+    if constexpr (std::is_same_v<T, R>) {
+      if (!res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 1, 0>);
+      if (!res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 0, 0>);
+    }
+  }
+}
+
+// Whether the wide variant (kFwdWideVpt vectors per thread) exists for these types: plain
+// norms of 16-bit rows on the 16-byte path (with a residual it would spill ~200 bytes).
+template <typename T, typename R, int VEC>
+constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R> && sizeof(R) == 2;
+
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
+  constexpr int VPT = fwd_vpt<R, VEC>();
   const int nvec = p.cols / VEC;
-  // Wide rows hold 8 vectors per thread where that is at most 32 registers of row data.
-  constexpr bool kWide = VEC * 8 * sizeof(R) <= 128;
-  const int need4 = static_cast<int>(ceil_div(nvec, 4));
-  const int need8 = static_cast<int>(ceil_div(nvec, 8));
-  constexpr int kMax4 = fwd_max_threads<R, VEC, 4>();
-  constexpr int kMax8 = fwd_max_threads<R, VEC, 8>();
+  const int need = static_cast<int>(ceil_div(nvec, VPT));  // threads per row
   cudaStream_t stream = current_stream();
-  if (need4 <= 32) {  // a power-of-two group of <= 32 threads per row, 256-thread blocks
-    const int tpr = next_pow2(need4), groups = 256 / tpr;
-    norm_fwd_regs<T, W, R, VEC, 4>
-        <<<grid_for(ceil_div(p.rows, groups)), 256, 0, stream>>>(p, tpr);
-  } else if (need4 <= std::min(512, kMax4)) {  // whole warps per row, 4 vectors each
-    const int tpr = round_up(need4, 32);
-    norm_fwd_regs<T, W, R, VEC, 4><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
-  } else if (kWide && need8 <= kMax8) {  // 8 vectors each
-    if constexpr (kWide) {
-      const int tpr = round_up(need8, 32);
-      norm_fwd_regs<T, W, R, VEC, 8><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
+  const int need_wide = static_cast<int>(ceil_div(nvec, kFwdWideVpt));
+  if (kFwdHasWide<T, R, VEC> && p.residual == nullptr && need > kFwdWideThreads &&
+      need_wide <= kFwdWideThreads) {
+    if constexpr (kFwdHasWide<T, R, VEC>) {  // 16K-32K elements: one row per block
+      const int tpr = round_up(need_wide, 32);
+      auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
+                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
+      kernel<<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
     }
-  } else if (need4 <= kMax4) {
-    const int tpr = round_up(need4, 32);
-    norm_fwd_regs<T, W, R, VEC, 4><<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
+  } else if (need <= kFwdMaxThreads) {
+    // A power-of-two group of <= 32 threads per row, several rows per 128-thread block; or
+    // whole warps, one row per block. Small blocks, one per row group (no grid-stride
+    // loop in practice): the SM overlaps many blocks, one's reductions with another's loads.
+    const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
+    const int threads = tpr <= 32 ? kFwdShortThreads : tpr;
+    const int groups = threads / tpr;
+    with_fwd_kernel<T, W, R, VEC>(p, [&](auto kernel) {
+      kernel<<<grid_for(ceil_div(p.rows, groups)), threads, 0, stream>>>(p, tpr);
+    });
   } else {
     norm_fwd_long<T, W, R, VEC>
         <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p);
@@ -902,31 +977,45 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   return true;
 }
 
+// Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
+// Several rows share a block (up to 512 threads) so that a few large blocks per SM hold the
+// dweight / dbias accumulators: fewer partial rows.
+template <typename T, typename W, typename R, int VEC, int VPT>
+void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
+  const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
+  int groups = std::max(1, kBwdMaxThreads / tpr);
+  const size_t combine_bytes = 2 * sizeof(float) * p.cols;
+  if (combine_bytes > 48 * 1024) groups = 1;
+  const size_t smem = groups > 1 ? combine_bytes : 0;
+  const int threads = tpr * groups;
+  auto kernel = norm_bwd_regs<T, W, R, VEC, VPT>;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t blocks =
+      std::min<int64_t>(ceil_div(p.rows, groups), std::max(per_sm, 1) * int64_t{num_sms()});
+  at::Tensor part = alloc_partials(nb, blocks);
+  point_partials(p, part, blocks, nb);
+  kernel<<<grid_for(blocks), threads, smem, current_stream()>>>(p, tpr);
+  FUSED_LAUNCH_CHECK();
+  if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+}
+
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));
   cudaStream_t stream = current_stream();
+  if constexpr (VEC > 1) {  // rows up to 512 x 8 elements: the 64-register variant
+    constexpr int kSmallVpt = kBwdSmallElems / VEC;
+    const int need_small = static_cast<int>(ceil_div(nvec, kSmallVpt));
+    if (need_small <= kBwdMaxThreads) {
+      backward_regs<T, W, R, VEC, kSmallVpt>(p, nb, need_small);
+      return;
+    }
+  }
   if (need <= kBwdMaxThreads) {
-    // Rows in registers. Several rows share a block (up to 512 threads) so that a few
-    // large blocks per SM hold the dweight / dbias accumulators: fewer partial rows.
-    const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
-    int groups = std::max(1, kBwdMaxThreads / tpr);
-    const size_t combine_bytes = 2 * sizeof(float) * p.cols;
-    if (combine_bytes > 48 * 1024) groups = 1;
-    const size_t smem = groups > 1 ? combine_bytes : 0;
-    const int threads = tpr * groups;
-    auto kernel = norm_bwd_regs<T, W, R, VEC, VPT>;
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const int64_t blocks =
-        std::min<int64_t>(ceil_div(p.rows, groups), std::max(per_sm, 1) * int64_t{num_sms()});
-    at::Tensor part = alloc_partials(nb, blocks);
-    point_partials(p, part, blocks, nb);
-    kernel<<<grid_for(blocks), threads, smem, stream>>>(p, tpr);
-    FUSED_LAUNCH_CHECK();
-    if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+    backward_regs<T, W, R, VEC, VPT>(p, nb, need);
     return;
   }
   if (backward_cluster<T, W, R, VEC, VPT>(p, nb, need)) return;

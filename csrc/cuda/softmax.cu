@@ -2,12 +2,13 @@
 //
 // Every kernel sees [rows, len] row-major with the softmax dim last (common/softmax.h moves
 // another dim there). ONE kernel template, row_kernel, serves all four ops and all row
-// lengths; what changes is the op (Fwd<LOG> / Bwd<LOG>, below) and how many threads share
-// a row, chosen by plan() from the row length:
+// lengths; what changes is the op (Fwd / Bwd, below; softmax or log_softmax is a runtime
+// flag, uniform per launch, so each is one instantiation) and how many threads share a row,
+// chosen by plan() from the row length:
 //
 //   len <= 32 * E          a (sub-)warp of g <= 32 threads per row, 128/g rows per block,
 //                          shuffle reductions                       (E = elements/thread)
-//   len <= 512 * E         a block per row, the smallest of 64..512 threads that holds it,
+//   len <= 512 * E         a block per row, 128 or 512 threads (the smaller that holds it),
 //                          CUB reduction
 //   len <= 16 * 1024 * E   sm_90: the row split over the C <= 16 blocks (512 or 1024
 //                          threads) of a thread-block cluster, each block reducing its share
@@ -70,18 +71,23 @@ __device__ __forceinline__ float exp_offset(float m) { return m == kNegInf ? 0.f
 // exp(inf - inf) = NaN, as torch gives for a row holding +inf.
 struct CombineMaxSum {
   __device__ __forceinline__ MaxSum operator()(const MaxSum& a, const MaxSum& b) const {
+    // By value: a reference chosen by a condition needs the pair's address (a stack slot).
     const bool a_hi = a.m >= b.m;
-    const MaxSum& hi = a_hi ? a : b;
-    const MaxSum& lo = a_hi ? b : a;
+    const MaxSum hi = a_hi ? a : b;
+    const MaxSum lo = a_hi ? b : a;
     return {hi.m, hi.s + lo.s * expf(lo.m - exp_offset(hi.m))};
   }
 };
 
 struct CombineSum {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  template <typename F>
+  __device__ __forceinline__ F operator()(F a, F b) const { return a + b; }
 };
 
 __device__ __forceinline__ float shfl_xor(float v, int o) {
+  return __shfl_xor_sync(0xffffffffu, v, o);
+}
+__device__ __forceinline__ double shfl_xor(double v, int o) {
   return __shfl_xor_sync(0xffffffffu, v, o);
 }
 __device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int o) {
@@ -93,8 +99,7 @@ __device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int o) {
 // (partial), how those parts combine, and how a thread turns its registers into outputs
 // once the row's total is known (finish). v[i][k][e] is input i, vector k, element e.
 
-// Forward: y = softmax(scale * x) (LOG: log_softmax). Masked / missing entries are -inf.
-template <bool LOG>
+// Forward: y = softmax(scale * x) (log: log_softmax). Masked / missing entries are -inf.
 struct Fwd {
   static constexpr int kIn = 1;
   static constexpr int kMaxElems = 32;  // per thread: 32 float registers for x
@@ -102,6 +107,7 @@ struct Fwd {
   using State = MaxSum;
   using Combine = CombineMaxSum;
   float scale;
+  bool log;
 
   __device__ __forceinline__ float load(int /*input*/, float x) const { return x * scale; }
 
@@ -125,7 +131,7 @@ struct Fwd {
         for (int e = 0; e < VEC; ++e) {
           const float p = expf(v[0][k][e] - o);
           s += p;
-          if constexpr (!LOG) v[0][k][e] = p;
+          if (!log) v[0][k][e] = p;
         }
       }
     }
@@ -138,13 +144,22 @@ struct Fwd {
     // softmax: exp(v - M) / S = e * exp(m - M) / S. A thread with m = -inf holds e = 0
     // and gets 0 (or NaN if the whole row is -inf, as torch gives).
     // log_softmax: (v - M) - log S, in that order: v - M is exact near the max.
-    const float f = LOG ? logf(row.s) : expf(mine.m - row.m) / row.s;
+    if (log) {
+      const float f = logf(row.s);
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      if (k < nv) {
+      for (int k = 0; k < NV; ++k) {
+        if (k < nv) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          v[0][k][e] = LOG ? (v[0][k][e] - row.m) - f : v[0][k][e] * f;
+          for (int e = 0; e < VEC; ++e) v[0][k][e] = (v[0][k][e] - row.m) - f;
+        }
+      }
+    } else {
+      const float f = expf(mine.m - row.m) / row.s;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        if (k < nv) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) v[0][k][e] *= f;
         }
       }
     }
@@ -154,40 +169,59 @@ struct Fwd {
 // Backward from the forward's output y: softmax dx = scale * y * (dy - sum(dy * y)),
 // log_softmax dx = dy - exp(y) * sum(dy). Missing entries, and causal-masked ones (y = 0
 // there, so they are not read), are 0 and give dx = 0. v[0] = dy, v[1] = y.
-template <bool LOG>
+//
+// The row sum is accumulated in double. sum(dy) cancels (terms of both signs, |sum| ~
+// sqrt(len) while the partial sums run larger), and a float accumulation errs by ~1e-7 of
+// the partial sums: after the multiplication by exp(y), up to ~1 that is ~1e-6 absolute
+// in dx where dx itself is near 0, past float32 accuracy (GPU run 1 failed fp32
+// log_softmax backward at 1e-5 / 1e-6 for rows >= 255). sum(dy * y) is milder (y <= 1,
+// sum y = 1) but cancels the same way for large dy of both signs. One float->double
+// conversion and one double add per element: far below what memory bandwidth leaves.
 struct Bwd {
   static constexpr int kIn = 2;
   static constexpr int kMaxElems = 16;  // per thread: 2 x 16 float registers
   static constexpr float kFill = 0.f;
-  using State = float;
+  using State = double;
   using Combine = CombineSum;
   float scale;
+  bool log;
 
   __device__ __forceinline__ float load(int /*input*/, float x) const { return x; }
 
   template <int NV, int VEC>
-  __device__ __forceinline__ float partial(float (&v)[kIn][NV][VEC], int nv) const {
-    float s = 0.f;
+  __device__ __forceinline__ double partial(float (&v)[kIn][NV][VEC], int nv) const {
+    double s = 0.0;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       if (k < nv) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s += LOG ? v[0][k][e] : v[0][k][e] * v[1][k][e];
+        for (int e = 0; e < VEC; ++e) {
+          // dy * y rounded once in float (relative 6e-8 per term, no cancellation there)
+          s += static_cast<double>(log ? v[0][k][e] : v[0][k][e] * v[1][k][e]);
+        }
       }
     }
     return s;
   }
 
   template <int NV, int VEC>
-  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, float /*mine*/,
-                                         float row) const {
+  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, double /*mine*/,
+                                         double row_sum) const {
+    const float row = static_cast<float>(row_sum);
+    if (log) {
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      if (k < nv) {
+      for (int k = 0; k < NV; ++k) {
+        if (k < nv) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const float dy = v[0][k][e], y = v[1][k][e];
-          v[0][k][e] = LOG ? dy - expf(y) * row : scale * y * (dy - row);
+          for (int e = 0; e < VEC; ++e) v[0][k][e] -= expf(v[1][k][e]) * row;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        if (k < nv) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) v[0][k][e] = scale * v[1][k][e] * (v[0][k][e] - row);
         }
       }
     }
@@ -356,7 +390,7 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(RowArgs<T> a, Op op) {
 // Host: choosing the strategy and launching
 
 // kWarpSmall / kWarp: 128-thread blocks, `group` (<= 32) threads per row, NV = 1 or E/VEC.
-// kBlock: one row (share) per block of `group` threads (64..1024).
+// kBlock: one row (share) per block of `group` threads (128, 512 or 1024).
 enum class Mode { kWarpSmall, kWarp, kBlock };
 
 struct Plan {
@@ -467,8 +501,10 @@ Plan plan(int64_t len, int E, int VEC) {
     return {Mode::kWarpSmall, next_pow2((len + VEC - 1) / VEC), 1, 1, 1, len};
   }
   if (len <= 32 * E) return {Mode::kWarp, 32, vectors(len, 32), 1, 1, len};
-  // The smallest block that holds the row: every thread's registers are used.
-  for (int block : {64, 128, 256, 512}) {
+  // The smaller of two blocks that holds the row: 128 threads up to 128 * E, else 512
+  // (at least a quarter of the registers used). Each block size is one more kernel per
+  // dtype, op and vector width, so build time keeps the list short.
+  for (int block : {128, 512}) {
     if (len <= block * E) return {Mode::kBlock, block, vectors(len, block), 1, 1, len};
   }
   // Longer rows: a cluster of 512-thread blocks (two fit on an SM, so one block's
@@ -517,9 +553,7 @@ void launch_rows(RowArgs<T> a, const Op& op) {
     switch (p.mode == Mode::kWarpSmall ? -1 : p.mode == Mode::kWarp ? 0 : p.group) {
       case -1: ok = launch(row_kernel<T, Op, VEC, 1, 128, true>, row_blocks, 128, a, op); break;
       case 0: ok = launch(row_kernel<T, Op, VEC, NV, 128, true>, row_blocks, 128, a, op); break;
-      case 64: ok = launch(row_kernel<T, Op, VEC, NV, 64, false>, row_blocks, 64, a, op); break;
       case 128: ok = launch(row_kernel<T, Op, VEC, NV, 128, false>, row_blocks, 128, a, op); break;
-      case 256: ok = launch(row_kernel<T, Op, VEC, NV, 256, false>, row_blocks, 256, a, op); break;
       case 512: ok = launch(row_kernel<T, Op, VEC, NV, 512, false>, row_blocks, 512, a, op); break;
       case 1024:
         ok = launch(row_kernel<T, Op, VEC, NV, 1024, false>, row_blocks, 1024, a, op);
@@ -559,7 +593,7 @@ at::Tensor forward_cuda(const at::Tensor& x, int64_t dim, double scale, bool cau
   if (y.numel() > 0) {
     FUSED_DISPATCH_CUDA(x.scalar_type(), "fused::softmax", [&] {
       run<scalar_t>(rv.t.const_data_ptr<scalar_t>(), nullptr, y.mutable_data_ptr<scalar_t>(),
-                    rv.rows, rv.len, causal_q, Fwd<LOG>{static_cast<float>(scale)});
+                    rv.rows, rv.len, causal_q, Fwd{static_cast<float>(scale), LOG});
     });
   }
   return softmax_restore(y, x, d);
@@ -582,7 +616,7 @@ at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_
     FUSED_DISPATCH_CUDA(y.scalar_type(), "fused::softmax_backward", [&] {
       run<scalar_t>(gv.t.const_data_ptr<scalar_t>(), yv.t.const_data_ptr<scalar_t>(),
                     dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len,
-                    causal ? y.size(-2) : 0, Bwd<LOG>{static_cast<float>(scale)});
+                    causal ? y.size(-2) : 0, Bwd{static_cast<float>(scale), LOG});
     });
   }
   return softmax_restore(dx, y, d);
