@@ -287,8 +287,13 @@ __device__ __forceinline__ State reduce_row(State v, int g, int cluster, int par
 // owns, in tile t, the vectors at columns begin + t * span + (k * g + lane) * VEC, k < nv.
 // WARP: BLOCK = 128 threads, g = args.group <= 32, 128 / g rows per block.
 // Otherwise: g = BLOCK threads per row, one row per block (per cluster when cluster > 1).
+// Registers: 512-thread vector kernels are held to 64 so that two blocks share an SM (one
+// block's reduction and stores overlap the other's loads); uncapped they take 80-83 and
+// one fits. Capped, bf16 spills 0-8 bytes, float32 8-44. Elsewhere a cap spills more
+// (scalar warp kernels: 100-370 bytes) than the occupancy it buys.
 template <typename T, typename Op, int VEC, int NV, int BLOCK, bool WARP>
-__global__ void __launch_bounds__(BLOCK) row_kernel(RowArgs<T> a, Op op) {
+__global__ void __launch_bounds__(BLOCK, BLOCK == 512 && VEC > 1 ? 2 : 1)
+    row_kernel(RowArgs<T> a, Op op) {
   using State = typename Op::State;
   using Combine = typename Op::Combine;
   constexpr int kIn = Op::kIn;
