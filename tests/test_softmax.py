@@ -14,7 +14,7 @@ INF = float("inf")
 # 512 / 1024, cluster, tiles; vector and scalar paths) and odd ones. The forward keeps 32
 # elements per thread, the backward 16, so the thresholds differ between the two.
 LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 4097,
-           8192, 16385, 32768]
+           8192, 16384, 16385, 32768]
 # Long rows: cluster splits (sm_90) and odd lengths (scalar path). 262144 runs once, below.
 LONG_LENGTHS = [32769, 50257, 65536, 65537, 131071, 131072]
 # Past what a cluster holds: the tiled two-pass path (forward > 524288, backward > 262144).
@@ -92,8 +92,9 @@ def test_rows_match_float64(device, length, dtype, log):
 
 # Backward row sums that cancel, at every CUDA backward strategy (16 elements per thread;
 # float32 vectors of 4, odd lengths scalar): warp-small 64 / 100, warp 333 / 500, block
-# 1000 / 4099 / 8192, cluster 50001 / 262144 (sm_90), tiles 300001.
-SUM_LENGTHS = [64, 100, 333, 500, 1000, 4099, 8192, 50001, 262144, 300001]
+# of 128 / 512 / 1024 1000 / 4099 / 8192 / 12000, cluster 50001 / 262144 (sm_90), tiles
+# 300001.
+SUM_LENGTHS = [64, 100, 333, 500, 1000, 4099, 8192, 12000, 50001, 262144, 300001]
 
 
 def cancelling_rows(rows, length, log, device):
@@ -143,7 +144,8 @@ def test_cuda_long_rows(dtype, log, length):
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_262144(dtype):
-    # The longest benchmarked row: an 8-block cluster forward, a 16-block one backward.
+    # The longest benchmarked row: an 8-block cluster forward, a 16-block one backward
+    # (1024-thread blocks).
     x = torch.randn(5, 262144, device="cuda").to(dtype) * 3
     for log in (False, True):
         y = check_forward(x, log=log)

@@ -10,16 +10,17 @@
 //                          shuffle reductions                       (E = elements/thread)
 //   len <= 512 * E         a block per row, 128 or 512 threads (the smaller that holds it),
 //                          CUB reduction
-//   len <= 16 * 1024 * E   sm_90: the row split over the C <= 16 blocks (512 or 1024
-//                          threads) of a thread-block cluster, each block reducing its share
-//                          and the C partial results combined through distributed shared
-//                          memory (FUSED_SOFTMAX_NO_CLUSTER=1 turns this off)
-//   otherwise              (or no clusters) a block of 1024 threads per row: in registers
-//                          up to 1024 * E, beyond that it walks the row in tiles twice:
-//                          pass 1 an online max-and-sum, pass 2 reads again and writes
+//   len <= 1024 * E        a block of 1024 threads per row
+//   len <= 16 * 1024 * E   sm_90: the row split over the C <= 16 blocks (1024 threads) of
+//                          a thread-block cluster, each block reducing its share and the C
+//                          partial results combined through distributed shared memory
+//                          (FUSED_SOFTMAX_NO_CLUSTER=1 turns this off)
+//   otherwise              (or no clusters) a block of 1024 threads per row walking the
+//                          row in tiles twice: pass 1 an online max-and-sum, pass 2 reads
+//                          again and writes
 //
 // E is 32 for the forward (x in registers as floats) and 16 for the backward (dy and y).
-// In the first three cases each thread holds its whole share of the row in registers: the
+// In all but the last case each thread holds its whole share of the row in registers: the
 // row is read once and written once. Forward: each thread reduces its share to a running
 // (max, sum of exp(v - max)) pair with one exp per element and keeps exp(v - its max);
 // one reduction of pairs gives the row's (M, S), and y = e * exp(its max - M) / S. So one
@@ -37,10 +38,12 @@
 #include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -284,8 +287,13 @@ __device__ __forceinline__ State reduce_row(State v, int g, int cluster, int par
 // owns, in tile t, the vectors at columns begin + t * span + (k * g + lane) * VEC, k < nv.
 // WARP: BLOCK = 128 threads, g = args.group <= 32, 128 / g rows per block.
 // Otherwise: g = BLOCK threads per row, one row per block (per cluster when cluster > 1).
+// Registers: 512-thread vector kernels are held to 64 so that two blocks share an SM (one
+// block's reduction and stores overlap the other's loads); uncapped they take 80-83 and
+// one fits. Capped, bf16 spills 0-8 bytes, float32 8-44. Elsewhere a cap spills more
+// (scalar warp kernels: 100-370 bytes) than the occupancy it buys.
 template <typename T, typename Op, int VEC, int NV, int BLOCK, bool WARP>
-__global__ void __launch_bounds__(BLOCK) row_kernel(RowArgs<T> a, Op op) {
+__global__ void __launch_bounds__(BLOCK, BLOCK == 512 && VEC > 1 ? 2 : 1)
+    row_kernel(RowArgs<T> a, Op op) {
   using State = typename Op::State;
   using Combine = typename Op::Combine;
   constexpr int kIn = Op::kIn;
@@ -317,47 +325,87 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(RowArgs<T> a, Op op) {
     T* out = a.out + row * a.len;
 
     float v[kIn][NV][VEC];
+    // Thread columns in tile t: c0 + k * stride + [0, VEC), c0 = begin + t * span +
+    // lane * VEC.
+    // Bounds are compared in 32 bits against what is left of the row after c0 (clamped),
+    // so no 64-bit index or pointer is kept per vector (registers).
+    const int stride = g * VEC;
+    auto left = [&](int64_t bound, int64_t c0) {
+      return static_cast<int>(std::min<int64_t>(std::max<int64_t>(bound - c0, 0), 1 << 30));
+    };
+    // Two phases: first every load of the tile is issued (raw, predicated, no use in
+    // between), then they are converted. A conversion next to its load would make the
+    // thread wait for each 16-byte load before issuing the next: one load in flight per
+    // thread, ~16 KB per SM, half of what the copy bandwidth needs (GPU run 2: 30-54%).
     auto load_tile = [&](int t) {
+      const int64_t c0 = begin + t * span + static_cast<int64_t>(lane) * VEC;
+      const int avail = left(limit, c0);  // columns of c0.. to read (causal limit, idle)
+      const T* p[kIn];
 #pragma unroll
-      for (int k = 0; k < NV; ++k) {
-        if (k < a.nv) {
-          const int64_t col = begin + t * span + (static_cast<int64_t>(k) * g + lane) * VEC;
-          if (col + VEC <= limit) {  // the common case: a whole vector
+      for (int i = 0; i < kIn; ++i) p[i] = in[i] + c0;
+      // Raw bits (uint4 for a 16-byte vector), zeroed, then loaded under a predicate:
+      // a vector of 16-bit T merged with "not loaded" would be unpacked at the load.
+      // At most kGroup vectors (64 bytes of all inputs) per phase: enough in flight, and
+      // float32 (8 vectors forward) keeps its registers.
+      using Raw = std::conditional_t<sizeof(Vec<T, VEC>) == 16, uint4, Vec<T, VEC>>;
+      constexpr int kBytes = static_cast<int>(kIn * sizeof(Raw));
+      constexpr int kGroup = 64 / kBytes < 1 ? 1 : 64 / kBytes < NV ? 64 / kBytes : NV;
 #pragma unroll
-            for (int i = 0; i < kIn; ++i) {
-              const Vec<T, VEC> raw = load_vec<T, VEC>(in[i] + col);
+      for (int k0 = 0; k0 < NV; k0 += kGroup) {
+        Raw raw_bits[kIn][kGroup];
 #pragma unroll
-              for (int e = 0; e < VEC; ++e) v[i][k][e] = op.load(i, static_cast<float>(raw.v[e]));
+        for (int j = 0; j < kGroup; ++j) {
+          const int k = k0 + j;
+#pragma unroll
+          for (int i = 0; i < kIn; ++i) {
+            raw_bits[i][j] = Raw{};
+            // A vector straddling the causal limit is still inside the row: read it whole.
+            if (k < NV && k < a.nv && k * stride < avail) {
+              raw_bits[i][j] = *reinterpret_cast<const Raw*>(p[i] + k * stride);
             }
-          } else if (col < limit) {  // straddles the causal limit (still inside the row)
+          }
+        }
 #pragma unroll
-            for (int i = 0; i < kIn; ++i) {
-              const Vec<T, VEC> raw = load_vec<T, VEC>(in[i] + col);
+        for (int j = 0; j < kGroup; ++j) {
+          const int k = k0 + j;
+          if (k < NV && k < a.nv) {
+            const int off = k * stride;
+            Vec<T, VEC> raw[kIn];
 #pragma unroll
-              for (int e = 0; e < VEC; ++e) {
-                v[i][k][e] = col + e < limit ? op.load(i, static_cast<float>(raw.v[e]))
-                                             : Op::kFill;
+            for (int i = 0; i < kIn; ++i) memcpy(&raw[i], &raw_bits[i][j], sizeof(Raw));
+            if (off + VEC <= avail) {  // the common case: a whole vector
+#pragma unroll
+              for (int i = 0; i < kIn; ++i) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                  v[i][k][e] = op.load(i, static_cast<float>(raw[i].v[e]));
+                }
               }
-            }
-          } else {
+            } else {  // straddles the causal limit, or idle / masked: filled
 #pragma unroll
-            for (int i = 0; i < kIn; ++i) {
+              for (int i = 0; i < kIn; ++i) {
 #pragma unroll
-              for (int e = 0; e < VEC; ++e) v[i][k][e] = Op::kFill;
+                for (int e = 0; e < VEC; ++e) {
+                  v[i][k][e] = off + e < avail ? op.load(i, static_cast<float>(raw[i].v[e]))
+                                               : Op::kFill;
+                }
+              }
             }
           }
         }
       }
     };
     auto store_tile = [&](int t) {
+      const int64_t c0 = begin + t * span + static_cast<int64_t>(lane) * VEC;
+      const int avail = active ? left(end, c0) : 0;
+      T* p = out + c0;
 #pragma unroll
       for (int k = 0; k < NV; ++k) {
-        const int64_t col = begin + t * span + (static_cast<int64_t>(k) * g + lane) * VEC;
-        if (k < a.nv && active && col < end) {
+        if (k < a.nv && k * stride < avail) {
           Vec<T, VEC> r;
 #pragma unroll
           for (int e = 0; e < VEC; ++e) r.v[e] = static_cast<T>(v[0][k][e]);
-          store_vec<T, VEC>(out + col, r);
+          store_vec<T, VEC>(p + k * stride, r);
         }
       }
     };
@@ -507,17 +555,20 @@ Plan plan(int64_t len, int E, int VEC) {
   for (int block : {128, 512}) {
     if (len <= block * E) return {Mode::kBlock, block, vectors(len, block), 1, 1, len};
   }
-  // Longer rows: a cluster of 512-thread blocks (two fit on an SM, so one block's
-  // reduction overlaps the other's loads), or of 1024-thread ones for the longest rows.
-  // launch_rows falls back to fallback_plan when the cluster cannot run.
-  for (int block : {512, 1024}) {
-    const int64_t per_block = static_cast<int64_t>(block) * E;
+  // Longer rows: 1024-thread blocks, one per row up to 1024 * E, else a cluster of C <= 16
+  // of them (C > 8 is a non-portable size, used only if enough such clusters fit). Not
+  // 512-thread cluster blocks: with every load of a thread in flight they take 80-83
+  // registers, one block per SM (32 KB in flight, a cluster barrier per row), where a
+  // 1024-thread block at 64 registers keeps 64 KB in flight. launch_rows falls back to
+  // fallback_plan when the cluster cannot run.
+  {
+    const int64_t per_block = 1024 * static_cast<int64_t>(E);
     const int64_t c = (len + per_block - 1) / per_block;
-    if (c <= 8 || (block == 1024 && c <= 16)) {
+    if (c <= 16) {
       // Even shares, a whole number of vectors each.
       int64_t chunk = (len + c - 1) / c;
       chunk = (chunk + VEC - 1) / VEC * VEC;
-      return {Mode::kBlock, block, vectors(chunk, block), 1, static_cast<int>(c), chunk};
+      return {Mode::kBlock, 1024, vectors(chunk, 1024), 1, static_cast<int>(c), chunk};
     }
   }
   return {Mode::kBlock, 1024, E / VEC, 1, 0, len};  // cluster 0: no cluster plan
