@@ -240,14 +240,14 @@ __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict
         Vec<T, VEC> out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float d = static_cast<float>(gv.v[e]) * gelu_grad<K>(static_cast<float>(zv.v[e]));
+          const float d = static_cast<float>(gv.v[e]) * gelu_grad_for<T, K>(static_cast<float>(zv.v[e]));
           out.v[e] = static_cast<T>(d);
           s[e] += d;
         }
         store_vec<T, VEC>(dz + i, out);
       }
     } else if (col0 < N) {
-      const float d = static_cast<float>(g[i]) * gelu_grad<K>(static_cast<float>(z[i]));
+      const float d = static_cast<float>(g[i]) * gelu_grad_for<T, K>(static_cast<float>(z[i]));
       dz[i] = static_cast<T>(d);
       s[0] += d;
     }

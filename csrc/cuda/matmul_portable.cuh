@@ -227,23 +227,26 @@ __global__ void __launch_bounds__(Cfg::THREADS)
     // Epilogue from registers: accumulator (e0, e1) is row lane/4, columns 2*(lane%4)+{0,1};
     // (e2, e3) the same columns 8 rows down.
     const int64_t c_batch = static_cast<int64_t>(batch) * p.M * p.N;
+    dispatch_act(p.act, [&](auto act) {
+      constexpr int ACT = decltype(act)::value;
 #pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-      const int n = n0 + warp_n * Cfg::WN + ni * 8 + (lane % 4) * 2;
-      float b0, b1;
-      load_bias_pair<T>(p, n, b0, b1);
+      for (int ni = 0; ni < NI; ++ni) {
+        const int n = n0 + warp_n * Cfg::WN + ni * 8 + (lane % 4) * 2;
+        float b0, b1;
+        load_bias_pair<T>(p, n, b0, b1);
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
+        for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int m = m0 + warp_m * Cfg::WM + mi * 16 + lane / 4 + half * 8;
-          if (m < p.M) {
-            epilogue_pair<T>(p, c_batch + static_cast<int64_t>(m) * p.N, n,
-                             acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1], b0, b1);
+          for (int half = 0; half < 2; ++half) {
+            const int m = m0 + warp_m * Cfg::WM + mi * 16 + lane / 4 + half * 8;
+            if (m < p.M) {
+              epilogue_pair<T, ACT>(p, c_batch + static_cast<int64_t>(m) * p.N, n,
+                                    acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1], b0, b1);
+            }
           }
         }
       }
-    }
+    });
   }
 }
 

@@ -51,8 +51,16 @@ struct HopperConfig {
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
   static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
   static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
-  // Tiles, then the full and empty barriers; + 1024 to align the tiles to the swizzle atom.
-  static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+  // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
+  // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
+  // bank conflicts).
+  static constexpr int EPI_PITCH = 72, EPI_WARP_ELEMS = 16 * EPI_PITCH;
+  static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
+  // Tiles, the full and empty barriers, the epilogue scratch; + 1024 to align the tiles to
+  // the swizzle atom.
+  static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + 1024;
+  static_assert(SMEM <= 227 * 1024, "shared memory per block");
+  static_assert((STAGES * STAGE_BYTES + 2 * STAGES * 8) % 16 == 0, "scratch 16-byte aligned");
 };
 
 #if defined(FUSED_SM90A)
@@ -265,6 +273,51 @@ template <bool KMAJOR, typename T>
 __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
+
+// Epilogue, through the warp's shared-memory scratch. write_scratch puts columns
+// [64 jc, 64 jc + 64) of the warp's 16 accumulator rows there, bias added and ACT applied:
+// accumulator 4j + {0, 1} is row lane/4, columns 8j + 2 (lane%4) + {0, 1}; 4j + {2, 3} the
+// same columns 8 rows down. jc is a constant after unrolling, so acc is indexed statically.
+template <typename T, int ACT, int PITCH, int NACC>
+__device__ __forceinline__ void write_scratch(T* scratch, const float (&acc)[NACC], int jc,
+                                              const float (&bias)[16], int lane) {
+  using Pair = typename Elem<T>::pair;
+  const int r = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int j = jc * 8 + jj;
+    T* s = scratch + r * PITCH + 8 * jj + 2 * q;
+    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(act_for<T, ACT>(acc[4 * j] + bias[2 * jj]),
+                                                act_for<T, ACT>(acc[4 * j + 1] + bias[2 * jj + 1]));
+    *reinterpret_cast<Pair*>(s + 8 * PITCH) =
+        Elem<T>::pack(act_for<T, ACT>(acc[4 * j + 2] + bias[2 * jj]),
+                      act_for<T, ACT>(acc[4 * j + 3] + bias[2 * jj + 1]));
+  }
+}
+
+// Copies the scratch's 16 x 64 piece to out rows row0.., columns col0.. of batch b: each
+// lane one 16-byte vector a step, 8 lanes per 128-byte row (whole lines), element stores
+// where the row or the end of a row does not allow vectors; nothing outside M x N.
+template <typename T, int PITCH>
+__device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, const GemmProblem& p,
+                                                  int b, int row0, int col0, bool vec_ok,
+                                                  int lane) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int id = i * 32 + lane;
+    const int rr = id / 8, cc = id % 8;
+    const int row = row0 + rr, col = col0 + 8 * cc;
+    if (row >= p.M || col >= p.N) continue;
+    const T* src = scratch + rr * PITCH + 8 * cc;
+    T* dst = out + (static_cast<int64_t>(b) * p.M + row) * p.N + col;
+    if (vec_ok && col + 8 <= p.N) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+#pragma unroll 1
+      for (int e = 0; e < 8 && col + e < p.N; ++e) dst[e] = src[e];
+    }
+  }
+}
 #endif  // FUSED_SM90A
 
 template <typename T, typename Cfg, bool AK, bool BK_MAJ>
@@ -274,10 +327,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #if defined(FUSED_SM90A)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
-  T* sA = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Tiles aligned to the 1024-byte swizzle atom; pointer arithmetic on smem_raw (not integer
+  // casts) keeps these pointers known as shared memory, so the epilogue's scratch accesses
+  // compile to STS/LDS rather than generic stores and loads.
+  T* sA = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   T* sB = sA + STAGES * Cfg::A_ELEMS;
   uint64_t* full = reinterpret_cast<uint64_t*>(sB + STAGES * Cfg::B_ELEMS);
   uint64_t* empty = full + STAGES;
+  T* epi = reinterpret_cast<T*>(empty + STAGES);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -367,21 +424,36 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
 
-      // Epilogue: accumulator 4j + {0, 1} is row 16 warp + lane/4, columns 8j + 2 (lane%4)
-      // + {0, 1}; 4j + {2, 3} the same columns 8 rows down.
-      const int row0 = tm * BM + c * 64 + warp * 16 + lane / 4;
-      const int col0 = tn * BN + 2 * (lane % 4);
-      const int64_t row_a = (static_cast<int64_t>(b) * p.M + row0) * p.N;
-      const int64_t row_b = row_a + 8 * static_cast<int64_t>(p.N);
+      // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
+      // whole-line stores (the pre-activation first when the backward pass wants it).
+      T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
+      const int row0 = tm * BM + c * 64 + warp * 16;
+      T* out_c = static_cast<T*>(p.c);
+      T* out_z = static_cast<T*>(p.z);
+      const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(out_c) % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(out_z) % 16 == 0;
+      dispatch_act(p.act, [&](auto act) {
+        constexpr int ACT = decltype(act)::value;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        float b0, b1;
-        load_bias_pair<T>(p, col0 + 8 * j, b0, b1);
-        if (row0 < p.M) epilogue_pair<T>(p, row_a, col0 + 8 * j, acc[4 * j], acc[4 * j + 1], b0, b1);
-        if (row0 + 8 < p.M) {
-          epilogue_pair<T>(p, row_b, col0 + 8 * j, acc[4 * j + 2], acc[4 * j + 3], b0, b1);
+        for (int jc = 0; jc < BN / 64; ++jc) {
+          const int col0 = tn * BN + 64 * jc;
+          float bias[16];
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            load_bias_pair<T>(p, col0 + 8 * jj + 2 * (lane % 4), bias[2 * jj], bias[2 * jj + 1]);
+          }
+          if (out_z != nullptr) {
+            __syncwarp();  // the previous piece's reads are done
+            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+            __syncwarp();
+            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
+          }
+          __syncwarp();
+          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+          __syncwarp();
+          scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
         }
-      }
+      });
     }
   }
 #endif  // FUSED_SM90A
