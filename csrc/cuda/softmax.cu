@@ -173,18 +173,21 @@ struct Fwd {
 // log_softmax dx = dy - exp(y) * sum(dy). Missing entries, and causal-masked ones (y = 0
 // there, so they are not read), are 0 and give dx = 0. v[0] = dy, v[1] = y.
 //
-// The row sum is accumulated in double. sum(dy) cancels (terms of both signs, |sum| ~
-// sqrt(len) while the partial sums run larger), and a float accumulation errs by ~1e-7 of
-// the partial sums: after the multiplication by exp(y), up to ~1 that is ~1e-6 absolute
-// in dx where dx itself is near 0, past float32 accuracy (GPU run 1 failed fp32
-// log_softmax backward at 1e-5 / 1e-6 for rows >= 255). sum(dy * y) is milder (y <= 1,
-// sum y = 1) but cancels the same way for large dy of both signs. One float->double
-// conversion and one double add per element: far below what memory bandwidth leaves.
+// For float32 the row sum is accumulated in double (Acc). sum(dy) cancels (terms of both
+// signs, |sum| ~ sqrt(len) while the partial sums run larger), and a float accumulation
+// errs by ~1e-7 of the partial sums: after the multiplication by exp(y), up to ~1 that is
+// ~1e-6 absolute in dx where dx itself is near 0, past float32 accuracy (GPU run 1 failed
+// fp32 log_softmax backward at 1e-5 / 1e-6 for rows >= 255). sum(dy * y) is milder
+// (y <= 1, sum y = 1) but cancels the same way for large dy of both signs. For 16-bit
+// inputs float accumulation is ~1e4 times finer than the output's rounding, and the
+// per-element double conversion cost the bf16 backward a third of its bandwidth (GPU run 3:
+// 16384x4096 fwd+bwd 52% -> 37% of copy), so Acc is float there.
+template <typename Acc>
 struct Bwd {
   static constexpr int kIn = 2;
   static constexpr int kMaxElems = 16;  // per thread: 2 x 16 float registers
   static constexpr float kFill = 0.f;
-  using State = double;
+  using State = Acc;
   using Combine = CombineSum;
   float scale;
   bool log;
@@ -192,15 +195,15 @@ struct Bwd {
   __device__ __forceinline__ float load(int /*input*/, float x) const { return x; }
 
   template <int NV, int VEC>
-  __device__ __forceinline__ double partial(float (&v)[kIn][NV][VEC], int nv) const {
-    double s = 0.0;
+  __device__ __forceinline__ Acc partial(float (&v)[kIn][NV][VEC], int nv) const {
+    Acc s = 0;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       if (k < nv) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           // dy * y rounded once in float (relative 6e-8 per term, no cancellation there)
-          s += static_cast<double>(log ? v[0][k][e] : v[0][k][e] * v[1][k][e]);
+          s += static_cast<Acc>(log ? v[0][k][e] : v[0][k][e] * v[1][k][e]);
         }
       }
     }
@@ -208,8 +211,8 @@ struct Bwd {
   }
 
   template <int NV, int VEC>
-  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, double /*mine*/,
-                                         double row_sum) const {
+  __device__ __forceinline__ void finish(float (&v)[kIn][NV][VEC], int nv, Acc /*mine*/,
+                                         Acc row_sum) const {
     const float row = static_cast<float>(row_sum);
     if (log) {
 #pragma unroll
@@ -667,7 +670,9 @@ at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_
     FUSED_DISPATCH_CUDA(y.scalar_type(), "fused::softmax_backward", [&] {
       run<scalar_t>(gv.t.const_data_ptr<scalar_t>(), yv.t.const_data_ptr<scalar_t>(),
                     dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len,
-                    causal ? y.size(-2) : 0, Bwd{static_cast<float>(scale), LOG});
+                    causal ? y.size(-2) : 0,
+                    Bwd<std::conditional_t<std::is_same_v<scalar_t, float>, double, float>>{
+                        static_cast<float>(scale), LOG});
     });
   }
   return softmax_restore(dx, y, d);
