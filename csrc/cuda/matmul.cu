@@ -3,7 +3,9 @@
 // bf16/fp16: hand-written tensor-core GEMMs with the bias + GeLU epilogue fused:
 //   - the Hopper kernel (matmul_sm90.cu: wgmma + TMA, warp-specialised, persistent) on
 //     compute capability 9.0 when the build has sm_90a code and the operands suit TMA;
-//   - the portable kernel (matmul_portable.cuh: mma.sync + cp.async) everywhere else.
+//   - the portable kernel (matmul_portable.cuh: mma.sync + cp.async) everywhere else,
+//     compiled in its own translation units, one per element type
+//     (matmul_portable_{bf16,f16}.cu), which the build runs in parallel.
 //   FUSED_OPS_MATMUL_KERNEL=portable forces the portable kernel (benchmarks report its % of
 //   cuBLAS); "auto" (the default) takes the Hopper kernel where it applies; "hopper" does the
 //   same but fails when no Hopper kernel is available at all (the tests use it to make sure
@@ -35,67 +37,13 @@
 #include "common/launch.cuh"
 #include "common/matmul_checks.h"
 #include "common/vec.cuh"
-#include "cuda/matmul_portable.cuh"
+#include "cuda/matmul_portable.h"
 #include "cuda/matmul_sm90.h"
 
 namespace fused {
 namespace {
 
 using matmul::GemmProblem;
-
-// ---------------------------------------------------------------------------------------
-// Portable kernel launch and tile-shape choice.
-//
-// Two tile shapes, chosen by how many tiles the problem makes:
-//   Big   128 x 256 x 32, 8 warps of 64 x 64, 4 stages (120 KB smem): the throughput shape;
-//         each k-step a warp issues 32 mma for 8 ldmatrix.x4 (a 2:1 math to smem ratio).
-//   Small  64 x 128 x 32, 4 warps of 32 x 64, 4 stages (60 KB smem): for problems that make
-//         fewer Big tiles than there are SMs (e.g. 1000 x 1000), where filling the GPU
-//         matters more than per-tile efficiency, and for GPUs whose per-block shared
-//         memory (99 KB on sm_86/89) cannot hold the Big pipeline.
-using BigCfg = matmul::PortableConfig<128, 256, 2, 4, 4>;
-using SmallCfg = matmul::PortableConfig<64, 128, 2, 2, 4>;
-
-template <typename T, typename Cfg, bool AK, bool BK>
-void launch_portable_layout(const GemmProblem& p, cudaStream_t stream) {
-  auto kernel = matmul::portable_gemm_kernel<T, Cfg, AK, BK>;
-  constexpr int smem = Cfg::template smem_bytes<AK, BK>();
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int64_t tiles = ceil_div(p.M, Cfg::BM) * ceil_div(p.N, Cfg::BN);
-  TORCH_CHECK(tiles < (int64_t(1) << 31), "fused::matmul: problem too large (", tiles, " tiles)");
-  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(p.batch, 65535)));
-  kernel<<<grid, Cfg::THREADS, smem, stream>>>(p);
-  FUSED_LAUNCH_CHECK();
-}
-
-// Three operand layouts are compiled: A K-major with B either way (forward, dX = dZ W, plain
-// row-major matmul) and both MN-major (dW = dZ^T X). gemm_16bit copies A to row-major for
-// the fourth (A MN-major, B K-major), which no layer produces.
-template <typename T, typename Cfg>
-void launch_portable_cfg(const GemmProblem& p, cudaStream_t stream) {
-  if (p.a_kmajor && p.b_kmajor) {
-    launch_portable_layout<T, Cfg, true, true>(p, stream);
-  } else if (p.a_kmajor) {
-    launch_portable_layout<T, Cfg, true, false>(p, stream);
-  } else {
-    TORCH_CHECK(!p.b_kmajor, "fused::matmul: internal error: unsupported operand layout");
-    launch_portable_layout<T, Cfg, false, false>(p, stream);
-  }
-}
-
-template <typename T>
-void launch_portable(const GemmProblem& p, cudaStream_t stream) {
-  const int64_t big_tiles = ceil_div(p.M, BigCfg::BM) * ceil_div(p.N, BigCfg::BN) * p.batch;
-  const auto* prop = at::cuda::getCurrentDeviceProperties();
-  const bool big_fits =
-      static_cast<size_t>(BigCfg::smem_bytes<true, true>()) <= prop->sharedMemPerBlockOptin &&
-      static_cast<size_t>(BigCfg::smem_bytes<false, false>()) <= prop->sharedMemPerBlockOptin;
-  if (big_fits && big_tiles >= prop->multiProcessorCount) {
-    launch_portable_cfg<T, BigCfg>(p, stream);
-  } else {
-    launch_portable_cfg<T, SmallCfg>(p, stream);
-  }
-}
 
 enum class KernelChoice { kAuto, kPortable, kHopper };
 
@@ -121,9 +69,9 @@ void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
                 "e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
   }
   if (dtype == at::kBFloat16) {
-    launch_portable<__nv_bfloat16>(p, stream);
+    matmul::launch_portable_gemm<__nv_bfloat16>(p, stream);
   } else {
-    launch_portable<__half>(p, stream);
+    matmul::launch_portable_gemm<__half>(p, stream);
   }
 }
 
@@ -174,7 +122,7 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
               ", N ", N, ", K ", K);
   MatView A = prepare_operand(a3);
   const MatView B = prepare_operand(b3);
-  if (!A.row_major && !B.row_major) A = prepare_operand(a3, false);  // see launch_portable_cfg
+  if (!A.row_major && !B.row_major) A = prepare_operand(a3, false);  // see matmul_portable_launch.cuh
   at::Tensor bias_c;
   if (bias != nullptr) bias_c = bias->contiguous();
   GemmProblem p;

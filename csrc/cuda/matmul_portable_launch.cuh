@@ -1,0 +1,75 @@
+// The portable GEMM's launcher and tile-shape choice, included by matmul_portable_bf16.cu
+// and matmul_portable_f16.cu (one explicit instantiation each; see matmul_portable.h).
+#pragma once
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "common/launch.cuh"
+#include "cuda/matmul_portable.cuh"
+#include "cuda/matmul_portable.h"
+
+namespace fused {
+namespace matmul {
+namespace portable_detail {
+
+// ---------------------------------------------------------------------------------------
+// Portable kernel launch and tile-shape choice.
+//
+// Two tile shapes, chosen by how many tiles the problem makes:
+//   Big   128 x 256 x 32, 8 warps of 64 x 64, 4 stages (120 KB smem): the throughput shape;
+//         each k-step a warp issues 32 mma for 8 ldmatrix.x4 (a 2:1 math to smem ratio).
+//   Small  64 x 128 x 32, 4 warps of 32 x 64, 4 stages (60 KB smem): for problems that make
+//         fewer Big tiles than there are SMs (e.g. 1000 x 1000), where filling the GPU
+//         matters more than per-tile efficiency, and for GPUs whose per-block shared
+//         memory (99 KB on sm_86/89) cannot hold the Big pipeline.
+using BigCfg = PortableConfig<128, 256, 2, 4, 4>;
+using SmallCfg = PortableConfig<64, 128, 2, 2, 4>;
+
+template <typename T, typename Cfg, bool AK, bool BK>
+void launch_portable_layout(const GemmProblem& p, cudaStream_t stream) {
+  auto kernel = portable_gemm_kernel<T, Cfg, AK, BK>;
+  constexpr int smem = Cfg::template smem_bytes<AK, BK>();
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t tiles = ceil_div(p.M, Cfg::BM) * ceil_div(p.N, Cfg::BN);
+  TORCH_CHECK(tiles < (int64_t(1) << 31), "fused::matmul: problem too large (", tiles, " tiles)");
+  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(p.batch, 65535)));
+  kernel<<<grid, Cfg::THREADS, smem, stream>>>(p);
+  FUSED_LAUNCH_CHECK();
+}
+
+// Three operand layouts are compiled: A K-major with B either way (forward, dX = dZ W, plain
+// row-major matmul) and both MN-major (dW = dZ^T X). gemm_16bit copies A to row-major for
+// the fourth (A MN-major, B K-major), which no layer produces.
+template <typename T, typename Cfg>
+void launch_portable_cfg(const GemmProblem& p, cudaStream_t stream) {
+  if (p.a_kmajor && p.b_kmajor) {
+    launch_portable_layout<T, Cfg, true, true>(p, stream);
+  } else if (p.a_kmajor) {
+    launch_portable_layout<T, Cfg, true, false>(p, stream);
+  } else {
+    TORCH_CHECK(!p.b_kmajor, "fused::matmul: internal error: unsupported operand layout");
+    launch_portable_layout<T, Cfg, false, false>(p, stream);
+  }
+}
+
+}  // namespace portable_detail
+
+template <typename T>
+void launch_portable_gemm(const GemmProblem& p, cudaStream_t stream) {
+  using namespace portable_detail;
+  const int64_t big_tiles = ceil_div(p.M, BigCfg::BM) * ceil_div(p.N, BigCfg::BN) * p.batch;
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const bool big_fits =
+      static_cast<size_t>(BigCfg::smem_bytes<true, true>()) <= prop->sharedMemPerBlockOptin &&
+      static_cast<size_t>(BigCfg::smem_bytes<false, false>()) <= prop->sharedMemPerBlockOptin;
+  if (big_fits && big_tiles >= prop->multiProcessorCount) {
+    launch_portable_cfg<T, BigCfg>(p, stream);
+  } else {
+    launch_portable_cfg<T, SmallCfg>(p, stream);
+  }
+}
+
+}  // namespace matmul
+}  // namespace fused
