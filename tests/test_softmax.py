@@ -15,7 +15,8 @@ INF = float("inf")
 # elements per thread, the backward 16, so the thresholds differ between the two.
 LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 4097,
            8192, 16384, 16385, 32768]
-# Long rows: cluster splits (sm_90) and odd lengths (scalar path). 262144 runs once, below.
+# Long rows: odd lengths (scalar path) and, with FUSED_SOFTMAX_CLUSTER=1 in the environment
+# (clusters are opt-in), the sm_90 cluster splits. 262144 runs once, below.
 LONG_LENGTHS = [32769, 50257, 65536, 65537, 131071, 131072]
 # Past what a cluster holds: the tiled two-pass path (forward > 524288, backward > 262144).
 HUGE_LENGTHS = [300001, 600001]
