@@ -13,6 +13,8 @@ What autograd keeps for backward is in each record's fwd_held_bytes (the harness
 memory held after the forward: outputs plus saved tensors): F.dropout keeps a one-byte mask
 per element, the fused op 16 bytes. benchmarks/dropout_memory.py prints the comparison alone.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -25,20 +27,14 @@ P = 0.1
 SHAPES = [(16384, 1024), (16384, 4096), (4096, 32768), (8192, 8192)]
 
 
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
 
 def dropout_bytes(shape, dtype, pass_):
-    fwd = 2 * _numel(shape) * dtype.itemsize
+    fwd = 2 * math.prod(shape) * dtype.itemsize
     return fwd if pass_ == "fwd" else 2 * fwd
 
 
 def bias_dropout_add_bytes(shape, dtype, pass_):
-    n, h, s = _numel(shape), shape[-1], dtype.itemsize
+    n, h, s = math.prod(shape), shape[-1], dtype.itemsize
     fwd = 3 * n * s + h * s
     return fwd if pass_ == "fwd" else fwd + 2 * n * s + h * s
 

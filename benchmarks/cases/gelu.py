@@ -4,6 +4,8 @@ Minimum bytes (n = numel, s = element size):
   fwd:      read x, write y                               2 n s
   fwd+bwd:  fwd + backward reading dy and x, writing dx   2 n s + 3 n s = 5 n s
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -15,17 +17,11 @@ from fused_ops import reference
 SHAPES = [(16384, 1024), (16384, 4096), (4096, 32768), (8192, 8192)]
 
 
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
 
 def gelu_bytes(shape, dtype, pass_):
     size = dtype.itemsize
-    fwd = 2 * _numel(shape) * size
-    return fwd if pass_ == "fwd" else fwd + 3 * _numel(shape) * size
+    fwd = 2 * math.prod(shape) * size
+    return fwd if pass_ == "fwd" else fwd + 3 * math.prod(shape) * size
 
 
 def _make_inputs(shape, dtype, device):

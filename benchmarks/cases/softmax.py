@@ -28,15 +28,9 @@ CAUSAL_SHAPES = [(8, 16, 2048, 2048)]
 CAUSAL_SCALE = 1 / math.sqrt(128)  # a head dim of 128
 
 
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
 
 def softmax_bytes(shape, dtype, pass_):
-    n, s = _numel(shape), dtype.itemsize
+    n, s = math.prod(shape), dtype.itemsize
     return 2 * n * s if pass_ == "fwd" else 5 * n * s
 
 
@@ -47,7 +41,7 @@ def _unmasked_fraction(lq, lk):
 
 
 def causal_bytes(shape, dtype, pass_):
-    n, s = _numel(shape), dtype.itemsize
+    n, s = math.prod(shape), dtype.itemsize
     f = _unmasked_fraction(shape[-2], shape[-1])
     fwd = (f + 1) * n * s
     return int(fwd if pass_ == "fwd" else fwd + (2 * f + 1) * n * s)
