@@ -281,11 +281,41 @@ struct Bwd {
 
   template <typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[2][P],
-                                       Cols /*c: masked entries are zero already*/) const {
+                                       Cols c) const {
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       r.raw[0][k] = raw[0][k];
       r.raw[1][k] = raw[1][k];
+    }
+    // Vectors not loaded are zero. One that straddles the causal limit is zeroed past it,
+    // word by word (bit masks: element-wise stores into 16-bit halves would make the
+    // compiler split every vector at its load). Rare: vectors ascend in column, so only
+    // a thread whose last vector is not whole has one.
+    if constexpr (VEC > 1) {
+      if (c.c0 + (P - 1) * c.stride + VEC > c.limit) {
+        constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+          const int col = c.c0 + k * c.stride;
+          uint32_t keep[4];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            keep[w] = 0;
+#pragma unroll
+            for (int h = 0; h < kPerWord; ++h) {
+              const uint32_t bits = kPerWord == 1 ? 0xffffffffu : 0xffffu << (16 * h);
+              if (col + w * kPerWord + h < c.limit) keep[w] |= bits;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            r.raw[i][k].x &= keep[0];
+            r.raw[i][k].y &= keep[1];
+            r.raw[i][k].z &= keep[2];
+            r.raw[i][k].w &= keep[3];
+          }
+        }
+      }
     }
   }
 
@@ -341,11 +371,15 @@ struct Args {
   int64_t rows;
   int len;         // < 2^31 (checked on the host): column offsets are 32-bit
   int chunk;       // columns per block: len, or a split row's chunk (a multiple of VEC)
-  int nchunks;     // chunks per row (1 unless split)
+  int nchunks;     // chunks per row (1 unless split): blockIdx.y
   int tpr;         // threads per row: a power of two <= 32, or BLOCK
+  int tpr_shift;   // log2(tpr): no integer division in the kernel
   int64_t causal_q;  // 0: no mask; else Lq: row r is query r % Lq, keys j > r % Lq masked
   Phase phase;
 };
+
+template <int N>
+constexpr int kLog2 = N <= 1 ? 0 : 1 + kLog2<N / 2>;
 
 // Thread `lane` of a row group owns vectors k < P at columns
 // begin + (k * tpr + lane) * VEC, begin = the chunk's first column.
@@ -359,20 +393,24 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   __shared__ double buf[2][BLOCK / 32 > 0 ? BLOCK / 32 : 1];
 
   const Group<BLOCK> g{a.tpr};
-  const int lane = threadIdx.x % a.tpr;
-  const int64_t rows_per_block = BLOCK / a.tpr;
-  const int64_t row_block = blockIdx.x / a.nchunks;
-  const int c = blockIdx.x % a.nchunks;
-  const int64_t r = row_block * rows_per_block + threadIdx.x / a.tpr;
+  const int lane = threadIdx.x & (a.tpr - 1);
+  const int c = blockIdx.y;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) << (kLog2<BLOCK> - a.tpr_shift)) +
+                    (threadIdx.x >> a.tpr_shift);
   const bool active = r < a.rows;  // idle groups of the last block still shuffle along
   const int64_t row = active ? r : 0;
   const int begin = c * a.chunk;
   const int end = std::min(a.len, begin + a.chunk);
   // Columns in [limit, end) are masked or idle: not read (zero raw bits).
-  const int limit =
-      !active ? begin
-      : a.causal_q > 0 ? static_cast<int>(std::min<int64_t>(end, row % a.causal_q + 1))
-                       : end;
+  int limit = active ? end : begin;
+  if (a.causal_q > 0 && active) {
+    // The query index: a 32-bit remainder when the row count allows (a 64-bit one is a
+    // ~100-instruction call).
+    const int64_t q = a.rows <= 0xffffffffLL
+                          ? static_cast<uint32_t>(row) % static_cast<uint32_t>(a.causal_q)
+                          : row % a.causal_q;
+    limit = static_cast<int>(std::min<int64_t>(end, q + 1));
+  }
   const int c0 = begin + lane * VEC;
   const int stride = a.tpr * VEC;
 
@@ -388,26 +426,6 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
       raw[i][k] = R{};
       // A vector straddling the causal limit is still inside the row: read it whole.
       if (col < limit) raw[i][k] = *reinterpret_cast<const R*>(p + col);
-    }
-  }
-  if constexpr (VEC > 1) {
-    // Zero what a vector straddling the causal limit holds past it (rare: one vector of
-    // a causal row).
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-      const int col = c0 + k * stride;
-      if (col < limit && col + VEC > limit) {
-#pragma unroll
-        for (int i = 0; i < kIn; ++i) {
-          Vec<T, VEC> t;
-          memcpy(&t, &raw[i][k], sizeof(t));
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            if (col + e >= limit) t.v[e] = T(0);
-          }
-          memcpy(&raw[i][k], &t, sizeof(t));
-        }
-      }
     }
   }
   typename Op::template Regs<T, VEC, P> regs;
@@ -454,14 +472,18 @@ int next_pow2(int64_t n) {
   return p;
 }
 
+// Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row.
 template <typename T, typename Op, int VEC, int BLOCK>
-void launch(Args<T, typename Op::State> a, int64_t blocks, const Op& op) {
+void launch(Args<T, typename Op::State> a, const Op& op) {
   constexpr int P = kVectorsPerThread<VEC>;
-  TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "fused softmax: ", a.rows,
-              " rows of ", a.len, " columns need ", blocks,
-              " blocks, more than one launch holds (2^31 - 1)");
-  softmax_kernel<T, Op, VEC, P, BLOCK><<<static_cast<unsigned>(blocks), BLOCK, 0,
-                                         current_stream()>>>(a, op);
+  a.tpr_shift = 0;
+  while ((1 << a.tpr_shift) < a.tpr) ++a.tpr_shift;
+  const int64_t row_blocks = ceil_div(a.rows, BLOCK / a.tpr);
+  TORCH_CHECK(row_blocks <= std::numeric_limits<int>::max() && a.nchunks <= 65535,
+              "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks,
+              " x ", a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
+  softmax_kernel<T, Op, VEC, P, BLOCK><<<grid, BLOCK, 0, current_stream()>>>(a, op);
   FUSED_LAUNCH_CHECK();
 }
 
@@ -477,13 +499,13 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
     // A row per group of tpr <= 32 threads, several rows per 128-thread block; past 32,
     // one row per block of 128 (a group is a warp or the whole block).
     a.tpr = tpr <= 32 ? static_cast<int>(tpr) : 128;
-    return launch<T, Op, VEC, 128>(a, ceil_div(a.rows, 128 / a.tpr), op);
+    return launch<T, Op, VEC, 128>(a, op);
   }
   a.tpr = static_cast<int>(tpr);
   switch (tpr) {
-    case 256: return launch<T, Op, VEC, 256>(a, a.rows, op);
-    case 512: return launch<T, Op, VEC, 512>(a, a.rows, op);
-    case 1024: return launch<T, Op, VEC, 1024>(a, a.rows, op);
+    case 256: return launch<T, Op, VEC, 256>(a, op);
+    case 512: return launch<T, Op, VEC, 512>(a, op);
+    case 1024: return launch<T, Op, VEC, 1024>(a, op);
   }
   // Split: chunks of kSplitBlock * P vectors, reductions written to a workspace, then
   // combined by each chunk's block in a second launch.
@@ -495,9 +517,9 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
                             opts.dtype(at::kByte));
   a.partials = reinterpret_cast<typename Op::State*>(ws.mutable_data_ptr());
   a.phase = kPartial;
-  launch<T, Op, VEC, kSplitBlock>(a, blocks, op);
+  launch<T, Op, VEC, kSplitBlock>(a, op);
   a.phase = kFinish;
-  launch<T, Op, VEC, kSplitBlock>(a, blocks, op);
+  launch<T, Op, VEC, kSplitBlock>(a, op);
 }
 
 template <typename T, typename Op>
@@ -506,7 +528,7 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
   TORCH_CHECK(len <= std::numeric_limits<int>::max() / 2,
               "fused softmax: rows of up to 2^30 elements are supported, but got ", len);
   Args<T, typename Op::State> a{{in0, in1}, out, nullptr, rows, static_cast<int>(len),
-                                static_cast<int>(len), 1, 1, causal_q, kWhole};
+                                static_cast<int>(len), 1, 1, 0, causal_q, kWhole};
   constexpr int V = kVecElems<T>;
   const bool vec = len % V == 0 && is_aligned(in0) && (in1 == nullptr || is_aligned(in1)) &&
                    is_aligned(out);
