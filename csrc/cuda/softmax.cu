@@ -7,7 +7,8 @@
 // all at once before any use, so that P * 16 bytes per thread are in flight. A row belongs
 // to a group of `tpr` threads, a power of two:
 //
-//   tpr <= 32              several rows per 128-thread block, shuffle reductions
+//   tpr <= 64              several rows per 128-thread block (shuffle reductions, and
+//                          for 64 one shared-memory step)
 //   tpr = BLOCK            one row per block of 128 / 256 / 512 / 1024 threads, shuffles
 //                          then one shared-memory step
 //   len > 1024 * P * VEC   the row split into chunks of 512 * P * VEC columns, one block
@@ -84,9 +85,9 @@ struct SumOp {
 };
 
 // All-reduce over the tpr threads of a row group (every thread gets the result). tpr is a
-// power of two, <= 32 (shuffles within aligned lane groups) or the whole block (then one
-// value per warp through `buf`, BLOCK / 32 slots; each call site has its own buffer, so no
-// second barrier is needed: every kernel reduces one row once).
+// power of two: <= 32, shuffles within aligned lane groups; else whole warps, one value
+// per warp through `buf` (BLOCK / 32 slots; each call site has its own buffer, so no
+// second barrier is needed: every kernel reduces one row group once).
 template <int BLOCK>
 struct Group {
   int tpr;
@@ -97,11 +98,12 @@ struct Group {
     for (int o = width / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     if constexpr (BLOCK > 32) {
       if (tpr > 32) {
-        if (threadIdx.x % 32 == 0) buf[threadIdx.x / 32] = v;
+        const int warp = threadIdx.x / 32;
+        if (threadIdx.x % 32 == 0) buf[warp] = v;
         __syncthreads();
-        v = buf[0];
-#pragma unroll
-        for (int i = 1; i < BLOCK / 32; ++i) v = op(v, buf[i]);
+        const int warps = tpr / 32, first = warp & ~(warps - 1);
+        v = buf[first];
+        for (int i = 1; i < warps; ++i) v = op(v, buf[first + i]);
       }
     }
     return v;
@@ -166,9 +168,12 @@ struct Fwd {
     if (c.c0 + (P - 1) * c.stride + VEC > c.limit) {
 #pragma unroll
       for (int k = 0; k < P; ++k) {
+        const int left = c.limit - (c.c0 + k * c.stride);  // valid elements of vector k
+        if (left < VEC) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          if (c.c0 + k * c.stride + e >= c.limit) r.v[k][e] = kNegInf;
+          for (int e = 0; e < VEC; ++e) {
+            if (e >= left) r.v[k][e] = kNegInf;
+          }
         }
       }
     }
@@ -496,9 +501,8 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
   a.nchunks = 1;
   a.phase = kWhole;
   if (tpr <= 128) {
-    // A row per group of tpr <= 32 threads, several rows per 128-thread block; past 32,
-    // one row per block of 128 (a group is a warp or the whole block).
-    a.tpr = tpr <= 32 ? static_cast<int>(tpr) : 128;
+    // Several rows per 128-thread block (one for tpr = 128).
+    a.tpr = static_cast<int>(tpr);
     return launch<T, Op, VEC, 128>(a, op);
   }
   a.tpr = static_cast<int>(tpr);
