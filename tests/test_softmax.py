@@ -10,15 +10,18 @@ from utils import CUDA, DEVICES, DTYPES, assert_close, input_views, poison_next_
 ops = torch.ops.fused
 INF = float("inf")
 
-# Row lengths across every threshold of the CUDA strategies (warp-small, warp, block of 128 /
-# 512 / 1024, cluster, tiles; vector and scalar paths) and odd ones. The forward keeps 32
-# elements per thread, the backward 16, so the thresholds differ between the two.
-LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 4097,
-           8192, 16384, 16385, 32768]
-# Long rows: odd lengths (scalar path) and, with FUSED_SOFTMAX_CLUSTER=1 in the environment
-# (clusters are opt-in), the sm_90 cluster splits. 262144 runs once, below.
+# Row lengths across every threshold of the CUDA kernel's shapes and odd ones. Each thread
+# holds 4 vectors (32 bf16 / fp16, 16 float32 elements) or 8 scalars (odd lengths): row
+# groups of <= 32 threads, 64, then one block of 128 / 256 / 512 threads per row, then on
+# sm_90 a cluster of up to 16 blocks of 512 (bf16 up to 262144, float32 131072, scalar
+# 65536), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
+# block, then) the split path: chunk partials, then a second launch.
+LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 2049,
+           4096, 4097, 8192, 8193, 16384, 16385, 32768]
+# Long rows: clusters of 2..16 blocks, and odd lengths (scalar clusters, then split).
+# 262144 runs once, below.
 LONG_LENGTHS = [32769, 50257, 65536, 65537, 131071, 131072]
-# Past what a cluster holds: the tiled two-pass path (forward > 524288, backward > 262144).
+# Past what a cluster holds: the split path (forward and backward alike).
 HUGE_LENGTHS = [300001, 600001]
 # The CPU kernel has no thresholds: a few lengths keep CI time small.
 CPU_LENGTHS = [1, 7, 33, 1000, 4097]
@@ -145,8 +148,7 @@ def test_cuda_long_rows(dtype, log, length):
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_262144(dtype):
-    # The longest benchmarked row: an 8-block cluster forward, a 16-block one backward
-    # (1024-thread blocks).
+    # The longest benchmarked row: a 16-block cluster (bf16 / fp16), split for float32.
     x = torch.randn(5, 262144, device="cuda").to(dtype) * 3
     for log in (False, True):
         y = check_forward(x, log=log)

@@ -34,8 +34,13 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <cooperative_groups.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "common/checks.h"
@@ -48,6 +53,7 @@ namespace fused {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kMaxCluster = 16;  // blocks per cluster (over 8: a non-portable size)
 
 // exp(v - o) with o = the max, or 0 when the max is -inf (an all -inf or empty part):
 // its sum is then 0 (or NaN if a NaN was seen) instead of exp(-inf + inf) = NaN, so a
@@ -220,9 +226,13 @@ struct Fwd {
     return {m, s};
   }
 
-  // have_exp: partial ran on these registers (softmax: v holds exp(v - M) already).
-  __device__ __forceinline__ Coef coef(MaxSum row, bool have_exp) const {
-    return {exp_offset(row.m), log ? logf(row.s) : 1.f / row.s, have_exp};
+  // have_exp: partial ran on these registers, so softmax's v holds exp(v - m) with m =
+  // mine.m, the max partial saw (the row's, or in a cluster its block's share's):
+  // y = v * exp(m - M) / S.
+  __device__ __forceinline__ Coef coef(MaxSum row, MaxSum mine, bool have_exp) const {
+    const float o = exp_offset(row.m);
+    if (log) return {o, logf(row.s), false};
+    return {o, (have_exp ? exp_elem<float>(exp_offset(mine.m) - o) : 1.f) / row.s, have_exp};
   }
 
   // v becomes the output. The flags are uniform: each case is its own loop, so no element
@@ -345,7 +355,7 @@ struct Bwd {
     return s;
   }
 
-  __device__ __forceinline__ Coef coef(Acc row_sum, bool /*have_exp*/) const {
+  __device__ __forceinline__ Coef coef(Acc row_sum, Acc /*mine*/, bool /*have_exp*/) const {
     return static_cast<float>(row_sum);
   }
 
@@ -366,6 +376,8 @@ enum Phase : int {
   kWhole = 0,    // the row (or rows) of this block: reduce, write the outputs
   kPartial = 1,  // one chunk of a split row: reduce, write the chunk's State
   kFinish = 2,   // one chunk of a split row: combine the row's States, write the outputs
+  kCluster = 3,  // one chunk of a row split over a thread-block cluster (sm_90): reduce,
+                 // exchange the States through distributed shared memory, write
 };
 
 template <typename T, typename State>
@@ -385,6 +397,30 @@ struct Args {
 
 template <int N>
 constexpr int kLog2 = N <= 1 ? 0 : 1 + kLog2<N / 2>;
+
+// The row's State from the States of the n blocks of this block's cluster (each block's
+// share of the row), read from each block's shared memory in rank order, so every block
+// gets the same result. The second barrier keeps every block's shared memory alive until
+// all have read it.
+template <typename Op>
+__device__ __forceinline__ typename Op::State cluster_combine(const Op& op,
+                                                              typename Op::State mine, int n) {
+  using State = typename Op::State;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ State slot;
+  __shared__ State part[kMaxCluster];
+  if (threadIdx.x == 0) slot = mine;
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();
+  if (threadIdx.x < n) part[threadIdx.x] = *cl.map_shared_rank(&slot, threadIdx.x);
+  cl.sync();
+  return op.combine(part, n);
+#else
+  __trap();  // the host launches clusters only for sm_90 code (cluster_ok)
+  return mine;
+#endif
+}
 
 // Thread `lane` of a row group owns vectors k < P at columns
 // begin + (k * tpr + lane) * VEC, begin = the chunk's first column.
@@ -436,18 +472,19 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   typename Op::template Regs<T, VEC, P> regs;
   op.init(regs, raw, Cols{c0, stride, limit});
 
-  State total;
+  State total, mine;
   if (a.phase == kFinish) {
-    total = op.combine(a.partials + row * a.nchunks, a.nchunks);
+    total = mine = op.combine(a.partials + row * a.nchunks, a.nchunks);
   } else {
-    total = op.partial(regs, g, buf[0], buf[1]);
+    total = mine = op.partial(regs, g, buf[0], buf[1]);
     if (a.phase == kPartial) {
       if (threadIdx.x == 0) a.partials[row * a.nchunks + c] = total;
       return;
     }
+    if (a.phase == kCluster) total = cluster_combine(op, mine, a.nchunks);
   }
   if (!active) return;
-  const auto coef = op.coef(total, a.phase == kWhole);
+  const auto coef = op.coef(total, mine, a.phase != kFinish);
   op.finish(regs, coef);
   T* out = a.out + row * a.len;
 #pragma unroll
@@ -469,7 +506,7 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
 // elements on the scalar path.
 template <int VEC>
 constexpr int kVectorsPerThread = VEC == 1 ? 8 : 4;
-constexpr int kSplitBlock = 512;  // block size for the chunks of a split row
+constexpr int kSplitBlock = 512;  // block size for the chunks of a split (or clustered) row
 
 int next_pow2(int64_t n) {
   int p = 1;
@@ -477,19 +514,89 @@ int next_pow2(int64_t n) {
   return p;
 }
 
-// Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row.
+cudaLaunchAttribute cluster_attr(int n) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = n;  // the chunks of one row: blockIdx.y = the rank
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
+// Whether `kernel` can run here as clusters of n blocks of `block` threads: the GPU is
+// sm_90+, the kernel's code was compiled for sm_90 (not the 8.0 pass or its PTX
+// JIT-compiled for a newer GPU), and enough such clusters fit at once to cover half the
+// SMs. Cached per device, kernel and n. FUSED_SOFTMAX_CLUSTER=0 turns clusters off (the
+// split path then takes those rows: for comparisons).
+template <typename Kernel>
+bool cluster_ok(Kernel kernel, int block, int n) {
+  static const bool disabled = [] {
+    const char* e = std::getenv("FUSED_SOFTMAX_CLUSTER");
+    return e != nullptr && e[0] == '0';
+  }();
+  if (disabled) return false;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int>, bool> cache;
+  const auto key = std::make_tuple(static_cast<int>(c10::cuda::current_device()),
+                                   reinterpret_cast<const void*>(kernel), n);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+
+  bool ok = at::cuda::getCurrentDeviceProperties()->major >= 9;
+  cudaFuncAttributes fattr;
+  if (ok) ok = cudaFuncGetAttributes(&fattr, kernel) == cudaSuccess;
+  if (ok) {
+    // PTX JIT-compiled here reports its PTX version; SASS-only code may report 0, and
+    // then its SASS arch is the one.
+    const int arch = fattr.ptxVersion > 0 ? fattr.ptxVersion : fattr.binaryVersion;
+    ok = arch >= 90;
+  }
+  if (ok && n > 8) {
+    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+         cudaSuccess;
+  }
+  if (ok) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, n);
+    cfg.blockDim = dim3(block);
+    cudaLaunchAttribute attr = cluster_attr(n);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int active = 0;
+    ok = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess &&
+         active * n >= num_sms() / 2;
+  }
+  (void)cudaGetLastError();  // a failed query above is an answer, not an error to keep
+  cache.emplace(key, ok);
+  return ok;
+}
+
+template <typename T, typename Op, int VEC, int BLOCK>
+constexpr auto kernel_for() {
+  return softmax_kernel<T, Op, VEC, kVectorsPerThread<VEC>, BLOCK>;
+}
+
+// Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row; with
+// a.phase == kCluster, each row's a.nchunks blocks as one cluster.
 template <typename T, typename Op, int VEC, int BLOCK>
 void launch(Args<T, typename Op::State> a, const Op& op) {
-  constexpr int P = kVectorsPerThread<VEC>;
   a.tpr_shift = 0;
   while ((1 << a.tpr_shift) < a.tpr) ++a.tpr_shift;
   const int64_t row_blocks = ceil_div(a.rows, BLOCK / a.tpr);
   TORCH_CHECK(row_blocks <= std::numeric_limits<int>::max() && a.nchunks <= 65535,
               "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks,
               " x ", a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
-  softmax_kernel<T, Op, VEC, P, BLOCK><<<grid, BLOCK, 0, current_stream()>>>(a, op);
-  FUSED_LAUNCH_CHECK();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
+  cfg.blockDim = dim3(BLOCK);
+  cfg.stream = current_stream();
+  cudaLaunchAttribute attr = cluster_attr(a.nchunks);
+  if (a.phase == kCluster) {
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for<T, Op, VEC, BLOCK>(), a, op));
 }
 
 template <typename T, typename Op, int VEC>
@@ -509,8 +616,24 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
   switch (tpr) {
     case 256: return launch<T, Op, VEC, 256>(a, op);
     case 512: return launch<T, Op, VEC, 512>(a, op);
-    case 1024: return launch<T, Op, VEC, 1024>(a, op);
   }
+  // Longer rows, on sm_90: a cluster of n <= 16 blocks of 512 threads, even shares of the
+  // row (whole vectors), the row read once. Two 512-thread blocks share an SM (64
+  // registers), so one block's loads overlap another's cluster barriers; a single
+  // 1024-thread block per row (next) holds one block per SM and waits at its barriers.
+  {
+    constexpr int kPerBlock = kSplitBlock * P * VEC;
+    const int n = static_cast<int>(ceil_div(a.len, kPerBlock));
+    if (n <= kMaxCluster &&
+        cluster_ok(kernel_for<T, Op, VEC, kSplitBlock>(), kSplitBlock, n)) {
+      a.tpr = kSplitBlock;
+      a.nchunks = n;
+      a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
+      a.phase = kCluster;
+      return launch<T, Op, VEC, kSplitBlock>(a, op);
+    }
+  }
+  if (tpr == 1024) return launch<T, Op, VEC, 1024>(a, op);
   // Split: chunks of kSplitBlock * P vectors, reductions written to a workspace, then
   // combined by each chunk's block in a second launch.
   a.tpr = kSplitBlock;
