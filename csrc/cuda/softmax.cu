@@ -22,9 +22,9 @@
 // kernel with runtime tile loops and cluster reductions, which this file held before,
 // measured 48-59% of copy where this structure measures 79-93% (KERNEL_LOG.md, v5).
 //
-// Forward: v = scale * x (-inf past the causal limit), M = max v, S = sum exp(v - M) (one
-// reduction, of (max, sum) pairs), softmax y = exp(v - M) / S, log_softmax
-// y = (v - M) - log S; masked keys are not read, only written (y = 0). Backward: one sum per row, sum(dy * y) (softmax) or
+// Forward: v = scale * x (-inf past the causal limit), M = max v, S = sum exp(v - M) (two
+// reductions), softmax y = exp(v - M) / S, log_softmax y = (v - M) - log S; masked keys
+// are not read, only written (y = 0). Backward: one sum per row, sum(dy * y) (softmax) or
 // sum(dy) (log_softmax), then dx = scale * y * (dy - sum) or dy - exp(y) * sum.
 //
 // Loads/stores are 16-byte vectors when the pointers and the row length allow (VEC =
@@ -82,24 +82,9 @@ struct MaxSum {
   float m, s;
 };
 
-// (M, S) of the union of two parts, each (max, sum of exp(v - max)): the part with the
-// smaller max has its sum rescaled. Either max may be -inf (its sum is then 0, or NaN);
-// exp_offset keeps exp(-inf - -inf) out.
-struct MaxSumOp {
-  __device__ __forceinline__ MaxSum operator()(MaxSum a, MaxSum b) const {
-    const float m = fmaxf(a.m, b.m);
-    const float o = exp_offset(m);
-    return {m, a.s * expf(a.m - o) + b.s * expf(b.m - o)};
-  }
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
-
-__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int o) {
-  return {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-}
-template <typename F>
-__device__ __forceinline__ F shfl_xor(F v, int o) {
-  return __shfl_xor_sync(0xffffffffu, v, o);
-}
 struct SumOp {
   template <typename F>
   __device__ __forceinline__ F operator()(F a, F b) const { return a + b; }
@@ -107,8 +92,8 @@ struct SumOp {
 
 // All-reduce over the tpr threads of a row group (every thread gets the result). tpr is a
 // power of two: <= 32, shuffles within aligned lane groups; else whole warps, one value
-// per warp through `buf` (BLOCK / 32 slots; one barrier: every kernel reduces its row
-// group once).
+// per warp through `buf` (BLOCK / 32 slots; each call site has its own buffer, so no
+// second barrier is needed: every kernel reduces one row group once).
 template <int BLOCK>
 struct Group {
   int tpr;
@@ -116,7 +101,7 @@ struct Group {
   template <typename F, typename Op>
   __device__ __forceinline__ F reduce(F v, F* buf, Op op) const {
     const int width = tpr < 32 ? tpr : 32;
-    for (int o = width / 2; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
+    for (int o = width / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     if constexpr (BLOCK > 32) {
       if (tpr > 32) {
         const int warp = threadIdx.x / 32;
@@ -167,12 +152,9 @@ struct Fwd {
   float scale;
   bool log;
 
-  // v: scale * x, -inf where masked or missing; after partial, softmax keeps
-  // exp(v - o) there, o = exp_offset(this thread's max).
   template <typename T, int VEC, int P>
   struct Regs {
     float v[P][VEC];
-    float o;
   };
   struct Coef {
     float o, f;
@@ -203,50 +185,54 @@ struct Fwd {
     }
   }
 
-  // One reduction per row, of (max, sum) pairs: each thread first sums exp(v - its own
-  // max) (one exp per element), the pairs then combine (one exp per pair). Two reductions
-  // (max, then sum) would cost a second barrier per row, which a 512-thread block
-  // (two per SM) cannot hide.
   template <typename T, int VEC, int P, typename G>
-  __device__ __forceinline__ MaxSum partial(Regs<T, VEC, P>& r, const G& g,
-                                            double* buf) const {
+  __device__ __forceinline__ MaxSum partial(Regs<T, VEC, P>& r, const G& g, double* buf0,
+                                            double* buf1) const {
     float m = kNegInf;
 #pragma unroll
     for (int k = 0; k < P; ++k) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) m = fmaxf(m, r.v[k][e]);
     }
-    r.o = exp_offset(m);
+    m = g.reduce(m, reinterpret_cast<float*>(buf0), MaxOp{});
+    const float o = exp_offset(m);
     float s = 0.f;
     if (log) {
 #pragma unroll
       for (int k = 0; k < P; ++k) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s += exp_elem<T>(r.v[k][e] - r.o);
+        for (int e = 0; e < VEC; ++e) s += exp_elem<T>(r.v[k][e] - o);
       }
     } else {
 #pragma unroll
       for (int k = 0; k < P; ++k) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          r.v[k][e] = exp_elem<T>(r.v[k][e] - r.o);
+          r.v[k][e] = exp_elem<T>(r.v[k][e] - o);
           s += r.v[k][e];
         }
       }
     }
-    return g.reduce(MaxSum{m, s}, reinterpret_cast<MaxSum*>(buf), MaxSumOp{});
+    return {m, g.reduce(s, reinterpret_cast<float*>(buf1), SumOp{})};
   }
 
   // The row's (M, S) from its chunks' (m, s), each s relative to its own m.
   __device__ __forceinline__ MaxSum combine(const MaxSum* part, int n) const {
-    MaxSum t = part[0];
-    for (int i = 1; i < n; ++i) t = MaxSumOp{}(t, part[i]);
-    return t;
+    float m = kNegInf;
+    for (int i = 0; i < n; ++i) m = fmaxf(m, part[i].m);
+    const float o = exp_offset(m);
+    float s = 0.f;
+    for (int i = 0; i < n; ++i) s += part[i].s * expf(part[i].m - o);
+    return {m, s};
   }
 
-  // have_exp: partial ran on these registers (softmax's v holds exp(v - r.o)).
-  __device__ __forceinline__ Coef coef(MaxSum row, bool have_exp) const {
-    return {exp_offset(row.m), log ? logf(row.s) : 1.f / row.s, have_exp};
+  // have_exp: partial ran on these registers, so softmax's v holds exp(v - m) with m =
+  // mine.m, the max partial saw (the row's, or in a cluster its block's share's):
+  // y = v * exp(m - M) / S.
+  __device__ __forceinline__ Coef coef(MaxSum row, MaxSum mine, bool have_exp) const {
+    const float o = exp_offset(row.m);
+    if (log) return {o, logf(row.s), false};
+    return {o, (have_exp ? exp_elem<float>(exp_offset(mine.m) - o) : 1.f) / row.s, have_exp};
   }
 
   // v becomes the output. The flags are uniform: each case is its own loop, so no element
@@ -261,12 +247,10 @@ struct Fwd {
         for (int e = 0; e < VEC; ++e) r.v[k][e] = (r.v[k][e] - c.o) - c.f;
       }
     } else if (c.have_exp) {
-      // y = exp(v - o) * exp(o - M) / S; a thread with no finite max holds zeros.
-      const float f = expf(r.o - c.o) * c.f;
 #pragma unroll
       for (int k = 0; k < P; ++k) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) r.v[k][e] *= f;
+        for (int e = 0; e < VEC; ++e) r.v[k][e] *= c.f;
       }
     } else {
 #pragma unroll
@@ -351,8 +335,8 @@ struct Bwd {
   }
 
   template <typename T, int VEC, int P, typename G>
-  __device__ __forceinline__ Acc partial(const Regs<T, VEC, P>& r, const G& g,
-                                         double* buf) const {
+  __device__ __forceinline__ Acc partial(const Regs<T, VEC, P>& r, const G& g, double* buf0,
+                                         double* /*buf1*/) const {
     Acc s = 0;
 #pragma unroll
     for (int k = 0; k < P; ++k) {
@@ -362,7 +346,7 @@ struct Bwd {
         s += static_cast<Acc>(log ? r.dy(k, e) : r.dy(k, e) * r.y(k, e));
       }
     }
-    return g.reduce(s, reinterpret_cast<Acc*>(buf), SumOp{});
+    return g.reduce(s, reinterpret_cast<Acc*>(buf0), SumOp{});
   }
 
   __device__ __forceinline__ Acc combine(const Acc* part, int n) const {
@@ -371,7 +355,7 @@ struct Bwd {
     return s;
   }
 
-  __device__ __forceinline__ Coef coef(Acc row_sum, bool /*have_exp*/) const {
+  __device__ __forceinline__ Coef coef(Acc row_sum, Acc /*mine*/, bool /*have_exp*/) const {
     return static_cast<float>(row_sum);
   }
 
@@ -446,8 +430,8 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   using R = Raw<T, VEC>;
   constexpr int kIn = Op::kIn;
   static_assert(VEC == 1 || sizeof(Vec<T, VEC>) == 16, "vectors are 16 bytes");
-  // The reduction's buffer: a State (8 bytes at most) per warp.
-  __shared__ double buf[BLOCK / 32];
+  // Two reduction buffers (the ops' two reductions), a float or a double per warp.
+  __shared__ double buf[2][BLOCK / 32 > 0 ? BLOCK / 32 : 1];
 
   const Group<BLOCK> g{a.tpr};
   const int lane = threadIdx.x & (a.tpr - 1);
@@ -488,19 +472,19 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   typename Op::template Regs<T, VEC, P> regs;
   op.init(regs, raw, Cols{c0, stride, limit});
 
-  State total;
+  State total, mine;
   if (a.phase == kFinish) {
-    total = op.combine(a.partials + row * a.nchunks, a.nchunks);
+    total = mine = op.combine(a.partials + row * a.nchunks, a.nchunks);
   } else {
-    total = op.partial(regs, g, buf);
+    total = mine = op.partial(regs, g, buf[0], buf[1]);
     if (a.phase == kPartial) {
       if (threadIdx.x == 0) a.partials[row * a.nchunks + c] = total;
       return;
     }
-    if (a.phase == kCluster) total = cluster_combine(op, total, a.nchunks);
+    if (a.phase == kCluster) total = cluster_combine(op, mine, a.nchunks);
   }
   if (!active) return;
-  const auto coef = op.coef(total, a.phase != kFinish);
+  const auto coef = op.coef(total, mine, a.phase != kFinish);
   op.finish(regs, coef);
   T* out = a.out + row * a.len;
 #pragma unroll
