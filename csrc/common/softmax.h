@@ -7,7 +7,10 @@
 // dim, but three passes over memory instead of one. The last dim is the fast path.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+
+#include "common/checks.h"
 
 #include <algorithm>
 
@@ -58,6 +61,38 @@ inline at::Tensor softmax_restore(const at::Tensor& y, const at::Tensor& x, int6
   if (x.dim() == 0) return y.reshape({});
   if (dim == x.dim() - 1) return y;
   return y.movedim(-1, dim).contiguous();
+}
+
+// The host side of the forward ops, shared by the CPU and CUDA files: checks, the row
+// view, the output, the layout back. rows(x, y, n_rows, len, causal_q) runs the backend's
+// kernel on [n_rows, len] contiguous rows (causal_q: 0, or Lq when causal).
+template <typename Rows>
+at::Tensor softmax_forward(const at::Tensor& x, int64_t dim, bool causal, const char* op,
+                           Rows rows) {
+  check_float(x, op, "x");
+  const int64_t d = softmax_wrap_dim(dim, x.dim(), op);
+  if (causal) softmax_check_causal(x, d, dim, op);
+  SoftmaxRows rv = softmax_rows(x, d);
+  at::Tensor y = at::empty(rv.t.sizes(), rv.t.options());
+  if (y.numel() > 0) rows(rv.t, y, rv.rows, rv.len, causal ? x.size(-2) : 0);
+  return softmax_restore(y, x, d);
+}
+
+// The same for the backward ops: rows(grad_out, y, dx, n_rows, len, causal_q).
+template <typename Rows>
+at::Tensor softmax_backward(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
+                            bool causal, const char* op, Rows rows) {
+  check_float(y, op, "y");
+  check_same_device(grad_out, y, op, "grad_out", "y");
+  check_same_dtype(grad_out, y, op, "grad_out", "y");
+  check_same_shape(grad_out, y, op, "grad_out", "y");
+  const int64_t d = softmax_wrap_dim(dim, y.dim(), op);
+  if (causal) softmax_check_causal(y, d, dim, op);
+  SoftmaxRows yv = softmax_rows(y, d);
+  SoftmaxRows gv = softmax_rows(grad_out, d);
+  at::Tensor dx = at::empty(yv.t.sizes(), yv.t.options());
+  if (dx.numel() > 0) rows(gv.t, yv.t, dx, yv.rows, yv.len, causal ? y.size(-2) : 0);
+  return softmax_restore(dx, y, d);
 }
 
 }  // namespace fused

@@ -82,41 +82,26 @@ void backward_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t len, do
 template <bool LOG>
 at::Tensor forward_cpu(const at::Tensor& x, int64_t dim, double scale, bool causal,
                        const char* op) {
-  check_float(x, op, "x");
-  const int64_t d = softmax_wrap_dim(dim, x.dim(), op);
-  if (causal) softmax_check_causal(x, d, dim, op);
-  SoftmaxRows rv = softmax_rows(x, d);
-  at::Tensor y = at::empty(rv.t.sizes(), rv.t.options());
-  const int64_t causal_q = causal ? x.size(-2) : 0;
-  if (y.numel() > 0) {
-    FUSED_DISPATCH_CPU(x.scalar_type(), "fused::softmax", [&] {
-      forward_rows<LOG>(rv.t.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
-                        rv.rows, rv.len, scale, causal_q);
+  return softmax_forward(x, dim, causal, op, [&](const at::Tensor& in, at::Tensor& out,
+                                                 int64_t rows, int64_t len, int64_t causal_q) {
+    FUSED_DISPATCH_CPU(in.scalar_type(), "fused::softmax", [&] {
+      forward_rows<LOG>(in.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), rows,
+                        len, scale, causal_q);
     });
-  }
-  return softmax_restore(y, x, d);
+  });
 }
 
 template <bool LOG>
 at::Tensor backward_cpu(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
                         double scale, bool causal, const char* op) {
-  check_float(y, op, "y");
-  check_same_device(grad_out, y, op, "grad_out", "y");
-  check_same_dtype(grad_out, y, op, "grad_out", "y");
-  check_same_shape(grad_out, y, op, "grad_out", "y");
-  const int64_t d = softmax_wrap_dim(dim, y.dim(), op);
-  if (causal) softmax_check_causal(y, d, dim, op);
-  SoftmaxRows yv = softmax_rows(y, d);
-  SoftmaxRows gv = softmax_rows(grad_out, d);
-  at::Tensor dx = at::empty(yv.t.sizes(), yv.t.options());
-  if (dx.numel() > 0) {
-    FUSED_DISPATCH_CPU(y.scalar_type(), "fused::softmax_backward", [&] {
-      backward_rows<LOG>(gv.t.const_data_ptr<scalar_t>(), yv.t.const_data_ptr<scalar_t>(),
-                         dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len, scale,
-                         causal ? y.size(-2) : 0);
+  return softmax_backward(grad_out, y, dim, causal, op,
+                          [&](const at::Tensor& g, const at::Tensor& yr, at::Tensor& dx,
+                              int64_t rows, int64_t len, int64_t causal_q) {
+    FUSED_DISPATCH_CPU(yr.scalar_type(), "fused::softmax_backward", [&] {
+      backward_rows<LOG>(g.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
+                         dx.mutable_data_ptr<scalar_t>(), rows, len, scale, causal_q);
     });
-  }
-  return softmax_restore(dx, y, d);
+  });
 }
 
 at::Tensor softmax_cpu(const at::Tensor& x, int64_t dim, double scale, bool causal) {

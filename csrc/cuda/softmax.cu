@@ -669,47 +669,31 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
 template <bool LOG>
 at::Tensor forward_cuda(const at::Tensor& x, int64_t dim, double scale, bool causal,
                         const char* op) {
-  check_float(x, op, "x");
-  const int64_t d = softmax_wrap_dim(dim, x.dim(), op);
-  if (causal) softmax_check_causal(x, d, dim, op);
-  c10::cuda::CUDAGuard guard(x.device());
-  SoftmaxRows rv = softmax_rows(x, d);
-  at::Tensor y = at::empty(rv.t.sizes(), rv.t.options());
-  const int64_t causal_q = causal ? x.size(-2) : 0;
-  if (y.numel() > 0) {
-    FUSED_DISPATCH_CUDA(x.scalar_type(), "fused::softmax", [&] {
-      run<scalar_t>(rv.t.const_data_ptr<scalar_t>(), nullptr, y.mutable_data_ptr<scalar_t>(),
-                    rv.rows, rv.len, causal_q, Fwd{static_cast<float>(scale), LOG},
-                    x.options());
+  return softmax_forward(x, dim, causal, op, [&](const at::Tensor& in, at::Tensor& out,
+                                                 int64_t rows, int64_t len, int64_t causal_q) {
+    c10::cuda::CUDAGuard guard(in.device());
+    FUSED_DISPATCH_CUDA(in.scalar_type(), "fused::softmax", [&] {
+      run<scalar_t>(in.const_data_ptr<scalar_t>(), nullptr, out.mutable_data_ptr<scalar_t>(),
+                    rows, len, causal_q, Fwd{static_cast<float>(scale), LOG}, in.options());
     });
-  }
-  return softmax_restore(y, x, d);
+  });
 }
 
 template <bool LOG>
 at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
                          double scale, bool causal, const char* op) {
-  check_float(y, op, "y");
-  check_same_device(grad_out, y, op, "grad_out", "y");
-  check_same_dtype(grad_out, y, op, "grad_out", "y");
-  check_same_shape(grad_out, y, op, "grad_out", "y");
-  const int64_t d = softmax_wrap_dim(dim, y.dim(), op);
-  if (causal) softmax_check_causal(y, d, dim, op);
-  c10::cuda::CUDAGuard guard(y.device());
-  SoftmaxRows yv = softmax_rows(y, d);
-  SoftmaxRows gv = softmax_rows(grad_out, d);
-  at::Tensor dx = at::empty(yv.t.sizes(), yv.t.options());
-  if (dx.numel() > 0) {
-    FUSED_DISPATCH_CUDA(y.scalar_type(), "fused::softmax_backward", [&] {
-      run<scalar_t>(gv.t.const_data_ptr<scalar_t>(), yv.t.const_data_ptr<scalar_t>(),
-                    dx.mutable_data_ptr<scalar_t>(), yv.rows, yv.len,
-                    causal ? y.size(-2) : 0,
-                    Bwd<std::conditional_t<std::is_same_v<scalar_t, float>, double, float>>{
-                        static_cast<float>(scale), LOG},
-                    y.options());
+  return softmax_backward(grad_out, y, dim, causal, op,
+                          [&](const at::Tensor& g, const at::Tensor& yr, at::Tensor& dx,
+                              int64_t rows, int64_t len, int64_t causal_q) {
+    c10::cuda::CUDAGuard guard(yr.device());
+    FUSED_DISPATCH_CUDA(yr.scalar_type(), "fused::softmax_backward", [&] {
+      // float32 row sums in double (see Bwd)
+      using Acc = std::conditional_t<std::is_same_v<scalar_t, float>, double, float>;
+      run<scalar_t>(g.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
+                    dx.mutable_data_ptr<scalar_t>(), rows, len, causal_q,
+                    Bwd<Acc>{static_cast<float>(scale), LOG}, yr.options());
     });
-  }
-  return softmax_restore(dx, y, d);
+  });
 }
 
 at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim, double scale, bool causal) {
