@@ -11,21 +11,25 @@
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
-//     reductions) for short rows, whole warps (one row per block) for long ones. Mean,
-//     then the centered sum of squares over the registers (two passes, no E[x^2] - E[x]^2
-//     cancellation). Layer norm sums x - x0 (x0 = the row's first element), so a constant
-//     row gets mean = x0 and xhat = 0 exactly. At most 64 registers (launch bound 1024):
-//     >= 32 warps per SM whatever the block size, so other blocks' loads cover a block's
-//     reductions. Layer / residual are compile-time flags on the 16-byte path.
-//     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
-//     residual stream, 8K scalar.
+//     reductions) for short rows, whole warps (one row per block) for long ones. Every load
+//     of a row (x, residual, and w / b on the 128-register variant) is issued before any
+//     use. Layer norm: one merged reduction of per-thread (count, mean, M2) (Welford /
+//     Chan), each thread centered on its own registers and shifted by its first element, so
+//     a constant row gets xhat = 0 exactly; rms norm: one sum of squares. Rows of <= 512
+//     threads (16K 16-bit elements) take the <= 128-register variant, longer ones a
+//     64-register variant (1024-thread blocks; plain 16-bit rows of 16K-32K: 8 vectors per
+//     thread, two 512-thread blocks per SM). Layer / residual are compile-time flags on the
+//     16-byte path. Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or
+//     a float32 residual stream, 8K scalar.
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
-//   * norm_bwd_regs: x and dy in registers (8 elements per thread on the 16-byte path up to
-//     4K-element rows, 64 registers, two 512-thread blocks per SM; else 16), one read each; the
-//     block's threads also accumulate dweight / dbias for the columns they own across the
-//     rows they visit (persistent grid), written as float32 partials [blocks, cols].
+//   * norm_bwd_regs: x and dy in registers, one read each, persistent grid (up to 4 blocks
+//     per SM); each thread loads the next row's x / dy before reducing the current one (two
+//     rows of loads in flight), keeps its columns of w in registers and accumulates their
+//     dweight / dbias across the rows it visits, written as float32 partials [blocks, cols].
+//     16 elements per thread for 16-bit rows (up to 8K), 8 for float32 ones (up to 4K;
+//     then 16 without prefetch up to 8K); rows under 128 threads share a block.
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
 //     on sm_90, norm_bwd_cluster: the norm_bwd_regs row, spread over a thread-block cluster
 //     of up to 8 blocks (up to 64K elements), one read of x and dy. Elsewhere (older GPUs,
