@@ -524,12 +524,15 @@ def test_cuda_device_mismatch():
 # Forward (bf16/fp16 vectors of 8, fp32 vectors of 4, scalar path when cols is not a
 # multiple or a pointer is misaligned): 4 vectors per thread (2 for a float32 residual
 # stream with 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads
-# (1024 / 512 / 256 columns), whole warps up to 1024 threads (32768 / 16384 / 8192; plain
-# 16-bit norms over 16384: 8 vectors per thread), then the long-row kernel (float32
-# residual stream with 16-bit x: 16384). Backward: 8 elements per thread on the 16-byte
-# path up to 4096 columns, else 16 (sub-warp up to 512 columns, warps up to 8192 columns),
-# then on sm_90 a cluster of 2-8 blocks per row up to 65536 columns (256-thread blocks up
-# to 32768), beyond that (and before sm_90) row sums + tiles.
+# (1024 / 512 / 256 columns), whole warps up to 512 threads in the 128-register variant
+# (16384 / 8192 / 8192 columns), up to 1024 threads in the 64-register one (32768 / 16384 /
+# 16384; plain 16-bit norms over 16384: 8 vectors per thread; the scalar path: 8192), then
+# the long-row kernel. Backward: prefetching register kernel, 16 elements per thread for
+# 16-bit rows (up to 8192 columns), 8 for float32 x or a float32 residual stream (up to
+# 4096; then 16 elements without prefetch up to 8192), row groups under 128 threads sharing
+# a block (16-bit rows under 2048 columns); then on sm_90 a cluster of 2-8 blocks per row up
+# to 65536 columns (256-thread blocks up to 32768), beyond that (and before sm_90) row sums +
+# tiles.
 GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 256, 257, 511, 512, 513, 520, 1000, 1024, 1032,
             2048, 2056, 4096, 4104, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776,
             50257, 65536, 65544, 131072]
@@ -562,7 +565,8 @@ def test_cuda_strategies(dtype, kind, cols):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("residual_in_fp32", [False, True])
-@pytest.mark.parametrize("cols", [7, 512, 1024, 4096, 8200, 16384, 32768, 32776, 65536])
+@pytest.mark.parametrize("cols", [7, 512, 1024, 4096, 4104, 8192, 8200, 16384, 16392,
+                                  32768, 32776, 65536])
 def test_cuda_add_strategies(dtype, kind, residual_in_fp32, cols):
     rows = _gpu_rows(cols)
     x = torch.randn(rows, cols, device="cuda").to(dtype)
