@@ -11,16 +11,14 @@
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
-//     reductions) for short rows, whole warps (one row per block) for long ones. Every load
-//     of a row (x, residual, and w / b on the 128-register variant) is issued before any
-//     use. Layer norm: one merged reduction of per-thread (count, mean, M2) (Welford /
-//     Chan), each thread centered on its own registers and shifted by its first element, so
-//     a constant row gets xhat = 0 exactly; rms norm: one sum of squares. Rows of <= 512
-//     threads (16K 16-bit elements) take the <= 128-register variant, longer ones a
-//     64-register variant (1024-thread blocks; plain 16-bit rows of 16K-32K: 8 vectors per
-//     thread, two 512-thread blocks per SM). Layer / residual are compile-time flags on the
-//     16-byte path. Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or
-//     a float32 residual stream, 8K scalar.
+//     reductions) for short rows, whole warps (one row per block) for long ones. Mean,
+//     then the centered sum of squares over the registers (two passes, no E[x^2] - E[x]^2
+//     cancellation). Layer norm sums x - x0 (x0 = the row's first element), so a constant
+//     row gets mean = x0 and xhat = 0 exactly. At most 64 registers (launch bound 1024):
+//     >= 32 warps per SM whatever the block size, so other blocks' loads cover a block's
+//     reductions. Layer / residual are compile-time flags on the 16-byte path.
+//     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
+//     residual stream, 8K scalar.
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
@@ -250,55 +248,12 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
   if (sync_after) __syncthreads();
 }
 
-// Welford's (count, mean, sum of squared deviations from the mean), merged with Chan's
-// formula: the stable way to combine per-thread statistics, so that layer norm gets a row's
-// mean and variance from one reduction instead of a mean reduction then a variance one.
-struct Welford {
-  float n, mean, m2;
-};
-
-__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
-  if (b.n == 0.f) return a;  // an empty side (a thread past the row's end) merges exactly
-  if (a.n == 0.f) return b;
-  const float n = a.n + b.n, d = b.mean - a.mean, wb = b.n / n;
-  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
-}
-
-// Merges over aligned groups of `width` lanes (a power of two <= 32) by xor butterfly. The
-// lower lane's value is always the left operand, so both partners compute the same bits:
-// every lane of a group ends with an identical result.
-__device__ __forceinline__ Welford welford_xor(Welford w, int width) {
-  for (int o = 1; o < width; o <<= 1) {
-    const Welford other{__shfl_xor_sync(0xffffffffu, w.n, o),
-                        __shfl_xor_sync(0xffffffffu, w.mean, o),
-                        __shfl_xor_sync(0xffffffffu, w.m2, o)};
-    w = threadIdx.x & o ? welford_merge(other, w) : welford_merge(w, other);
-  }
-  return w;
-}
-
-// group_sum for Welford triples (scratch: [3][32]): one barrier when the group spans warps.
-__device__ __forceinline__ Welford group_welford(Welford w, int tpr, float (*scratch)[32],
-                                                 bool sync_after = true) {
-  if (tpr <= 32) return welford_xor(w, tpr);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wpg = tpr / 32, first = warp - warp % wpg;
-  w = welford_xor(w, 32);
-  if (lane == 0) {
-    scratch[0][warp] = w.n;
-    scratch[1][warp] = w.mean;
-    scratch[2][warp] = w.m2;
-  }
-  __syncthreads();
-  const int q = first + lane;
-  w = lane < wpg ? Welford{scratch[0][q], scratch[1][q], scratch[2][q]} : Welford{0.f, 0.f, 0.f};
-  w = welford_xor(w, 32);
-  if (sync_after) __syncthreads();
-  return w;
-}
-
 // ---- forward ------------------------------------------------------------------------------
 
+// norm_fwd_regs' launch bound: any block size up to 1024 threads, hence at most 64
+// registers per thread, so every launch shape keeps >= 32 warps resident per SM (enough
+// loads in flight to cover the memory latency while other rows reduce).
+constexpr int kFwdMaxThreads = 1024;
 // Rows of up to 32 row-group threads share a block of this many threads.
 constexpr int kFwdShortThreads = 128;
 
@@ -314,66 +269,41 @@ constexpr int fwd_vpt() {
   return VEC == 1 ? 8 : 64 / (VEC * static_cast<int>(sizeof(R)));
 }
 // The wide variant for plain 16-bit rows of 16K-32K: 8 vectors per thread in blocks of up
-// to 512 threads, two blocks per SM (64 registers), so one block's loads cover the other's
-// reductions (one 1024-thread block per SM would idle in them).
+// to 512 threads, two blocks per SM (still 64 registers, 8 bytes spilled), so one block's
+// loads cover the other's reductions (one 1024-thread block per SM would idle in them).
 constexpr int kFwdWideVpt = 8;
 constexpr int kFwdWideThreads = 512;
-// MAXT, norm_fwd_regs' largest block, sets its register budget (launch bounds):
-//   * 512 (16-byte path, rows of <= 512 threads: every benchmarked shape up to 16K 16-bit
-//     columns): <= 128 registers, the parameters in registers from the start, like the
-//     sweep's kernel (79-80 registers at 4K-8K bf16 columns, 93-97% of copy; occupancy was
-//     not the limit there, having every load of a row in flight was);
-//   * 1024 (rows of 513-1024 threads, and the scalar path): <= 64 registers so that one
-//     1024-thread block fits an SM; the parameters are loaded per row, after the reduction;
-//   * the wide variant: 512 threads, two blocks per SM, 64 registers, as 1024.
-constexpr int kFwdMaxThreads = 1024;
-constexpr int kFwdRegThreads = 512;
 
-template <int MAXT, int VPT, int DEFAULT_VPT>
-constexpr int fwd_min_blocks() {
-  return VPT > DEFAULT_VPT ? kFwdMaxThreads / MAXT : 1;
+template <int VPT, int DEFAULT_VPT>
+constexpr int fwd_max_threads() {
+  return VPT > DEFAULT_VPT ? kFwdWideThreads : kFwdMaxThreads;
 }
 
-template <typename T, typename W, typename R, int VEC, int VPT, int MAXT, int LAYER, int RES>
-__global__ void __launch_bounds__(MAXT, (fwd_min_blocks<MAXT, VPT, fwd_vpt<R, VEC>()>()))
+template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES>
+__global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
+                                  kFwdMaxThreads / fwd_max_threads<VPT, fwd_vpt<R, VEC>()>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
-  // Two scratch slots, alternated by consecutive reductions (this row's, the next row's),
-  // so each reduction needs one barrier: a slot is written again only after the other
-  // slot's barrier, which every thread reaches after reading this one.
-  __shared__ float scratch[2][3][32];
+  // Two scratch slots, alternated by consecutive reductions (mean, variance, next row's
+  // ...), so each reduction needs one barrier: a slot is written again only after the
+  // other slot's barrier, which every thread reaches after reading this one.
+  __shared__ float scratch[2][1][32];
   int slot = 0;
   const bool layer = LAYER == kRuntime ? p.layer : LAYER == 1;
   const bool res = RES == kRuntime ? p.residual != nullptr : RES == 1;
   const RowGroup g(tpr);
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
-  // Vector i of a row, if this thread holds it, sits at column col(i) * VEC (the same
-  // columns for every row the thread visits).
-  auto col = [&](int i) { return i * tpr + g.lane; };
-  auto has = [&](int i) { return col(i) < nvec; };
-  constexpr bool kEarly = sizeof(W) == sizeof(T) &&
-                          MAXT * fwd_min_blocks<MAXT, VPT, fwd_vpt<R, VEC>()>() <= kFwdRegThreads;
-  constexpr bool kBias = LAYER != 0;
-  Raw<W, VEC> wv[kEarly ? VPT : 1], bv[kEarly && kBias ? VPT : 1];
-  auto param = [&](const W* ptr, const Raw<W, VEC>* regs, int i, float dflt) {
-    if constexpr (kEarly) {
-      if (ptr) return to_float(regs[i]);
-      FVec<VEC> f;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) f.v[j] = dflt;
-      return f;
-    } else {
-      return param_or<W, VEC>(ptr, col(i), dflt);
-    }
-  };
   const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
        first += step) {
     const int64_t row = first + g.group;
     const bool valid = row < p.rows;
     const int64_t off = row * p.cols;
-    auto live = [&](int i) { return valid && has(i); };  // false from some i on
+    // Vector i of the row, if this thread holds it, sits at off + col(i) * VEC.
+    auto col = [&](int i) { return i * tpr + g.lane; };
+    auto live = [&](int i) { return valid && col(i) < nvec; };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
+    const float shift = layer && valid ? row_first(p, off, res) : 0.f;
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
     // packed words. When T == R, x is loaded straight into v (no second copy of the row).
     constexpr bool kSame = std::is_same_v<T, R>;
@@ -393,58 +323,32 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
         if (res) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
       }
     }
-    // The parameters of this thread's columns, in flight with the row's loads: fetching
-    // them after the reductions (L1 / L2 latency in every row's epilogue, with no row load
-    // in flight) is the main difference from the sweep's kernel. Loaded per row, not once
-    // before the loop: hoisted, their float conversions would stay live in registers.
-    // Float32 parameters with 16-bit x would double those registers, and the 64-register
-    // variants have none to spare: those load them in the epilogue (L1 hits).
-    if constexpr (kEarly) {
+    float sum = 0.f;
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (live(i)) {
-          if (p.weight) wv[i] = load_raw<W, VEC>(p.weight + col(i) * VEC);
-          if constexpr (kBias) {
-            if (p.bias) bv[i] = load_raw<W, VEC>(p.bias + col(i) * VEC);
-          }
-        }
-      }
-    }
-    if (res || !kSame) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (live(i)) {
-          FVec<VEC> f = to_float(xv(i));
+    for (int i = 0; i < VPT; ++i) {
+      if (live(i)) {
+        FVec<VEC> f = to_float(xv(i));
+        if (res || !kSame) {
           if (res) {
             const FVec<VEC> r = to_float(rv[i]);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
           }
           v[i] = from_float<R, VEC>(f);
+          f = to_float(v[i]);
         }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
       }
     }
-    // Layer norm: this thread's (count, mean, M2), then one merged reduction. The thread
-    // sums x - x0 (x0 = its first element; mean = x0 + sum / n), so a constant row gets
-    // mean = x0 and M2 = 0 exactly at every merge (an unshifted sum / n can be 1 ulp off,
-    // which rstd = 1/sqrt(eps) would magnify into visible noise); M2 is centered over the
-    // registers (no E[x^2] - E[x]^2 cancellation). Rms norm: one sum of squares.
-    float mean = 0.f, cnt = 0.f;
+    float mean = 0.f;
     if (layer) {
-      const float x0 = live(0) ? to_float(v[0]).v[0] : 0.f;
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (live(i)) {
-          const FVec<VEC> f = to_float(v[i]);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) s += f.v[j] - x0;
-          cnt += VEC;
-        }
-      }
-      mean = cnt > 0.f ? x0 + s / cnt : 0.f;
+      float t[1] = {sum};
+      group_sum<1>(t, tpr, scratch[slot], false);
+      slot ^= 1;
+      mean = shift + t[0] * inv_n;
     }
-    float m2 = 0.f;
+    float t[1] = {0.f};
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
@@ -452,30 +356,22 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float d = f.v[j] - mean;
-          m2 += d * d;
+          t[0] += d * d;
         }
       }
     }
-    if (layer) {
-      const Welford w = group_welford({cnt, mean, m2}, tpr, scratch[slot], false);
-      mean = w.mean;
-      m2 = w.m2;
-    } else {
-      float t[1] = {m2};
-      group_sum<1>(t, tpr, scratch[slot], false);
-      m2 = t[0];
-    }
+    group_sum<1>(t, tpr, scratch[slot], false);
     slot ^= 1;
-    const float rstd = rsqrtf(m2 * inv_n + p.eps);
+    const float rstd = rsqrtf(t[0] * inv_n + p.eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
         const int64_t e = off + col(i) * VEC;
         if (res) store_raw<R, VEC>(p.sum + e, v[i]);
-        const FVec<VEC> w = param(p.weight, wv, i, 1.f);
+        const FVec<VEC> w = param_or<W, VEC>(p.weight, col(i), 1.f);
         FVec<VEC> o = to_float(v[i]);
         if (layer) {
-          const FVec<VEC> b = param(p.bias, bv, i, 0.f);
+          const FVec<VEC> b = param_or<W, VEC>(p.bias, col(i), 0.f);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
         } else {
@@ -490,6 +386,54 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
       p.rstd[row] = rstd;
     }
   }
+}
+
+// Welford's running (count, mean, sum of squared deviations), merged with Chan's formula.
+struct Welford {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float d = b.mean - a.mean, wb = b.n / n;
+  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
+}
+
+__device__ __forceinline__ Welford warp_welford(Welford w) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Welford other{__shfl_down_sync(0xffffffffu, w.n, o), __shfl_down_sync(0xffffffffu, w.mean, o),
+                  __shfl_down_sync(0xffffffffu, w.m2, o)};
+    w = welford_merge(w, other);
+  }
+  return w;  // valid in lane 0
+}
+
+// Block-wide Welford merge in a fixed tree order; every thread receives the result.
+__device__ Welford block_welford(Welford w, float (*smem)[32]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  w = warp_welford(w);
+  if (lane == 0) {
+    smem[0][warp] = w.n;
+    smem[1][warp] = w.mean;
+    smem[2][warp] = w.m2;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool have = lane < static_cast<int>(blockDim.x / 32);
+    w = have ? Welford{smem[0][lane], smem[1][lane], smem[2][lane]} : Welford{0.f, 0.f, 0.f};
+    w = warp_welford(w);
+    if (lane == 0) {
+      smem[0][0] = w.n;
+      smem[1][0] = w.mean;
+      smem[2][0] = w.m2;
+    }
+  }
+  __syncthreads();
+  w = Welford{smem[0][0], smem[1][0], smem[2][0]};
+  __syncthreads();
+  return w;
 }
 
 template <typename T, typename W, typename R, int VEC>
@@ -527,7 +471,7 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
       }
       acc = welford_merge(acc, Welford{static_cast<float>(VEC), m, m2});
     }
-    acc = group_welford(acc, blockDim.x, smem);
+    acc = block_welford(acc, smem);
     const float mean = p.layer ? shift + acc.mean : 0.f;
     // rms norm (shift 0): E[x^2] = var + mean^2 (non-negative terms, no cancellation)
     const float ms = acc.m2 * inv_n + (p.layer ? 0.f : acc.mean * acc.mean);
@@ -934,18 +878,18 @@ bool vec_ok(const P* p) {
 // norm_fwd_regs with the layer / residual flags as compile-time constants on the 16-byte
 // path (the scalar path reads them at run time). A float32 row type with 16-bit x only
 // arises with a residual, so only that variant is instantiated for it.
-template <typename T, typename W, typename R, int VEC, int MAXT, typename Launch>
+template <typename T, typename W, typename R, int VEC, typename Launch>
 void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
   constexpr int VPT = fwd_vpt<R, VEC>();
   if constexpr (VEC == 1) {
-    launch(norm_fwd_regs<T, W, R, VEC, VPT, MAXT, kRuntime, kRuntime>);
+    launch(norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime>);
   } else {
     const bool res = p.residual != nullptr;
-    if (res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, MAXT, 1, 1>);
-    if (res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, MAXT, 0, 1>);
+    if (res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 1, 1>);
+    if (res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 0, 1>);
     if constexpr (std::is_same_v<T, R>) {
-      if (!res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, MAXT, 1, 0>);
-      if (!res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, MAXT, 0, 0>);
+      if (!res && p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 1, 0>);
+      if (!res && !p.layer) launch(norm_fwd_regs<T, W, R, VEC, VPT, 0, 0>);
     }
   }
 }
@@ -966,9 +910,8 @@ void forward_with(const FwdParams<T, W, R>& p) {
       need_wide <= kFwdWideThreads) {
     if constexpr (kFwdHasWide<T, R, VEC>) {  // 16K-32K elements: one row per block
       const int tpr = round_up(need_wide, 32);
-      constexpr int M = kFwdWideThreads;
-      auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, M, 1, 0>
-                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, M, 0, 0>;
+      auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
+                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
       kernel<<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
     }
   } else if (need <= kFwdMaxThreads) {
@@ -978,14 +921,9 @@ void forward_with(const FwdParams<T, W, R>& p) {
     const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
     const int threads = tpr <= 32 ? kFwdShortThreads : tpr;
     const int groups = threads / tpr;
-    auto launch = [&](auto kernel) {
+    with_fwd_kernel<T, W, R, VEC>(p, [&](auto kernel) {
       kernel<<<grid_for(ceil_div(p.rows, groups)), threads, 0, stream>>>(p, tpr);
-    };
-    if (VEC > 1 && threads <= kFwdRegThreads) {
-      if constexpr (VEC > 1) with_fwd_kernel<T, W, R, VEC, kFwdRegThreads>(p, launch);
-    } else {
-      with_fwd_kernel<T, W, R, VEC, kFwdMaxThreads>(p, launch);
-    }
+    });
   } else {
     norm_fwd_long<T, W, R, VEC>
         <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p);
