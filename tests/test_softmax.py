@@ -94,10 +94,9 @@ def test_rows_match_float64(device, length, dtype, log):
         check_backward(y, log=log, msg=f"backward view={name}")
 
 
-# Backward row sums that cancel, at every CUDA backward strategy (16 elements per thread;
-# float32 vectors of 4, odd lengths scalar): warp-small 64 / 100, warp 333 / 500, block
-# of 128 / 512 / 1024 1000 / 4099 / 8192 / 12000, cluster 50001 / 262144 (sm_90), tiles
-# 300001.
+# Backward row sums that cancel, at every CUDA shape (32 bf16 / 16 float32 elements or 8
+# scalars per thread): row groups 64 / 100 / 333 / 500, one block per row 1000 / 4099 /
+# 8192, a cluster 12000 / 50001 / 262144 (sm_90; split without clusters), split 300001.
 SUM_LENGTHS = [64, 100, 333, 500, 1000, 4099, 8192, 12000, 50001, 262144, 300001]
 
 
