@@ -5,6 +5,8 @@
 #pragma once
 #include <cmath>
 
+#include "common/fast_math.cuh"
+
 #if defined(__CUDACC__)
 #define FUSED_HD __host__ __device__ __forceinline__
 #else
@@ -52,22 +54,9 @@ FUSED_HD float gelu_grad(float x) {
 // Fast forms for 16-bit outputs. A bf16/fp16 result carries 8/11 bits, so hardware
 // exp/reciprocal (MUFU, ~2 ulp of float) lose nothing visible, and they cut the per-element
 // instruction count enough that gelu on 16-bit data stays memory-bound (libdevice erff costs
-// ~25 instructions per element; see benchmarks/KERNEL_LOG.md).
+// ~25 instructions per element; see benchmarks/KERNEL_LOG.md). exp2_approx / rcp_approx:
+// common/fast_math.cuh.
 //
-// 2^x and 1/x on the special-function unit (~2 ulp; results below 2^-126 flush to zero,
-// far below anything a 16-bit output holds next to the values it is added to).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float rcp_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // h(x) = 0.5 erfc(|x| / sqrt 2), so that Phi(x) = x < 0 ? h : 1 - h. Written as
 // h = t 2^(Q(t) - x^2 log2(e) / 2) with t = 1 / (1 + |x| / (2 sqrt 2)): the classic erfc form
 // erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), with P a degree-5 minimax fit made for this

@@ -45,6 +45,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/fast_math.cuh"
 #include "common/launch.cuh"
 #include "common/softmax.h"
 #include "common/vec.cuh"
@@ -72,9 +73,7 @@ __device__ __forceinline__ float exp_elem(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return expf(x);
   } else {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-    return y;
+    return exp2_approx(x * 1.4426950408889634f);  // log2(e)
   }
 }
 
