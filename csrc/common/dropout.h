@@ -57,6 +57,19 @@ inline void check_seed_offset(const at::Tensor& so, const at::Tensor& like, cons
   check_same_device(like, so, op, "grad_out", "seed_offset");
 }
 
+// The arguments of the backward ops (dropout_backward; bias_dropout_add_backward, whose
+// grad_out needs a last dim: its columns are the bias gradient's), and the mask parameters
+// (a backward only exists after a training forward).
+inline DropoutParams dropout_backward_params(const at::Tensor& grad_out,
+                                             const at::Tensor& seed_offset, double p,
+                                             bool needs_dim, const char* op) {
+  check_float(grad_out, op, "grad_out");
+  TORCH_CHECK(!needs_dim || grad_out.dim() >= 1, op,
+              ": expected grad_out to have at least 1 dimension, but got a 0-d tensor");
+  check_seed_offset(seed_offset, grad_out, op);
+  return dropout_params(p, true, op);
+}
+
 // bias_dropout_add's operands: x [..., H]; bias [H] or None; residual shaped as x; one
 // dtype and one device.
 inline void check_bias_dropout_add(const at::Tensor& x, const std::optional<at::Tensor>& bias,

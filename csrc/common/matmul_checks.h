@@ -24,6 +24,14 @@ inline LinearAct parse_linear_activation(std::optional<c10::string_view> s, cons
               std::string(v), "'");
 }
 
+// The ops that exist for an activation (linear_fwd saves its input, linear_act_backward
+// differentiates it): 'gelu' or 'gelu_tanh', not None.
+inline LinearAct parse_required_activation(c10::string_view s, const char* op) {
+  const LinearAct act = parse_linear_activation(s, op);
+  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  return act;
+}
+
 // matmul(a, b): torch.matmul semantics for 2-D and 3-D operands; 3-D batch sizes must match
 // or one of them be 1 (broadcast).
 inline void check_matmul_args(const at::Tensor& a, const at::Tensor& b, const char* op) {

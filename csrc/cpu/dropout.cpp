@@ -155,10 +155,8 @@ at::Tensor dropout__cpu(at::Tensor& x, double p, bool training,
 
 at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& seed_offset,
                                 double p) {
-  const char* op = "fused::dropout_backward";
-  check_float(grad_out, op, "grad_out");
-  check_seed_offset(seed_offset, grad_out, op);
-  const DropoutParams d = dropout_params(p, true, op);
+  const DropoutParams d =
+      dropout_backward_params(grad_out, seed_offset, p, false, "fused::dropout_backward");
   const at::Tensor g = grad_out.contiguous();
   at::Tensor dx = at::empty_like(g, at::MemoryFormat::Contiguous);
   const SeedOffset so = d.random() ? read_seed_offset(seed_offset) : SeedOffset{};
@@ -186,12 +184,8 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cpu(const at::Tensor& x_in,
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cpu(const at::Tensor& grad_out,
                                                                  const at::Tensor& seed_offset,
                                                                  double p) {
-  const char* op = "fused::bias_dropout_add_backward";
-  check_float(grad_out, op, "grad_out");
-  TORCH_CHECK(grad_out.dim() >= 1, op,
-              ": expected grad_out to have at least 1 dimension, but got a 0-d tensor");
-  check_seed_offset(seed_offset, grad_out, op);
-  const DropoutParams d = dropout_params(p, true, op);
+  const DropoutParams d = dropout_backward_params(grad_out, seed_offset, p, true,
+                                                  "fused::bias_dropout_add_backward");
   const at::Tensor g = grad_out.contiguous();
   const int64_t cols = g.size(-1);
   at::Tensor dx = at::empty_like(g, at::MemoryFormat::Contiguous);

@@ -435,10 +435,8 @@ at::Tensor dropout__cuda(at::Tensor& x, double p, bool training,
 
 at::Tensor dropout_backward_cuda(const at::Tensor& grad_out, const at::Tensor& seed_offset,
                                  double p) {
-  const char* op = "fused::dropout_backward";
-  check_float(grad_out, op, "grad_out");
-  check_seed_offset(seed_offset, grad_out, op);
-  const DropoutParams d = dropout_params(p, true, op);
+  const DropoutParams d =
+      dropout_backward_params(grad_out, seed_offset, p, false, "fused::dropout_backward");
   c10::cuda::CUDAGuard guard(grad_out.device());
   const at::Tensor g = grad_out.contiguous();
   if (d.identity()) return g.clone(at::MemoryFormat::Contiguous);
@@ -650,12 +648,8 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tensor& grad_out,
                                                                   const at::Tensor& seed_offset,
                                                                   double p) {
-  const char* op = "fused::bias_dropout_add_backward";
-  check_float(grad_out, op, "grad_out");
-  TORCH_CHECK(grad_out.dim() >= 1, op,
-              ": expected grad_out to have at least 1 dimension, but got a 0-d tensor");
-  check_seed_offset(seed_offset, grad_out, op);
-  const DropoutParams d = dropout_params(p, true, op);
+  const DropoutParams d = dropout_backward_params(grad_out, seed_offset, p, true,
+                                                  "fused::bias_dropout_add_backward");
   c10::cuda::CUDAGuard guard(grad_out.device());
   const at::Tensor g = grad_out.contiguous();
   const int64_t cols = g.size(-1);

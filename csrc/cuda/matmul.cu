@@ -299,8 +299,7 @@ std::tuple<at::Tensor, at::Tensor> linear_fwd_cuda(const at::Tensor& x, const at
                                                    c10::string_view activation) {
   const char* op = "fused::linear_fwd";
   check_linear_args(x, w, bias, op);
-  const LinearAct act = parse_linear_activation(activation, op);
-  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  const LinearAct act = parse_required_activation(activation, op);
   return linear_impl(x, w, bias, act, true);
 }
 
@@ -310,8 +309,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& gr
                                                             bool bias_grad) {
   const char* op = "fused::linear_act_backward";
   check_act_backward_args(grad_out, preact, op);
-  const LinearAct act = parse_linear_activation(activation, op);
-  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  const LinearAct act = parse_required_activation(activation, op);
   c10::cuda::CUDAGuard guard(preact.device());
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
