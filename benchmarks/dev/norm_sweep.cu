@@ -60,51 +60,134 @@ __device__ __forceinline__ void row_sum(float (&v)[N], float (*buf)[NW]) {
   }
 }
 
-// ---- forward: one row per TPR threads, BLOCK / TPR rows per block, no loop ----
-template <int TPR, int VPT, int BLOCK, bool RMS>
-__global__ void __launch_bounds__(BLOCK) norm_fwd(const uint4* __restrict__ x, const uint4* __restrict__ w,
-                                                  const uint4* __restrict__ b, uint4* __restrict__ y,
-                                                  float* __restrict__ mean, float* __restrict__ rstd) {
-  constexpr int RPB = BLOCK / TPR, LENV = TPR * VPT, N = VPT * 8, NW = BLOCK / 32;
-  constexpr float INV = 1.f / (LENV * 8);
-  __shared__ float buf[2][1][NW];
-  const long row = blockIdx.x * (long)RPB + threadIdx.x / TPR;
-  const int lane = threadIdx.x % TPR;
-  const uint4* p = x + row * LENV + lane;
-  uint4 rx[VPT], rw[VPT], rb[VPT];
-  // All loads in flight before the first use: x streams from DRAM, w / b hit L1 / L2.
+// Runtime-shaped reduction as in the library (csrc/cuda/norm.cu group_sum): tpr a runtime
+// power of two <= 32 or multiple of 32, shuffles then one barrier and a warp_sum of the slots.
+template <int N>
+__device__ __forceinline__ void group_sum_rt(float (&v)[N], int tpr, float (*buf)[32]) {
+  if (tpr <= 32) {
+    for (int o = tpr / 2; o > 0; o >>= 1)
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) rx[k] = __ldg(p + k * TPR);
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    rw[k] = __ldg(w + lane + k * TPR);
-    if constexpr (!RMS) rb[k] = __ldg(b + lane + k * TPR);
+      for (int n = 0; n < N; ++n) v[n] += __shfl_xor_sync(0xffffffffu, v[n], o);
+    return;
   }
-  float v[N];
+  const int warp = threadIdx.x / 32, l = threadIdx.x % 32, wpg = tpr / 32, first = warp - warp % wpg;
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) unpack(rx[k], v + 8 * k);
-  float m[1] = {0.f}, q[1] = {0.f};
-  if constexpr (!RMS) {
+  for (int n = 0; n < N; ++n) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) m[0] += v[i];
-    row_sum<TPR, 1, NW>(m, buf[0]);
-    m[0] *= INV;
+    for (int o = 16; o > 0; o >>= 1) v[n] += __shfl_xor_sync(0xffffffffu, v[n], o);
+    if (l == 0) buf[n][warp] = v[n];
   }
-  // Second pass over the registers, centred: no E[x^2] - E[x]^2 cancellation.
+  __syncthreads();
 #pragma unroll
-  for (int i = 0; i < N; ++i) { const float d = v[i] - m[0]; q[0] += d * d; }
-  row_sum<TPR, 1, NW>(q, buf[1]);
-  const float rs = rsqrtf(q[0] * INV + EPS);
-  if (lane == 0) { if (!RMS) mean[row] = m[0]; rstd[row] = rs; }
-  uint4* o = y + row * LENV + lane;
+  for (int n = 0; n < N; ++n) {
+    v[n] = l < wpg ? buf[n][first + l] : 0.f;
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    float fw[8], fb[8] = {}, f[8];
-    unpack(rw[k], fw);
-    if constexpr (!RMS) unpack(rb[k], fb);
+    for (int o = 16; o > 0; o >>= 1) v[n] += __shfl_xor_sync(0xffffffffu, v[n], o);
+  }
+}
+
+// ---- forward: one row per TPR threads, BLOCK / TPR rows per block ----
+// F: what the library's runtime-shaped v3 kernel does differently, one bit each, to find
+// which of them costs the 10-15 points between it (79-84% layer) and this kernel (93-97%):
+//   kLate    w / b loaded in the epilogue, after the reductions (the library's v3)
+//   kRt      threads per row, row length and rows at run time: runtime row_sum, per-vector
+//            bounds checks, grid-stride row loop
+//   kShift   layer norm sums x - x0 (x0 loaded per row) so a constant row is exact
+//   kCap64   launch bound (BLOCK, 1024 / BLOCK): <= 64 registers, as the library's
+//   kCorr    instead of kShift: mean, then sum(d) and sum(d^2) in ONE reduction of two
+//            values; mean += sum(d) / n (exact for a constant row: x - mean is exact),
+//            var = sum(d^2) / n - (sum(d) / n)^2
+enum : int { kLate = 1, kRt = 2, kShift = 4, kCap64 = 8, kCorr = 16 };
+template <int TPR, int VPT, int BLOCK, bool RMS, int F = 0>
+__global__ void __launch_bounds__(BLOCK, (F & kCap64) ? 1024 / BLOCK : 1)
+    norm_fwd(const uint4* __restrict__ x, const uint4* __restrict__ w, const uint4* __restrict__ b,
+             uint4* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int tpr_rt,
+             int nvec_rt, long rows) {
+  constexpr bool RT = F & kRt;
+  constexpr int N = VPT * 8;
+  __shared__ float buf[2][2][32];
+  const int tpr = RT ? tpr_rt : TPR, nvec = RT ? nvec_rt : TPR * VPT;
+  const int rpb = RT ? blockDim.x / tpr : BLOCK / TPR;
+  const float inv = RT ? 1.f / (nvec * 8) : 1.f / (TPR * VPT * 8);
+  const int lane = threadIdx.x % tpr;
+  const long step = RT ? (long)gridDim.x * rpb : rows;
+  for (long first = blockIdx.x * (long)rpb; first < rows; first += step) {
+    const long row = first + threadIdx.x / tpr;
+    const bool valid = !RT || row < rows;
+    auto live = [&](int k) { return !RT || (valid && k * tpr + lane < nvec); };
+    const uint4* p = x + row * nvec + lane;
+    uint4 rx[VPT], rw[VPT], rb[VPT];
+    float shift = 0.f;
+    if constexpr ((F & kShift) && !RMS)
+      if (valid) shift = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(x + row * nvec));
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = (v[8 * k + e] - m[0]) * rs * fw[e] + fb[e];
-    o[k * TPR] = pack8(f);
+    for (int k = 0; k < VPT; ++k) if (live(k)) rx[k] = __ldg(p + k * tpr);
+    auto load_wb = [&] {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        if (live(k)) {
+          rw[k] = __ldg(w + lane + k * tpr);
+          if constexpr (!RMS) rb[k] = __ldg(b + lane + k * tpr);
+        }
+      }
+    };
+    if constexpr (!(F & kLate)) load_wb();
+    float v[N];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if (live(k)) unpack(rx[k], v + 8 * k);
+      else for (int e = 0; e < 8; ++e) v[8 * k + e] = 0.f;
+    }
+    auto reduce = [&](auto& a, float (*bf)[32]) {
+      if constexpr (RT) group_sum_rt(a, tpr, bf);
+      else row_sum<TPR, sizeof(a) / sizeof(float), 32>(a, bf);
+    };
+    float m[1] = {0.f};
+    if constexpr (!RMS) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k)
+        if (live(k))
+#pragma unroll
+          for (int e = 0; e < 8; ++e) m[0] += v[8 * k + e] - shift;
+      reduce(m, buf[0]);
+      m[0] = shift + m[0] * inv;
+    }
+    float rs;
+    if constexpr ((F & kCorr) && !RMS) {
+      float q[2] = {0.f, 0.f};
+#pragma unroll
+      for (int k = 0; k < VPT; ++k)
+        if (live(k))
+#pragma unroll
+          for (int e = 0; e < 8; ++e) { const float d = v[8 * k + e] - m[0]; q[0] += d; q[1] += d * d; }
+      reduce(q, buf[1]);
+      const float dm = q[0] * inv;
+      m[0] += dm;
+      rs = rsqrtf(fmaxf(q[1] * inv - dm * dm, 0.f) + EPS);
+    } else {
+      float q[1] = {0.f};
+#pragma unroll
+      for (int k = 0; k < VPT; ++k)
+        if (live(k))
+#pragma unroll
+          for (int e = 0; e < 8; ++e) { const float d = v[8 * k + e] - m[0]; q[0] += d * d; }
+      reduce(q, buf[1]);
+      rs = rsqrtf(q[0] * inv + EPS);
+    }
+    if (valid && lane == 0) { if (!RMS) mean[row] = m[0]; rstd[row] = rs; }
+    if constexpr (F & kLate) load_wb();
+    uint4* o = y + row * nvec + lane;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if (!live(k)) continue;
+      float fw[8], fb[8] = {}, f[8];
+      unpack(rw[k], fw);
+      if constexpr (!RMS) unpack(rb[k], fb);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = (v[8 * k + e] - m[0]) * rs * fw[e] + fb[e];
+      o[k * tpr] = pack8(f);
+    }
+    if constexpr (!RT) break;
   }
 }
 
@@ -272,11 +355,11 @@ void setup(long rows, long cols) {
 }
 long chk_rows(long rows, int i) { const long c[4] = {0, 1, rows / 2 + 1, rows - 1}; return c[i]; }
 
-template <int TPR, int VPT, int BLOCK, bool RMS> void fwd1(long rows) {
+template <int TPR, int VPT, int BLOCK, bool RMS, int F = 0> void fwd1(long rows) {
   constexpr long cols = TPR * VPT * 8;
   setup(rows, cols);
   const Ref& R = ref[RMS];
-  const float t = timeit([&] { norm_fwd<TPR, VPT, BLOCK, RMS><<<rows / (BLOCK / TPR), BLOCK>>>(X, W, B, Y, MEAN, RSTD); });
+  const float t = timeit([&] { norm_fwd<TPR, VPT, BLOCK, RMS, F><<<rows / (BLOCK / TPR), BLOCK>>>(X, W, B, Y, MEAN, RSTD, TPR, TPR * VPT, rows); });
   std::vector<float> hm(rows), hr(rows);
   std::vector<uint16_t> hy(cols);
   cudaMemcpy(hm.data(), MEAN, rows * 4, cudaMemcpyDeviceToHost);
@@ -289,8 +372,12 @@ template <int TPR, int VPT, int BLOCK, bool RMS> void fwd1(long rows) {
     for (long c = 0; c < cols; ++c)
       ey = std::max(ey, fabs(bf(hy[c]) - ((bf(hx[r * cols + c]) - R.mean[r]) * R.rstd[r] * hw[c] + (RMS ? 0 : hb[c]))));
   }
-  printf("%5ldx%-5ld %s fwd tpr %4d vpt %d block %4d                 | %7.1f us %5.1f%%                  "
-         "| err y %.1e mean %.1e rstd(rel) %.1e\n", rows, cols, RMS ? "rms  " : "layer", TPR, VPT, BLOCK, t,
+  cudaFuncAttributes fa;
+  cudaFuncGetAttributes(&fa, norm_fwd<TPR, VPT, BLOCK, RMS, F>);
+  printf("%5ldx%-5ld %s fwd tpr %4d vpt %d block %4d F %s%s%s%s%s regs %3d lmem %2d | %7.1f us %5.1f%% "
+         "| err y %.1e mean %.1e rstd(rel) %.1e\n", rows, cols, RMS ? "rms  " : "layer", TPR, VPT, BLOCK,
+         F & kLate ? "L" : "-", F & kRt ? "R" : "-", F & kShift ? "S" : "-", F & kCap64 ? "C" : "-",
+         F & kCorr ? "X" : "-", fa.numRegs, (int)fa.localSizeBytes, t,
          100 * 2 * rows * cols * 2.0 / t / copy_bps, ey, em, er);
 }
 
@@ -339,12 +426,23 @@ template <int TPR, int VPT, int BLOCK, int K, int R, bool PF, bool RMS> void bwd
          "| err dx %.1e dw(rel) %.1e db(rel) %.1e\n", rows, cols, RMS ? "rms  " : "layer", TPR, VPT, BLOCK, K, R, PF, occ,
          tm, 100 * bytes / tm / copy_bps, tt, 100 * bytes / tt / copy_bps, edx, edw / mdw, RMS ? 0 : edb / mdb);
 }
-template <int TPR, int VPT, int BLOCK> void fwd(long rows) { fwd1<TPR, VPT, BLOCK, false>(rows); fwd1<TPR, VPT, BLOCK, true>(rows); }
+template <int TPR, int VPT, int BLOCK, int F = 0> void fwd(long rows) {
+  fwd1<TPR, VPT, BLOCK, false, F>(rows); fwd1<TPR, VPT, BLOCK, true, F>(rows);
+}
+// The library-difference matrix (see norm_fwd's F) at one launch shape.
+template <int TPR, int VPT, int BLOCK> void fwd_matrix(long rows) {
+  fwd<TPR, VPT, BLOCK>(rows); fwd<TPR, VPT, BLOCK, kLate>(rows); fwd<TPR, VPT, BLOCK, kRt>(rows);
+  fwd1<TPR, VPT, BLOCK, false, kShift>(rows); fwd<TPR, VPT, BLOCK, kCap64>(rows);
+  fwd<TPR, VPT, BLOCK, kLate | kRt | kShift | kCap64>(rows);  // the library's v3 as a whole
+  fwd1<TPR, VPT, BLOCK, false, kCorr>(rows); fwd1<TPR, VPT, BLOCK, false, kCorr | kRt>(rows);
+  fwd<TPR, VPT, BLOCK, kRt | kCap64>(rows); fwd1<TPR, VPT, BLOCK, false, kCorr | kRt | kCap64>(rows);
+}
 template <int TPR, int VPT, int BLOCK, int K, int R = 1, bool PF = false> void bwd(long rows) {
   bwd1<TPR, VPT, BLOCK, K, R, PF, false>(rows); bwd1<TPR, VPT, BLOCK, K, R, PF, true>(rows);
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const bool only_fwd = argc > 1 && !strcmp(argv[1], "fwd");  // just the forward matrix
   cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
   cudaMalloc(&X, NB); cudaMalloc(&DY, NB); cudaMalloc(&Y, NB); cudaMalloc(&DX, NB);
   cudaMalloc(&W, MAXC * 2); cudaMalloc(&B, MAXC * 2); cudaMalloc(&MEAN, 65536 * 4); cudaMalloc(&RSTD, 65536 * 4);
@@ -367,6 +465,15 @@ int main() {
   copy_bps = 2.0 * NB / tc;
   printf("copy %.1f us %.0f GB/s, %d SMs (k = persistent blocks per SM, occ = resident blocks per SM)\n",
          tc, copy_bps / 1e3, nsm);
+  if (only_fwd) {
+    fwd_matrix<32, 4, 128>(16384);    // the library's launch shape at 1024 columns
+    fwd_matrix<128, 4, 128>(16384);   // 4096
+    fwd_matrix<256, 4, 256>(8192);    // 8192
+    fwd_matrix<512, 4, 512>(4096);    // 16384 (the library: 8 vectors x 256 threads)
+    fwd_matrix<256, 8, 256>(4096);
+    printf("err %s\n", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+  }
   // 16384 x 1024: 8 .. 64 elements per thread, several rows per block
   fwd<32, 4, 128>(16384); fwd<32, 4, 256>(16384); fwd<16, 8, 128>(16384); fwd<64, 2, 128>(16384); fwd<128, 1, 128>(16384);
   bwd<32, 4, 128, 2>(16384); bwd<32, 4, 256, 1>(16384); bwd<64, 2, 256, 2>(16384);

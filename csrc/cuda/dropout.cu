@@ -45,12 +45,12 @@
 namespace fused {
 namespace {
 
-// Elementwise launch shape: 128 threads (best or tied-best in the H200 sweep of the shared
-// elementwise kernel: KERNEL_LOG, GeLU v3), each 4 groups (one 16-byte vector per input
-// each): the per-thread prologue (RNG state, round keys, addressing) is shared by 32 bf16
-// elements (KERNEL_LOG, dropout v2).
+// Elementwise launch shape: 128 threads x 2 groups (one 16-byte vector per input each), the
+// best shape of the H200 sweep of the shared elementwise kernel (KERNEL_LOG, GeLU v3). v2's
+// 4 groups shared the per-thread prologue over more elements but measured 3-5 points slower
+// at 128-256 MB (KERNEL_LOG, dropout v3: longer-lived blocks, a ragged last wave).
 constexpr int kThreads = 128;
-constexpr int kGroupsPerThread = 4;
+constexpr int kGroupsPerThread = 2;
 
 // Where a kernel gets its Philox key and counter base: forward unpacks the generator's
 // state (and records what it used in seed_offset), backward reads seed_offset back.
