@@ -158,6 +158,22 @@ def test_cuda_262144(dtype):
 
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [32768, 50257, 131072])
+def test_cuda_long_rows_persistent(dtype, length):
+    # More rows than clusters fit at once (sm_90): each persistent cluster walks several
+    # rows, loading the next while it reduces this one, its exchange slots, mbarriers and
+    # reduction buffers alternating by row parity. Rows of different spreads, so that a
+    # row combined with a neighbour's partial results would show.
+    rows = 400 if length <= 65536 else 200
+    spread = torch.rand(rows, 1, device="cuda") * 6 + 0.5
+    x = (torch.randn(rows, length, device="cuda") * spread).to(dtype)
+    for log in (False, True):
+        y = check_forward(x, log=log, msg=f"log={log}")
+        check_backward(y, log=log, msg=f"log={log}")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_many_rows(dtype):
     # Many row blocks, several waves: 20000 rows of each short strategy.
     for length in (1, 7, 64, 1000, 1536):
@@ -286,9 +302,11 @@ def test_causal(device, shape, dtype, scale):
 
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 1, 64, 20000), (1, 1, 3, 70000)])
+@pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 1, 64, 20000), (1, 1, 3, 70000),
+                                   (2, 1, 257, 40000)])
 def test_cuda_causal_large(dtype, shape):
-    # Attention scores at the benchmarked row length; rows long enough to be split.
+    # Attention scores at the benchmarked row length; rows long enough to be split, or to
+    # take clusters (the last: more rows than clusters, whole blocks past the causal limit).
     x = torch.randn(shape, device="cuda").to(dtype) * 3
     y = check_forward(x, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8, causal=True)

@@ -90,31 +90,34 @@ __device__ __forceinline__ void group_sum_rt(float (&v)[N], int tpr, float (*buf
 // F: what the library's runtime-shaped v3 kernel does differently, one bit each, to find
 // which of them costs the 10-15 points between it (79-84% layer) and this kernel (93-97%):
 //   kLate    w / b loaded in the epilogue, after the reductions (the library's v3)
-//   kRt      threads per row, row length and rows at run time: runtime row_sum, per-vector
-//            bounds checks, grid-stride row loop
+//   kRt      threads per row, row length and rows at run time, i.e. all three of:
+//   kTprRt   threads per row at run time (strides, lane, runtime-width row_sum)
+//   kMask    per-vector bounds checks against a runtime row length
+//   kLoop    a grid-stride row loop with a row-validity check
 //   kShift   layer norm sums x - x0 (x0 loaded per row) so a constant row is exact
 //   kCap64   launch bound (BLOCK, 1024 / BLOCK): <= 64 registers, as the library's
 //   kCorr    instead of kShift: mean, then sum(d) and sum(d^2) in ONE reduction of two
 //            values; mean += sum(d) / n (exact for a constant row: x - mean is exact),
 //            var = sum(d^2) / n - (sum(d) / n)^2
-enum : int { kLate = 1, kRt = 2, kShift = 4, kCap64 = 8, kCorr = 16 };
+enum : int { kLate = 1, kTprRt = 2, kShift = 4, kCap64 = 8, kCorr = 16, kMask = 32, kLoop = 64,
+             kRt = kTprRt | kMask | kLoop };
 template <int TPR, int VPT, int BLOCK, bool RMS, int F = 0>
 __global__ void __launch_bounds__(BLOCK, (F & kCap64) ? 1024 / BLOCK : 1)
     norm_fwd(const uint4* __restrict__ x, const uint4* __restrict__ w, const uint4* __restrict__ b,
              uint4* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int tpr_rt,
              int nvec_rt, long rows) {
-  constexpr bool RT = F & kRt;
+  constexpr bool TR = F & kTprRt, MK = F & kMask, LP = F & kLoop;
   constexpr int N = VPT * 8;
   __shared__ float buf[2][2][32];
-  const int tpr = RT ? tpr_rt : TPR, nvec = RT ? nvec_rt : TPR * VPT;
-  const int rpb = RT ? blockDim.x / tpr : BLOCK / TPR;
-  const float inv = RT ? 1.f / (nvec * 8) : 1.f / (TPR * VPT * 8);
+  const int tpr = TR ? tpr_rt : TPR, nvec = MK ? nvec_rt : TPR * VPT;
+  const int rpb = TR ? blockDim.x / tpr : BLOCK / TPR;
+  const float inv = MK ? 1.f / (nvec * 8) : 1.f / (TPR * VPT * 8);
   const int lane = threadIdx.x % tpr;
-  const long step = RT ? (long)gridDim.x * rpb : rows;
+  const long step = LP ? (long)gridDim.x * rpb : rows;
   for (long first = blockIdx.x * (long)rpb; first < rows; first += step) {
     const long row = first + threadIdx.x / tpr;
-    const bool valid = !RT || row < rows;
-    auto live = [&](int k) { return !RT || (valid && k * tpr + lane < nvec); };
+    const bool valid = !LP || row < rows;
+    auto live = [&](int k) { return (!LP || valid) && (!MK || k * tpr + lane < nvec); };
     const uint4* p = x + row * nvec + lane;
     uint4 rx[VPT], rw[VPT], rb[VPT];
     float shift = 0.f;
@@ -139,7 +142,7 @@ __global__ void __launch_bounds__(BLOCK, (F & kCap64) ? 1024 / BLOCK : 1)
       else for (int e = 0; e < 8; ++e) v[8 * k + e] = 0.f;
     }
     auto reduce = [&](auto& a, float (*bf)[32]) {
-      if constexpr (RT) group_sum_rt(a, tpr, bf);
+      if constexpr (TR) group_sum_rt(a, tpr, bf);
       else row_sum<TPR, sizeof(a) / sizeof(float), 32>(a, bf);
     };
     float m[1] = {0.f};
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(BLOCK, (F & kCap64) ? 1024 / BLOCK : 1)
       for (int e = 0; e < 8; ++e) f[e] = (v[8 * k + e] - m[0]) * rs * fw[e] + fb[e];
       o[k * tpr] = pack8(f);
     }
-    if constexpr (!RT) break;
+    if constexpr (!LP) break;
   }
 }
 
@@ -374,9 +377,10 @@ template <int TPR, int VPT, int BLOCK, bool RMS, int F = 0> void fwd1(long rows)
   }
   cudaFuncAttributes fa;
   cudaFuncGetAttributes(&fa, norm_fwd<TPR, VPT, BLOCK, RMS, F>);
-  printf("%5ldx%-5ld %s fwd tpr %4d vpt %d block %4d F %s%s%s%s%s regs %3d lmem %2d | %7.1f us %5.1f%% "
+  printf("%5ldx%-5ld %s fwd tpr %4d vpt %d block %4d F %s%s%s%s%s%s%s regs %3d lmem %2d | %7.1f us %5.1f%% "
          "| err y %.1e mean %.1e rstd(rel) %.1e\n", rows, cols, RMS ? "rms  " : "layer", TPR, VPT, BLOCK,
-         F & kLate ? "L" : "-", F & kRt ? "R" : "-", F & kShift ? "S" : "-", F & kCap64 ? "C" : "-",
+         F & kLate ? "L" : "-", F & kTprRt ? "T" : "-", F & kMask ? "M" : "-", F & kLoop ? "O" : "-",
+         F & kShift ? "S" : "-", F & kCap64 ? "C" : "-",
          F & kCorr ? "X" : "-", fa.numRegs, (int)fa.localSizeBytes, t,
          100 * 2 * rows * cols * 2.0 / t / copy_bps, ey, em, er);
 }
@@ -430,6 +434,14 @@ template <int TPR, int VPT, int BLOCK, int F = 0> void fwd(long rows) {
   fwd1<TPR, VPT, BLOCK, false, F>(rows); fwd1<TPR, VPT, BLOCK, true, F>(rows);
 }
 // The library-difference matrix (see norm_fwd's F) at one launch shape.
+// Which part of kRt costs, each under the 64-register cap (the sweep's best at >= 8K).
+template <int TPR, int VPT, int BLOCK> void fwd_matrix2(long rows) {
+  fwd<TPR, VPT, BLOCK, kCap64>(rows); fwd<TPR, VPT, BLOCK, kCap64 | kTprRt>(rows);
+  fwd<TPR, VPT, BLOCK, kCap64 | kMask>(rows); fwd<TPR, VPT, BLOCK, kCap64 | kLoop>(rows);
+  fwd1<TPR, VPT, BLOCK, false, kCap64 | kShift>(rows); fwd1<TPR, VPT, BLOCK, false, kCap64 | kCorr>(rows);
+  fwd<TPR, VPT, BLOCK, kCap64 | kMask | kLate>(rows); fwd1<TPR, VPT, BLOCK, false, kCap64 | kMask | kShift>(rows);
+  fwd<TPR, VPT, BLOCK>(rows); fwd<TPR, VPT, BLOCK, kMask>(rows);
+}
 template <int TPR, int VPT, int BLOCK> void fwd_matrix(long rows) {
   fwd<TPR, VPT, BLOCK>(rows); fwd<TPR, VPT, BLOCK, kLate>(rows); fwd<TPR, VPT, BLOCK, kRt>(rows);
   fwd1<TPR, VPT, BLOCK, false, kShift>(rows); fwd<TPR, VPT, BLOCK, kCap64>(rows);
@@ -443,6 +455,7 @@ template <int TPR, int VPT, int BLOCK, int K, int R = 1, bool PF = false> void b
 
 int main(int argc, char** argv) {
   const bool only_fwd = argc > 1 && !strcmp(argv[1], "fwd");  // just the forward matrix
+  const bool only_fwd2 = argc > 1 && !strcmp(argv[1], "fwd2");  // which part of kRt costs
   cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
   cudaMalloc(&X, NB); cudaMalloc(&DY, NB); cudaMalloc(&Y, NB); cudaMalloc(&DX, NB);
   cudaMalloc(&W, MAXC * 2); cudaMalloc(&B, MAXC * 2); cudaMalloc(&MEAN, 65536 * 4); cudaMalloc(&RSTD, 65536 * 4);
@@ -465,6 +478,16 @@ int main(int argc, char** argv) {
   copy_bps = 2.0 * NB / tc;
   printf("copy %.1f us %.0f GB/s, %d SMs (k = persistent blocks per SM, occ = resident blocks per SM)\n",
          tc, copy_bps / 1e3, nsm);
+  if (only_fwd2) {
+    fwd_matrix2<32, 4, 128>(16384);
+    fwd_matrix2<128, 4, 128>(16384);
+    fwd_matrix2<160, 4, 160>(16384);  // 5120 columns
+    fwd_matrix2<256, 4, 256>(8192);
+    fwd_matrix2<384, 4, 384>(4096);   // 12288
+    fwd_matrix2<512, 4, 512>(4096);
+    printf("err %s\n", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+  }
   if (only_fwd) {
     fwd_matrix<32, 4, 128>(16384);    // the library's launch shape at 1024 columns
     fwd_matrix<128, 4, 128>(16384);   // 4096

@@ -11,7 +11,15 @@
 //                          for 64 one shared-memory step)
 //   tpr = BLOCK            one row per block of 128 / 256 / 512 / 1024 threads, shuffles
 //                          then one shared-memory step
-//   len > 1024 * P * VEC   the row split into chunks of 512 * P * VEC columns, one block
+//   len > 512 * P * VEC    on sm_90, softmax_cluster_kernel: a thread-block cluster of up
+//                          to 16 blocks of 512 threads per row, each block an even share
+//                          of it; clusters are persistent (as many as fit, walking rows)
+//                          and load their next row while this one is reduced and its
+//                          block results exchanged (st.async into every peer's shared
+//                          memory, one mbarrier wait): the row is read once, and two
+//                          rows' loads are in flight per thread.
+//   otherwise              one 1024-thread block per row up to 1024 * P * VEC; past that
+//                          the row split into chunks of 512 * P * VEC columns, one block
 //                          each, in two launches: kPartial writes each chunk's reduction
 //                          to a small workspace, kFinish reads the chunk again, combines
 //                          the row's partials and writes. x is read twice (3 passes of the
@@ -44,6 +52,7 @@
 #include <type_traits>
 
 #include "common/checks.h"
+#include "common/cluster.cuh"
 #include "common/dispatch.h"
 #include "common/fast_math.cuh"
 #include "common/launch.cuh"
@@ -375,8 +384,6 @@ enum Phase : int {
   kWhole = 0,    // the row (or rows) of this block: reduce, write the outputs
   kPartial = 1,  // one chunk of a split row: reduce, write the chunk's State
   kFinish = 2,   // one chunk of a split row: combine the row's States, write the outputs
-  kCluster = 3,  // one chunk of a row split over a thread-block cluster (sm_90): reduce,
-                 // exchange the States through distributed shared memory, write
 };
 
 template <typename T, typename State>
@@ -397,28 +404,54 @@ struct Args {
 template <int N>
 constexpr int kLog2 = N <= 1 ? 0 : 1 + kLog2<N / 2>;
 
-// The row's State from the States of the n blocks of this block's cluster (each block's
-// share of the row), read from each block's shared memory in rank order, so every block
-// gets the same result. The second barrier keeps every block's shared memory alive until
-// all have read it.
-template <typename Op>
-__device__ __forceinline__ typename Op::State cluster_combine(const Op& op,
-                                                              typename Op::State mine, int n) {
-  using State = typename Op::State;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  __shared__ State slot;
-  __shared__ State part[kMaxCluster];
-  if (threadIdx.x == 0) slot = mine;
-  cg::cluster_group cl = cg::this_cluster();
-  cl.sync();
-  if (threadIdx.x < n) part[threadIdx.x] = *cl.map_shared_rank(&slot, threadIdx.x);
-  cl.sync();
-  return op.combine(part, n);
-#else
-  __trap();  // the host launches clusters only for sm_90 code (cluster_ok)
-  return mine;
-#endif
+// The end of the columns of `row` a block reads: `end` (its chunk's), or with a causal
+// mask the query's last key + 1 if that comes first. The query index is a 32-bit remainder
+// when the row count allows (a 64-bit one is a ~100-instruction call).
+template <typename T, typename State>
+__device__ __forceinline__ int row_limit(const Args<T, State>& a, int64_t row, int end) {
+  if (a.causal_q <= 0) return end;
+  const int64_t q = a.rows <= 0xffffffffLL
+                        ? static_cast<uint32_t>(row) % static_cast<uint32_t>(a.causal_q)
+                        : row % a.causal_q;
+  return static_cast<int>(std::min<int64_t>(end, q + 1));
+}
+
+// A thread's vectors of `row` (vector k at column c0 + k * stride), every load issued
+// before any use; zero bits where the column is at or past `limit` (masked or idle: not
+// read). A vector straddling the causal limit is still inside the row: read whole.
+// PINNED: loads that stay where they are written (load_pinned), for a prefetch.
+template <bool PINNED, typename T, typename R, int kIn, int P>
+__device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)[2], int len,
+                                          int64_t row, int c0, int stride, int limit) {
+#pragma unroll
+  for (int i = 0; i < kIn; ++i) {
+    const T* p = in[i] + row * len;
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const int col = c0 + k * stride;
+      raw[i][k] = R{};
+      if (col < limit) {
+        const R* q = reinterpret_cast<const R*>(p + col);
+        raw[i][k] = PINNED ? load_pinned(q) : *q;
+      }
+    }
+  }
+}
+
+// The outputs of a thread's vectors of `row` that lie before `end`.
+template <typename T, int VEC, int P, typename Op, typename Regs, typename Coef>
+__device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const Coef& coef,
+                                          T* out, int c0, int stride, int end) {
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const int col = c0 + k * stride;
+    if (col < end) {
+      Vec<T, VEC> o;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) o.v[e] = static_cast<T>(op.out(regs, coef, k, e));
+      store_vec<T, VEC>(out + col, o);
+    }
+  }
 }
 
 // Thread `lane` of a row group owns vectors k < P at columns
@@ -426,8 +459,6 @@ __device__ __forceinline__ typename Op::State cluster_combine(const Op& op,
 template <typename T, typename Op, int VEC, int P, int BLOCK>
 __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::State> a, Op op) {
   using State = typename Op::State;
-  using R = Raw<T, VEC>;
-  constexpr int kIn = Op::kIn;
   static_assert(VEC == 1 || sizeof(Vec<T, VEC>) == 16, "vectors are 16 bytes");
   // Two reduction buffers (the ops' two reductions), a float or a double per warp.
   __shared__ double buf[2][BLOCK / 32 > 0 ? BLOCK / 32 : 1];
@@ -441,33 +472,14 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   const int64_t row = active ? r : 0;
   const int begin = c * a.chunk;
   const int end = std::min(a.len, begin + a.chunk);
-  // Columns in [limit, end) are masked or idle: not read (zero raw bits).
-  int limit = active ? end : begin;
-  if (a.causal_q > 0 && active) {
-    // The query index: a 32-bit remainder when the row count allows (a 64-bit one is a
-    // ~100-instruction call).
-    const int64_t q = a.rows <= 0xffffffffLL
-                          ? static_cast<uint32_t>(row) % static_cast<uint32_t>(a.causal_q)
-                          : row % a.causal_q;
-    limit = static_cast<int>(std::min<int64_t>(end, q + 1));
-  }
+  const int limit = active ? row_limit(a, row, end) : begin;
   const int c0 = begin + lane * VEC;
   const int stride = a.tpr * VEC;
 
-  // Every load first (raw bits, zeroed, then loaded under a predicate), then the
-  // conversions: a conversion next to its load would make the thread wait for each load.
-  R raw[kIn][P];
-#pragma unroll
-  for (int i = 0; i < kIn; ++i) {
-    const T* p = a.in[i] + row * a.len;
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-      const int col = c0 + k * stride;
-      raw[i][k] = R{};
-      // A vector straddling the causal limit is still inside the row: read it whole.
-      if (col < limit) raw[i][k] = *reinterpret_cast<const R*>(p + col);
-    }
-  }
+  // Every load first, then the conversions: a conversion next to its load would make the
+  // thread wait for each load.
+  Raw<T, VEC> raw[Op::kIn][P];
+  load_tile<false>(raw, a.in, a.len, row, c0, stride, limit);
   typename Op::template Regs<T, VEC, P> regs;
   op.init(regs, raw, Cols{c0, stride, limit});
 
@@ -480,22 +492,69 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
       if (threadIdx.x == 0) a.partials[row * a.nchunks + c] = total;
       return;
     }
-    if (a.phase == kCluster) total = cluster_combine(op, mine, a.nchunks);
   }
   if (!active) return;
   const auto coef = op.coef(total, mine, a.phase != kFinish);
   op.finish(regs, coef);
-  T* out = a.out + row * a.len;
-#pragma unroll
-  for (int k = 0; k < P; ++k) {
-    const int col = c0 + k * stride;
-    if (col < end) {
-      Vec<T, VEC> o;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) o.v[e] = static_cast<T>(op.out(regs, coef, k, e));
-      store_vec<T, VEC>(out + col, o);
-    }
+  store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, end);
+}
+
+// Long rows on sm_90: grid (clusters, n), cluster (1, n): cluster blockIdx.x takes rows
+// blockIdx.x, + gridDim.x, ...; its block blockIdx.y the columns [y * chunk, + chunk).
+// Per row: the block's State (as softmax_kernel's), pushed into slot [rank] of every
+// block of the cluster (itself included), one mbarrier wait for the n States, combined in
+// rank order (identical in every block), the outputs written. The next row's loads are
+// issued right after this row's registers are filled, so they stay in flight through its
+// reductions, exchange and stores. Launch bound (BLOCK, 1): up to 128 registers (two
+// rows of raw bits, a row of floats for the forward); one 512-thread block per SM.
+// Buffers alternate by row parity: a block pushes row r + 2 only after it has every
+// push of row r + 1, which each block sends after its barrier of row r + 1, after it
+// read row r's slots; likewise a reduction buffer is written again two rows later, past
+// at least one barrier.
+template <typename T, typename Op, int VEC, int P, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    softmax_cluster_kernel(Args<T, typename Op::State> a, Op op) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using State = typename Op::State;
+  __shared__ double buf[2][2][BLOCK / 32];
+  __shared__ State slots[2][kMaxCluster];
+  __shared__ uint64_t bar[2];
+
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const Group<BLOCK> g{BLOCK};
+  const int n = a.nchunks;
+  const int rank = static_cast<int>(cl.block_rank());
+  const int begin = blockIdx.y * a.chunk;
+  const int end = std::min(a.len, begin + a.chunk);
+  const int c0 = begin + static_cast<int>(threadIdx.x) * VEC;
+  constexpr int stride = BLOCK * VEC;
+  const int64_t step = gridDim.x;
+  auto limit_of = [&](int64_t row) { return row < a.rows ? row_limit(a, row, end) : begin; };
+
+  if (threadIdx.x < 2) mbar_init(&bar[threadIdx.x]);
+  Raw<T, VEC> raw[Op::kIn][P];
+  int64_t row = blockIdx.x;
+  load_tile<true>(raw, a.in, a.len, row, c0, stride, limit_of(row));
+  cl.sync();  // every block's mbarriers are set up before any push
+  for (int it = 0; row < a.rows; row += step, ++it) {
+    const int limit = limit_of(row);
+    typename Op::template Regs<T, VEC, P> regs;
+    op.init(regs, raw, Cols{c0, stride, limit});
+    load_tile<true>(raw, a.in, a.len, row + step, c0, stride, limit_of(row + step));
+    const int par = it & 1;
+    const State mine = op.partial(regs, g, buf[par][0], buf[par][1]);
+    if (threadIdx.x < n) push_to_peer(&slots[par][rank], &bar[par], threadIdx.x, mine);
+    if (threadIdx.x == 0) mbar_expect(&bar[par], n * static_cast<uint32_t>(sizeof(State)));
+    mbar_wait(&bar[par], (it >> 1) & 1);  // bar[par]'s (it / 2)-th phase
+    const auto coef = op.coef(op.combine(slots[par], n), mine, true);
+    op.finish(regs, coef);
+    store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, end);
   }
+  cl.sync();  // no block leaves while a peer may still push into its shared memory
+#else
+  __trap();  // the host launches it only where sm_90 code runs (cluster_fit)
+#endif
 }
 
 // ---------------------------------------------------------------------------------------
@@ -522,20 +581,21 @@ cudaLaunchAttribute cluster_attr(int n) {
   return attr;
 }
 
-// Whether `kernel` can run here as clusters of n blocks of `block` threads: the GPU is
-// sm_90+, the kernel's code was compiled for sm_90 (not the 8.0 pass or its PTX
-// JIT-compiled for a newer GPU), and enough such clusters fit at once to cover half the
-// SMs. Cached per device, kernel and n. FUSED_SOFTMAX_CLUSTER=0 turns clusters off (the
-// split path then takes those rows: for comparisons).
+// How many clusters of n blocks of `block` threads of `kernel` run at once here; 0 when
+// it cannot run as clusters: the GPU is older than sm_90, the kernel's code was not
+// compiled for sm_90 (the 8.0 pass, or its PTX JIT-compiled for a newer GPU), or fewer
+// than half the SMs would be busy. Cached per device, kernel and n.
+// FUSED_SOFTMAX_CLUSTER=0 turns clusters off (the 1024-thread and split paths then take
+// those rows: for comparisons).
 template <typename Kernel>
-bool cluster_ok(Kernel kernel, int block, int n) {
+int cluster_fit(Kernel kernel, int block, int n) {
   static const bool disabled = [] {
     const char* e = std::getenv("FUSED_SOFTMAX_CLUSTER");
     return e != nullptr && e[0] == '0';
   }();
-  if (disabled) return false;
+  if (disabled) return 0;
   static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int>, bool> cache;
+  static std::map<std::tuple<int, const void*, int>, int> cache;
   const auto key = std::make_tuple(static_cast<int>(c10::cuda::current_device()),
                                    reinterpret_cast<const void*>(kernel), n);
   std::lock_guard<std::mutex> lock(mutex);
@@ -555,6 +615,7 @@ bool cluster_ok(Kernel kernel, int block, int n) {
     ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
          cudaSuccess;
   }
+  int active = 0;
   if (ok) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(1, n);
@@ -562,13 +623,13 @@ bool cluster_ok(Kernel kernel, int block, int n) {
     cudaLaunchAttribute attr = cluster_attr(n);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    int active = 0;
     ok = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess &&
          active * n >= num_sms() / 2;
   }
   (void)cudaGetLastError();  // a failed query above is an answer, not an error to keep
-  cache.emplace(key, ok);
-  return ok;
+  const int fit = ok ? active : 0;
+  cache.emplace(key, fit);
+  return fit;
 }
 
 template <typename T, typename Op, int VEC, int BLOCK>
@@ -576,8 +637,7 @@ constexpr auto kernel_for() {
   return softmax_kernel<T, Op, VEC, kVectorsPerThread<VEC>, BLOCK>;
 }
 
-// Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row; with
-// a.phase == kCluster, each row's a.nchunks blocks as one cluster.
+// Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row.
 template <typename T, typename Op, int VEC, int BLOCK>
 void launch(Args<T, typename Op::State> a, const Op& op) {
   a.tpr_shift = 0;
@@ -586,16 +646,9 @@ void launch(Args<T, typename Op::State> a, const Op& op) {
   TORCH_CHECK(row_blocks <= std::numeric_limits<int>::max() && a.nchunks <= 65535,
               "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks,
               " x ", a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
-  cfg.blockDim = dim3(BLOCK);
-  cfg.stream = current_stream();
-  cudaLaunchAttribute attr = cluster_attr(a.nchunks);
-  if (a.phase == kCluster) {
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for<T, Op, VEC, BLOCK>(), a, op));
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
+  kernel_for<T, Op, VEC, BLOCK>()<<<grid, BLOCK, 0, current_stream()>>>(a, op);
+  FUSED_LAUNCH_CHECK();
 }
 
 template <typename T, typename Op, int VEC>
@@ -616,20 +669,29 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
     case 256: return launch<T, Op, VEC, 256>(a, op);
     case 512: return launch<T, Op, VEC, 512>(a, op);
   }
-  // Longer rows, on sm_90: a cluster of n <= 16 blocks of 512 threads, even shares of the
-  // row (whole vectors), the row read once. Two 512-thread blocks share an SM (64
-  // registers), so one block's loads overlap another's cluster barriers; a single
-  // 1024-thread block per row (next) holds one block per SM and waits at its barriers.
+  // Longer rows, on sm_90: persistent clusters of n <= 16 blocks of 512 threads, even
+  // shares of the row (whole vectors), the row read once, the next row's loads in flight
+  // (softmax_cluster_kernel). A single 1024-thread block per row (next) would idle at its
+  // barriers with nothing else in flight.
   {
     constexpr int kPerBlock = kSplitBlock * P * VEC;
     const int n = static_cast<int>(ceil_div(a.len, kPerBlock));
-    if (n <= kMaxCluster &&
-        cluster_ok(kernel_for<T, Op, VEC, kSplitBlock>(), kSplitBlock, n)) {
+    constexpr auto kernel = softmax_cluster_kernel<T, Op, VEC, P, kSplitBlock>;
+    const int fit = n <= kMaxCluster ? cluster_fit(kernel, kSplitBlock, n) : 0;
+    if (fit > 0) {
       a.tpr = kSplitBlock;
       a.nchunks = n;
       a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
-      a.phase = kCluster;
-      return launch<T, Op, VEC, kSplitBlock>(a, op);
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
+                         static_cast<unsigned>(n));
+      cfg.blockDim = dim3(kSplitBlock);
+      cfg.stream = current_stream();
+      cudaLaunchAttribute attr = cluster_attr(n);
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
+      return;
     }
   }
   if (tpr == 1024) return launch<T, Op, VEC, 1024>(a, op);
