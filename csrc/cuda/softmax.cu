@@ -98,10 +98,19 @@ struct SumOp {
   __device__ __forceinline__ F operator()(F a, F b) const { return a + b; }
 };
 
+// All-reduce over a warp (butterfly: every lane gets the same bits).
+template <typename F, typename Op>
+__device__ __forceinline__ F warp_all(F v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // All-reduce over the tpr threads of a row group (every thread gets the result). tpr is a
 // power of two: <= 32, shuffles within aligned lane groups; else whole warps, one value
 // per warp through `buf` (BLOCK / 32 slots; each call site has its own buffer, so no
-// second barrier is needed: every kernel reduces one row group once).
+// second barrier is needed: a kernel reduces one row group once, or, walking rows, uses
+// each buffer every second row).
 template <int BLOCK>
 struct Group {
   int tpr;
@@ -115,9 +124,11 @@ struct Group {
         const int warp = threadIdx.x / 32;
         if (threadIdx.x % 32 == 0) buf[warp] = v;
         __syncthreads();
+        // Each lane takes one warp's value and the warp shuffles (a butterfly over the
+        // group's warps: identical bits in every lane), instead of a serial sum.
         const int warps = tpr / 32, first = warp & ~(warps - 1);
-        v = buf[first];
-        for (int i = 1; i < warps; ++i) v = op(v, buf[first + i]);
+        v = buf[first + (threadIdx.x & (warps - 1))];
+        for (int o = warps / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
       }
     }
     return v;
@@ -232,6 +243,18 @@ struct Fwd {
     float s = 0.f;
     for (int i = 0; i < n; ++i) s += part[i].s * expf(part[i].m - o);
     return {m, s};
+  }
+
+  // The same for n <= 32 parts, lane i of each warp taking part i (all lanes call it):
+  // one expf per lane instead of n per thread. Butterflies: every lane, and every block
+  // reading the same parts, gets the same bits.
+  __device__ __forceinline__ MaxSum combine_lanes(const MaxSum* part, int n) const {
+    const int lane = threadIdx.x % 32;
+    const MaxSum p = lane < n ? part[lane] : MaxSum{kNegInf, 0.f};
+    const float m = warp_all(p.m, MaxOp{});
+    const float o = exp_offset(m);
+    // lanes past n: 0 * exp(-inf) = 0
+    return {m, warp_all(p.s * expf(p.m - o), SumOp{})};
   }
 
   // have_exp: partial ran on these registers, so softmax's v holds exp(v - m) with m =
@@ -361,6 +384,11 @@ struct Bwd {
     Acc s = 0;
     for (int i = 0; i < n; ++i) s += part[i];
     return s;
+  }
+
+  __device__ __forceinline__ Acc combine_lanes(const Acc* part, int n) const {
+    const int lane = threadIdx.x % 32;
+    return warp_all(lane < n ? part[lane] : Acc(0), SumOp{});
   }
 
   __device__ __forceinline__ Coef coef(Acc row_sum, Acc /*mine*/, bool /*have_exp*/) const {
@@ -502,8 +530,9 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
 // Long rows on sm_90: grid (clusters, n), cluster (1, n): cluster blockIdx.x takes rows
 // blockIdx.x, + gridDim.x, ...; its block blockIdx.y the columns [y * chunk, + chunk).
 // Per row: the block's State (as softmax_kernel's), pushed into slot [rank] of every
-// block of the cluster (itself included), one mbarrier wait for the n States, combined in
-// rank order (identical in every block), the outputs written. The next row's loads are
+// block of the cluster (itself included), one mbarrier wait for the n States, combined
+// across the lanes of each warp (combine_lanes: identical bits in every block; a serial
+// combine, n expf per thread, took ~25% of a 16-block row), the outputs written. The next row's loads are
 // issued right after this row's registers are filled, so they stay in flight through its
 // reductions, exchange and stores. Launch bound (BLOCK, 1): up to 128 registers (two
 // rows of raw bits, a row of floats for the forward); one 512-thread block per SM.
@@ -547,7 +576,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     if (threadIdx.x < n) push_to_peer(&slots[par][rank], &bar[par], threadIdx.x, mine);
     if (threadIdx.x == 0) mbar_expect(&bar[par], n * static_cast<uint32_t>(sizeof(State)));
     mbar_wait(&bar[par], (it >> 1) & 1);  // bar[par]'s (it / 2)-th phase
-    const auto coef = op.coef(op.combine(slots[par], n), mine, true);
+    const auto coef = op.coef(op.combine_lanes(slots[par], n), mine, true);
     op.finish(regs, coef);
     store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, end);
   }
