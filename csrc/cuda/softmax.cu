@@ -77,14 +77,12 @@ __device__ __forceinline__ float exp_offset(float m) { return m == kNegInf ? 0.f
 // flush to 0). expf is ~8 instructions, this 2 (__expf without ftz 4):
 // with the bf16 forward at ~4 elements per clock per SM, that is the difference between
 // an issue-bound kernel (GPU run 4: 70% of copy at 16384x4096) and a memory-bound one.
-constexpr float kLog2e = 1.4426950408889634f;
-
 template <typename T>
 __device__ __forceinline__ float exp_elem(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return expf(x);
   } else {
-    return exp2_approx(x * kLog2e);
+    return exp2_approx(x * 1.4426950408889634f);  // log2(e)
   }
 }
 
@@ -169,7 +167,6 @@ struct Cols {
 // where masked or missing; softmax overwrites v with exp(v - M) in partial.
 struct Fwd {
   static constexpr int kIn = 1;
-  static constexpr int kMinBlocks = 1;  // per SM, in softmax_cluster_kernel
   using State = MaxSum;
   float scale;
   bool log;
@@ -316,7 +313,6 @@ struct Fwd {
 template <typename Acc>
 struct Bwd {
   static constexpr int kIn = 2;
-  static constexpr int kMinBlocks = 1;  // per SM, in softmax_cluster_kernel
   using State = Acc;
   float scale;
   bool log;
@@ -406,87 +402,6 @@ struct Bwd {
   __device__ __forceinline__ float out(const Regs<T, VEC, P>& r, float row, int k, int e) const {
     return log ? r.dy(k, e) - exp_elem<T>(r.y(k, e)) * row
                : scale * r.y(k, e) * (r.dy(k, e) - row);
-  }
-};
-
-// The forward of long 16-bit rows in clusters, for scale > 0: the row stays in registers
-// as raw bits (16 registers for 32 bf16 instead of 32 floats) and each pass converts again
-// (max on the raw values, then ex2 of x * scale log2 e - M log2 e in one FFMA, twice), so
-// softmax_cluster_kernel fits 64 registers and two 512-thread blocks share an SM: twice the
-// loads in flight per SM. Masked columns get the bits of -inf at init (rare: only a thread
-// whose last vector is not whole), which scale > 0 keeps -inf. combine / combine_lanes:
-// Fwd's.
-struct FwdRaw : Fwd {
-  static constexpr int kMinBlocks = 2;
-
-  template <typename T, int VEC, int P>
-  struct Regs {
-    static_assert(VEC > 1 && sizeof(T) == 2, "FwdRaw: 16-bit vectors");
-    uint4 raw[P];
-  };
-  struct Coef {
-    float o, ko, f;  // the max M (0 if -inf), M log2 e, 1 / S (log: log S)
-  };
-
-  template <typename T, int VEC, int P>
-  __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[1][P],
-                                       Cols c) const {
-#pragma unroll
-    for (int k = 0; k < P; ++k) r.raw[k] = raw[0][k];
-    if (c.c0 + (P - 1) * c.stride + VEC > c.limit) {
-      constexpr uint32_t kNegInfBits = std::is_same_v<T, c10::Half> ? 0xfc00u : 0xff80u;
-#pragma unroll
-      for (int k = 0; k < P; ++k) {
-        uint32_t* w = reinterpret_cast<uint32_t*>(&r.raw[k]);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          if (c.c0 + k * c.stride + e >= c.limit) {
-            const int sh = 16 * (e % 2);
-            w[e / 2] = (w[e / 2] & ~(0xffffu << sh)) | (kNegInfBits << sh);
-          }
-        }
-      }
-    }
-  }
-
-  template <typename T, int VEC, int P>
-  __device__ __forceinline__ float x(const Regs<T, VEC, P>& r, int k, int e) const {
-    return raw_elem<T, VEC>(r.raw[k], e);
-  }
-
-  template <typename T, int VEC, int P, typename G>
-  __device__ __forceinline__ MaxSum partial(const Regs<T, VEC, P>& r, const G& g,
-                                            double* buf0, double* buf1) const {
-    float m = kNegInf;
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) m = fmaxf(m, x(r, k, e));
-    }
-    m = g.reduce(m * scale, reinterpret_cast<float*>(buf0), MaxOp{});  // scale > 0
-    const float ks = scale * kLog2e, ko = exp_offset(m) * kLog2e;
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += exp2_approx(fmaf(x(r, k, e), ks, -ko));
-    }
-    return {m, g.reduce(s, reinterpret_cast<float*>(buf1), SumOp{})};
-  }
-
-  __device__ __forceinline__ Coef coef(MaxSum row, MaxSum /*mine*/, bool /*have_exp*/) const {
-    const float o = exp_offset(row.m);
-    return {o, o * kLog2e, log ? logf(row.s) : 1.f / row.s};
-  }
-
-  template <typename T, int VEC, int P>
-  __device__ __forceinline__ void finish(Regs<T, VEC, P>& /*r*/, const Coef& /*c*/) const {}
-
-  template <typename T, int VEC, int P>
-  __device__ __forceinline__ float out(const Regs<T, VEC, P>& r, const Coef& c, int k,
-                                       int e) const {
-    const float v = x(r, k, e);
-    return log ? (v * scale - c.o) - c.f : exp2_approx(fmaf(v, scale * kLog2e, -c.ko)) * c.f;
   }
 };
 
@@ -619,15 +534,14 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
 // across the lanes of each warp (combine_lanes: identical bits in every block; a serial
 // combine, n expf per thread, took ~25% of a 16-block row), the outputs written. The next row's loads are
 // issued right after this row's registers are filled, so they stay in flight through its
-// reductions, exchange and stores. Launch bound (BLOCK, Op::kMinBlocks): Fwd and Bwd up to
-// 128 registers (a row of floats, or two rows of raw bits, plus the next row), one
-// 512-thread block per SM; FwdRaw 64, two blocks per SM.
+// reductions, exchange and stores. Launch bound (BLOCK, 1): up to 128 registers (two
+// rows of raw bits, a row of floats for the forward); one 512-thread block per SM.
 // Buffers alternate by row parity: a block pushes row r + 2 only after it has every
 // push of row r + 1, which each block sends after its barrier of row r + 1, after it
 // read row r's slots; likewise a reduction buffer is written again two rows later, past
 // at least one barrier.
 template <typename T, typename Op, int VEC, int P, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, Op::kMinBlocks)
+__global__ void __launch_bounds__(BLOCK, 1)
     softmax_cluster_kernel(Args<T, typename Op::State> a, Op op) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using State = typename Op::State;
@@ -766,29 +680,6 @@ void launch(Args<T, typename Op::State> a, const Op& op) {
   FUSED_LAUNCH_CHECK();
 }
 
-// Rows past one 512-thread block on sm_90: softmax_cluster_kernel, as many clusters of
-// n <= 16 blocks as fit at once. False where clusters cannot run (cluster_fit).
-template <typename T, typename Op, int VEC>
-bool launch_cluster(Args<T, typename Op::State> a, const Op& op) {
-  constexpr int P = kVectorsPerThread<VEC>;
-  const int n = static_cast<int>(ceil_div(a.len, kSplitBlock * P * VEC));
-  constexpr auto kernel = softmax_cluster_kernel<T, Op, VEC, P, kSplitBlock>;
-  const int fit = n <= kMaxCluster ? cluster_fit(kernel, kSplitBlock, n) : 0;
-  if (fit == 0) return false;
-  a.tpr = kSplitBlock;
-  a.nchunks = n;
-  a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)), static_cast<unsigned>(n));
-  cfg.blockDim = dim3(kSplitBlock);
-  cfg.stream = current_stream();
-  cudaLaunchAttribute attr = cluster_attr(n);
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
-  return true;
-}
-
 template <typename T, typename Op, int VEC>
 void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOptions& opts) {
   constexpr int P = kVectorsPerThread<VEC>;
@@ -810,12 +701,28 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
   // Longer rows, on sm_90: persistent clusters of n <= 16 blocks of 512 threads, even
   // shares of the row (whole vectors), the row read once, the next row's loads in flight
   // (softmax_cluster_kernel). A single 1024-thread block per row (next) would idle at its
-  // barriers with nothing else in flight. 16-bit forwards with scale > 0 keep the row as
-  // raw bits (FwdRaw: two blocks per SM).
-  if constexpr (std::is_same_v<Op, Fwd> && VEC > 1 && sizeof(T) == 2) {
-    if (op.scale > 0.f && launch_cluster<T, FwdRaw, VEC>(a, FwdRaw{op})) return;
+  // barriers with nothing else in flight.
+  {
+    constexpr int kPerBlock = kSplitBlock * P * VEC;
+    const int n = static_cast<int>(ceil_div(a.len, kPerBlock));
+    constexpr auto kernel = softmax_cluster_kernel<T, Op, VEC, P, kSplitBlock>;
+    const int fit = n <= kMaxCluster ? cluster_fit(kernel, kSplitBlock, n) : 0;
+    if (fit > 0) {
+      a.tpr = kSplitBlock;
+      a.nchunks = n;
+      a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
+                         static_cast<unsigned>(n));
+      cfg.blockDim = dim3(kSplitBlock);
+      cfg.stream = current_stream();
+      cudaLaunchAttribute attr = cluster_attr(n);
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
+      return;
+    }
   }
-  if (launch_cluster<T, Op, VEC>(a, op)) return;
   if (tpr == 1024) return launch<T, Op, VEC, 1024>(a, op);
   // Split: chunks of kSplitBlock * P vectors, reductions written to a workspace, then
   // combined by each chunk's block in a second launch.
