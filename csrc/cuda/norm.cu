@@ -30,8 +30,7 @@
 //     then 16 without prefetch up to 8K); rows under 128 threads share a block.
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
 //     on sm_90, norm_bwd_cluster: the norm_bwd_regs row, spread over a thread-block cluster
-//     of up to 8 blocks (up to 64K elements), one read of x and dy, the next row's tile
-//     loaded before this row's sums are exchanged (st.async + mbarrier). Elsewhere (older GPUs,
+//     of up to 8 blocks (up to 64K elements), one read of x and dy. Elsewhere (older GPUs,
 //     longer rows) norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles
 //     x row chunks: dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
@@ -46,7 +45,6 @@
 #include <type_traits>
 
 #include "common/checks.h"
-#include "common/cluster.cuh"
 #include "common/dispatch.h"
 #include "common/launch.cuh"
 #include "common/norm.h"
@@ -694,26 +692,18 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 
 // Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
 // columns (16 elements per thread, as in norm_bwd_regs), so x and dy are read once and the
-// dweight / dbias accumulators of a 64K-column row still fit in the cluster's registers.
-// Clusters walk rows (persistent grid; partial row = cluster index). PF: each thread loads
-// the next row's tile before it finishes this one, so two rows of loads are in flight (as
-// norm_bwd_regs' prefetch; for 16-bit x only: float32 or scalar tiles would spill). The two
-// row sums: a block sum, pushed into slot [rank] of every
-// block of the cluster (st.async), one mbarrier wait for all of them, then added in rank
-// order (the same order everywhere: every block gets the same value). A cluster barrier
-// per row instead would wait for the prefetch too (common/cluster.cuh). Slots and
-// mbarriers alternate by row parity: a block pushes row r + 2 only once it has every push
-// of row r + 1, which a block sends after its block sum of row r + 1, after it read row
-// r's slots. Compiled to a no-op below sm_90; the launcher only picks it where the sm_90
-// code is what runs.
-template <typename T, typename W, typename R, int VEC, int VPT, bool PF>
+// dweight / dbias accumulators of a 64K-column row still fit in the cluster's registers. The
+// two row sums: a block sum, then each block adds the blocks' sums in rank order through
+// distributed shared memory (the same order everywhere: every block gets the same value).
+// Clusters walk rows (persistent grid); partial row = cluster index. Compiled to a no-op
+// below sm_90; the launcher only picks it where the sm_90 code is what runs.
+template <typename T, typename W, typename R, int VEC, int VPT>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   __shared__ float scratch[2][32];
-  __shared__ float2 slots[2][kMaxCluster];  // the cluster's block sums, by row parity
-  __shared__ uint64_t bar[2];
+  __shared__ float2 slot[2];  // this block's row sums, by row parity
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int csize = static_cast<int>(cluster.num_blocks());
@@ -725,39 +715,29 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
   }
-  auto weight = [&](int i) { return param_or<W, VEC>(p.weight, i * tpr + lane, 1.f); };
-  if (threadIdx.x < 2) mbar_init(&bar[threadIdx.x]);
-  using Tile = BwdTile<T, R, VEC, VPT>;
-  Tile cur;
-  if constexpr (PF) bwd_load(p, cid, cid < p.rows, lane, tpr, cur);
-  cluster.sync();  // every block's mbarriers are set up before any push
-  int it = 0;
-  // Every block of a cluster visits the same rows.
-  for (int64_t row = cid; row < p.rows; row += clusters, ++it) {
-    Tile next;
-    if constexpr (PF) {
-      bwd_load(p, row + clusters, row + clusters < p.rows, lane, tpr, next);
-    } else {
-      bwd_load(p, row, true, lane, tpr, cur);
-    }
-    const int par = it & 1;
-    bwd_finish(p, cur, row, true, lane, tpr, weight, dw, db, [&](float(&s)[2]) {
+  int parity = 0;
+  // Every block of a cluster visits the same rows: the cluster barriers stay uniform.
+  for (int64_t row = cid; row < p.rows; row += clusters, parity ^= 1) {
+    BwdTile<T, R, VEC, VPT> t;
+    bwd_load(p, row, true, lane, tpr, t);
+    auto weight = [&](int i) { return param_or<W, VEC>(p.weight, i * tpr + lane, 1.f); };
+    bwd_finish(p, t, row, true, lane, tpr, weight, dw, db, [&](float(&s)[2]) {
       group_sum<2>(s, blockDim.x, scratch);
-      if (threadIdx.x < csize) push_to_peer(&slots[par][rank], &bar[par], threadIdx.x,
-                                            make_float2(s[0], s[1]));
-      if (threadIdx.x == 0) mbar_expect(&bar[par], csize * static_cast<uint32_t>(sizeof(float2)));
-      mbar_wait(&bar[par], (it >> 1) & 1);  // bar[par]'s (it / 2)-th phase
+      if (threadIdx.x == 0) slot[parity] = make_float2(s[0], s[1]);
+      // Publishes slot[parity]. Two slots: a block writes this slot again two rows later,
+      // after the next barrier, which every block passes only once done reading it here.
+      cluster.sync();
       float a = 0.f, b = 0.f;
       for (int r = 0; r < csize; ++r) {
-        a += slots[par][r].x;
-        b += slots[par][r].y;
+        const float2 v = *cluster.map_shared_rank(&slot[parity], r);
+        a += v.x;
+        b += v.y;
       }
       s[0] = a;
       s[1] = b;
     });
-    if constexpr (PF) cur = next;
   }
-  cluster.sync();  // no block exits while a peer may still push into its shared memory
+  cluster.sync();  // no block exits while another may still read its slots
   store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
 #endif
 }
@@ -1014,8 +994,7 @@ template <typename T, typename W, typename R, int VEC, int VPT>
 bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   if (need > kMaxCluster * kBwdMaxThreads) return false;
   if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;
-  constexpr bool kPrefetch = VEC > 1 && sizeof(T) == 2;
-  auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT, kPrefetch>;
+  auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT>;
   cudaFuncAttributes fa;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
   if (fa.ptxVersion < 90 || fa.binaryVersion < 90) return false;  // the no-op body
