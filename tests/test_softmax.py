@@ -164,12 +164,16 @@ def test_cuda_long_rows_persistent(dtype, length):
     # rows, loading the next while it reduces this one, its exchange slots, mbarriers and
     # reduction buffers alternating by row parity. Rows of different spreads, so that a
     # row combined with a neighbour's partial results would show.
+    # Scales other than 1 (a negative one too) on the same rows.
     rows = 400 if length <= 65536 else 200
     spread = torch.rand(rows, 1, device="cuda") * 6 + 0.5
     x = (torch.randn(rows, length, device="cuda") * spread).to(dtype)
     for log in (False, True):
         y = check_forward(x, log=log, msg=f"log={log}")
         check_backward(y, log=log, msg=f"log={log}")
+    for scale in (0.3, -0.7):
+        y = check_forward(x, scale=scale, msg=f"scale={scale}")
+        check_backward(y, scale=scale, msg=f"scale={scale}")
 
 
 @CUDA
@@ -311,6 +315,8 @@ def test_cuda_causal_large(dtype, shape):
     y = check_forward(x, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8)
+    # A negative scale: masked keys must still give 0.
+    check_forward(x, scale=-1 / 8, causal=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
