@@ -6,17 +6,21 @@
 
 namespace fused {
 
-// Sum across the 32 lanes of a warp; every lane gets the result.
-__device__ __forceinline__ float warp_sum(float v) {
+// All-reduce across the 32 lanes of a warp with a binary op (a butterfly: every lane gets
+// the same bits). F: any type __shfl_xor_sync moves (float, double).
+template <typename F, typename Op>
+__device__ __forceinline__ F warp_all(F v, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
+__device__ __forceinline__ float warp_sum(float v) {
+  return warp_all(v, ::cuda::std::plus<float>{});
+}
+
 __device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return warp_all(v, [](float a, float b) { return fmaxf(a, b); });
 }
 
 // Block-wide reduction whose result every thread receives. `Op` is a CUB/::cuda

@@ -56,6 +56,7 @@
 #include "common/dispatch.h"
 #include "common/fast_math.cuh"
 #include "common/launch.cuh"
+#include "common/reduce.cuh"
 #include "common/softmax.h"
 #include "common/vec.cuh"
 
@@ -97,14 +98,6 @@ struct SumOp {
   template <typename F>
   __device__ __forceinline__ F operator()(F a, F b) const { return a + b; }
 };
-
-// All-reduce over a warp (butterfly: every lane gets the same bits).
-template <typename F, typename Op>
-__device__ __forceinline__ F warp_all(F v, Op op) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // All-reduce over the tpr threads of a row group (every thread gets the result). tpr is a
 // power of two: <= 32, shuffles within aligned lane groups; else whole warps, one value
@@ -532,9 +525,9 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
 // Per row: the block's State (as softmax_kernel's), pushed into slot [rank] of every
 // block of the cluster (itself included), one mbarrier wait for the n States, combined
 // across the lanes of each warp (combine_lanes: identical bits in every block; a serial
-// combine, n expf per thread, took ~25% of a 16-block row), the outputs written. The next row's loads are
-// issued right after this row's registers are filled, so they stay in flight through its
-// reductions, exchange and stores. Launch bound (BLOCK, 1): up to 128 registers (two
+// combine, n expf per thread, took ~25% of a 16-block row), the outputs written. The next
+// row's loads are issued right after this row's registers are filled, so they stay in
+// flight through its reductions, exchange and stores. Launch bound (BLOCK, 1): up to 128 registers (two
 // rows of raw bits, a row of floats for the forward); one 512-thread block per SM.
 // Buffers alternate by row parity: a block pushes row r + 2 only after it has every
 // push of row r + 1, which each block sends after its barrier of row r + 1, after it
@@ -567,6 +560,8 @@ __global__ void __launch_bounds__(BLOCK, 1)
   load_tile<true>(raw, a.in, a.len, row, c0, stride, limit_of(row));
   cl.sync();  // every block's mbarriers are set up before any push
   for (int it = 0; row < a.rows; row += step, ++it) {
+    // The limit is recomputed rather than carried from the prefetch: carrying it measured
+    // +13 registers in ptxas for the same work.
     const int limit = limit_of(row);
     typename Op::template Regs<T, VEC, P> regs;
     op.init(regs, raw, Cols{c0, stride, limit});
