@@ -561,6 +561,39 @@ def test_cuda_strategies(dtype, kind, cols):
     check_backward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
 
 
+# The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the
+# TPRs of kFixedTprs, parameters in x's dtype. Rows: a count that leaves the last 128-thread
+# block of 1024-column rows partly empty; rows of one random (non-dyadic) value each, which
+# must normalize to exactly 0 (layer norm: y == b); rows at mean 1e4.
+FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", FIXED_COLS)
+def test_cuda_fixed_lengths(dtype, kind, cols):
+    rows = 37
+    x = torch.randn(rows, cols, device="cuda")
+    const = [3, 36]  # the last row sits in the partly empty block at 1024 columns
+    x[const] = torch.randn(len(const), 1, device="cuda") * 3
+    x[5] = 1e4 + 300 * torch.randn(cols, device="cuda")
+    x = x.to(dtype)
+    configs = [("same", True), (None, True)] + ([("same", False)] if kind == "layer" else [])
+    for wcfg, bias in configs:
+        w, b = _params(kind, (cols,), dtype, "cuda", wcfg, bias)
+        msg = f"cols={cols} weight={wcfg} bias={bias}"
+        check_forward(kind, x, [cols], w, b, msg=msg)
+        y, _, rstd = fused_forward(kind, x, [cols], w, b, _eps(kind, dtype))
+        if kind == "layer":
+            want = b if b is not None else torch.zeros(cols, device="cuda", dtype=dtype)
+            for r in const:
+                assert torch.equal(y[r], want), f"{msg}: constant row {r} not exactly b"
+    r = torch.randn(rows, cols, device="cuda").to(dtype)
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add")
+
+
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kind", KINDS)

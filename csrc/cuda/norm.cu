@@ -42,7 +42,9 @@
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
 
+#include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -494,6 +496,100 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
   }
 }
 
+// ---- forward, compile-time row lengths -----------------------------------------------------
+// norm_fwd_fixed: norm_fwd_regs for the common hidden sizes (16-bit rows whose length is
+// kFixedVpt * 8 * TPR for a TPR in kFixedTprs: 1024 to 16384 columns), with parameters in
+// x's dtype. Everything about the launch shape is a constant: TPR threads per row, 4
+// vectors per thread, no per-vector bounds checks, no grid-stride loop (one row group per
+// row), at most 64 registers. w / b are loaded after the reductions (they are L1/L2 hits;
+// loaded with the row they would need 32 more registers and spill 56-256 bytes). A
+// standalone sweep (KERNEL_LOG, norm forward, session 3) put this shape at 93-97% of copy
+// where the run-time-shaped kernel reaches 79-84%.
+//
+// Exact constant rows without norm_fwd_regs' x0 shift: every partial sum of a constant
+// 16-bit row is k * x0 with k a product of two factors < 64 and a power of two, which
+// float32 holds exactly (x0 has <= 11 significant bits), and the mean is a correctly
+// rounded division by the length (not a multiplication by its inexact reciprocal), so
+// mean == x0 and every x - mean is 0.
+constexpr int kFixedVpt = 4;
+using kFixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
+
+constexpr int fixed_block(int tpr) { return tpr < kFwdShortThreads ? kFwdShortThreads : tpr; }
+
+template <typename T, int TPR, int LAYER, int RES>
+__global__ void __launch_bounds__(fixed_block(TPR), kFwdMaxThreads / fixed_block(TPR))
+norm_fwd_fixed(FwdParams<T, T, T> p) {
+  constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
+  constexpr int RPB = fixed_block(TPR) / TPR;  // rows per block
+  static_assert(TPR <= 32 ? RPB * TPR == kFwdShortThreads : TPR % 32 == 0, "row group shape");
+  __shared__ float scratch[2][1][32];
+  const int lane = threadIdx.x % TPR;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / TPR;
+  // A group past the last row (the last block only) reads the last row and stores nothing,
+  // so its shuffles stay whole-warp.
+  const bool valid = row < p.rows;
+  const int64_t base = (valid ? row : p.rows - 1) * COLS + lane * VEC;
+  auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
+  // Every load of the row first; then the row as floats (the sum of the add forms is
+  // stored as soon as it is formed: no load is left to overtake).
+  Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    in[i] = load_raw<T, VEC>(p.x + at(i));
+    if constexpr (RES) res[i] = load_raw<T, VEC>(p.residual + at(i));
+  }
+  FVec<VEC> v[VPT];
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    v[i] = to_float(in[i]);
+    if constexpr (RES) {  // normalize the sum as stored (rounded to T)
+      const FVec<VEC> fr = to_float(res[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i].v[j] += fr.v[j];
+      const Raw<T, VEC> rounded = from_float<T, VEC>(v[i]);
+      if (valid) store_raw<T, VEC>(p.sum + at(i), rounded);
+      v[i] = to_float(rounded);
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum += v[i].v[j];
+  }
+  float mean = 0.f;
+  if constexpr (LAYER) {
+    float t[1] = {sum};
+    group_sum<1>(t, TPR, scratch[0], false);
+    mean = __fdiv_rn(t[0], static_cast<float>(COLS));
+  }
+  float q[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = v[i].v[j] - mean;
+      q[0] += d * d;
+    }
+  }
+  group_sum<1>(q, TPR, scratch[1], false);  // the other slot: no barrier between the two
+  const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
+  if (!valid) return;
+  // w / b two vectors at a time: the empty asm keeps the compiler from hoisting all of
+  // them above the stores (32 more live registers: spills at the 64-register bound).
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const FVec<VEC> w = param_or<T, VEC>(p.weight, lane + i * TPR, 1.f);
+    const FVec<VEC> b = param_or<T, VEC>(LAYER ? p.bias : nullptr, lane + i * TPR, 0.f);
+    FVec<VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = (v[i].v[j] - mean) * rstd * w.v[j] + b.v[j];
+    store_raw<T, VEC>(p.y + at(i), from_float<T, VEC>(o));
+    if (i % 2 == 1) asm volatile("" ::: "memory");
+  }
+  if (lane == 0) {
+    if constexpr (LAYER) p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+}
+
 // ---- backward -----------------------------------------------------------------------------
 
 // One thread's share of one row of the register backward (vector i of the row at column
@@ -899,8 +995,39 @@ void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
 template <typename T, typename R, int VEC>
 constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R> && sizeof(R) == 2;
 
+// norm_fwd_fixed for p if its row length is one of the fixed ones; false otherwise.
+// FUSED_NORM_FIXED=0 turns the fixed kernels off (norm_fwd_regs then takes those rows: for
+// comparisons and tests).
+template <typename T, int... TPRS>
+bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS...>) {
+  static const bool disabled = [] {
+    const char* e = std::getenv("FUSED_NORM_FIXED");
+    return e != nullptr && e[0] == '0';
+  }();
+  if (disabled) return false;
+  auto launch = [&](auto tpr) {
+    constexpr int TPR = decltype(tpr)::value, RPB = fixed_block(TPR) / TPR;
+    if (p.cols != TPR * kFixedVpt * kVecElems<T> || ceil_div(p.rows, RPB) > (1 << 30)) {
+      return false;
+    }
+    const bool res = p.residual != nullptr;
+    auto kernel = res ? (p.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
+                      : (p.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
+    kernel<<<static_cast<unsigned>(ceil_div(p.rows, RPB)), fixed_block(TPR), 0,
+             current_stream()>>>(p);
+    return true;
+  };
+  return (launch(std::integral_constant<int, TPRS>{}) || ...);
+}
+
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
+  if constexpr (VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>) {
+    if (launch_fixed(p, kFixedTprs{})) {
+      FUSED_LAUNCH_CHECK();
+      return;
+    }
+  }
   constexpr int VPT = fwd_vpt<R, VEC>();
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));  // threads per row
