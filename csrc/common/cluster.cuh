@@ -10,8 +10,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/async_copy.cuh"  // smem_addr
-
 namespace fused {
 
 // Loads kept where they are written: ptxas sinks __ldg (ld.global.nc) below a __syncthreads
@@ -37,6 +35,10 @@ __device__ __forceinline__ R load_pinned(const R* p) {
     memcpy(&r, &u, sizeof(r));
   }
   return r;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // One arrival expected per phase (the waiting block's own expect_tx below).

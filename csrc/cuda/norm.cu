@@ -46,7 +46,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "common/async_copy.cuh"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/launch.cuh"
@@ -498,20 +497,14 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 }
 
 // ---- forward, compile-time row lengths -----------------------------------------------------
-// norm_fwd_fixed: the register forward for the common hidden sizes (16-bit rows whose
-// length is kFixedVpt * 8 * TPR for a TPR in kFixedTprs: 1024 to 16384 columns), with
-// parameters in x's dtype. Two things norm_fwd_regs cannot do:
-//   * the launch shape is a compile-time constant: TPR threads per row, 4 vectors per
-//     thread, no per-vector bounds checks, at most 64 registers without spilling (a
-//     standalone sweep, KERNEL_LOG norm forward session 3: 93-97% of its copy where the
-//     run-time-shaped kernel reaches 79-84%);
-//   * the next rows' loads stay in flight while a row is reduced, without holding
-//     registers: a persistent grid where each thread cp.async-copies its own vectors of
-//     the row kStages - 1 steps ahead into a shared-memory ring and reads back only what it
-//     copied (so no barrier guards the ring). Up to 1024 threads x 3 x 64 bytes = 192 KB per
-//     SM in flight, against the 64 KB of rows in registers otherwise.
-// w / b are read after the reductions, two vectors at a time (L1 hits; all at once they
-// would need 32 more registers and spill).
+// norm_fwd_fixed: norm_fwd_regs for the common hidden sizes (16-bit rows whose length is
+// kFixedVpt * 8 * TPR for a TPR in kFixedTprs: 1024 to 16384 columns), with parameters in
+// x's dtype. Everything about the launch shape is a constant: TPR threads per row, 4
+// vectors per thread, no per-vector bounds checks, no grid-stride loop (one row group per
+// row), at most 64 registers. w / b are loaded after the reductions (they are L1/L2 hits;
+// loaded with the row they would need 32 more registers and spill 56-256 bytes). A
+// standalone sweep (KERNEL_LOG, norm forward, session 3) put this shape at 93-97% of copy
+// where the run-time-shaped kernel reaches 79-84%.
 //
 // Exact constant rows without norm_fwd_regs' x0 shift: every partial sum of a constant
 // 16-bit row is k * x0 with k a product of two factors < 64 and a power of two, which
@@ -521,110 +514,80 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 constexpr int kFixedVpt = 4;
 using kFixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
 
-// Rows of 32 or 64 threads share a 128-thread block; longer ones get a block each.
-constexpr int fixed_block(int tpr) { return kFwdShortThreads % tpr == 0 ? kFwdShortThreads : tpr; }
-// Ring slots per thread: the add forms copy two inputs per row.
-constexpr int fixed_stages(int res) { return res ? 2 : 3; }
-template <typename T, int TPR, int RES>
-constexpr int fixed_smem() {
-  return fixed_stages(RES) * (RES ? 2 : 1) * kFixedVpt * fixed_block(TPR) * 16;
-}
+constexpr int fixed_block(int tpr) { return tpr < kFwdShortThreads ? kFwdShortThreads : tpr; }
 
 template <typename T, int TPR, int LAYER, int RES>
 __global__ void __launch_bounds__(fixed_block(TPR), kFwdMaxThreads / fixed_block(TPR))
 norm_fwd_fixed(FwdParams<T, T, T> p) {
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
-  constexpr int BLOCK = fixed_block(TPR), RPB = BLOCK / TPR, S = fixed_stages(RES);
-  constexpr int INPUTS = RES ? 2 : 1;
-  static_assert(BLOCK % TPR == 0 && (TPR <= 32 || TPR % 32 == 0), "row group shape");
-  extern __shared__ uint4 ring[];  // [S][INPUTS][VPT][BLOCK]: conflict-free 16-byte accesses
-  auto slot = [&](int s, int in, int i) -> uint4* {
-    return ring + ((s * INPUTS + in) * VPT + i) * BLOCK + threadIdx.x;
-  };
+  constexpr int RPB = fixed_block(TPR) / TPR;  // rows per block
+  static_assert(TPR <= 32 ? RPB * TPR == kFwdShortThreads : TPR % 32 == 0, "row group shape");
   __shared__ float scratch[2][1][32];
   const int lane = threadIdx.x % TPR;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * RPB;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * RPB;  // the block's first row
-  // Copies row `row`'s vectors of this thread into ring slot s (nothing past the last row;
-  // a commit per step either way, so wait counts stay uniform).
-  auto fetch = [&](int64_t row, int s) {
-    if (row < p.rows) {
-      const int64_t base = row * COLS + lane * VEC;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / TPR;
+  // A group past the last row (the last block only) reads the last row and stores nothing,
+  // so its shuffles stay whole-warp.
+  const bool valid = row < p.rows;
+  const int64_t base = (valid ? row : p.rows - 1) * COLS + lane * VEC;
+  auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
+  // Every load of the row first; then the row as floats (the sum of the add forms is
+  // stored as soon as it is formed: no load is left to overtake).
+  Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        cp_async_16(slot(s, 0, i), p.x + base + i * TPR * VEC);
-        if constexpr (RES) cp_async_16(slot(s, 1, i), p.residual + base + i * TPR * VEC);
-      }
+  for (int i = 0; i < VPT; ++i) {
+    in[i] = load_raw<T, VEC>(p.x + at(i));
+    if constexpr (RES) res[i] = load_raw<T, VEC>(p.residual + at(i));
+  }
+  FVec<VEC> v[VPT];
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    v[i] = to_float(in[i]);
+    if constexpr (RES) {  // normalize the sum as stored (rounded to T)
+      const FVec<VEC> fr = to_float(res[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i].v[j] += fr.v[j];
+      const Raw<T, VEC> rounded = from_float<T, VEC>(v[i]);
+      if (valid) store_raw<T, VEC>(p.sum + at(i), rounded);
+      v[i] = to_float(rounded);
     }
-    cp_async_commit();
-  };
-  const int64_t mine = first + threadIdx.x / TPR;  // this group's row in the first step
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) fetch(mine + s * step, s);
-  int s = 0;
-  // Block-uniform loop (barriers inside): groups past the last row compute on stale ring
-  // data and store nothing.
-  for (int64_t k = 0; first + k * step < p.rows; ++k) {
-    const int64_t row = mine + k * step;
-    fetch(row + (S - 1) * step, s == 0 ? S - 1 : s - 1);  // the slot read one step ago
-    cp_async_wait<S - 1>();
-    const bool valid = row < p.rows;
-    const int64_t base = row * COLS + lane * VEC;
-    auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
-    FVec<VEC> v[VPT];
-    float sum = 0.f;
+    for (int j = 0; j < VEC; ++j) sum += v[i].v[j];
+  }
+  float mean = 0.f;
+  if constexpr (LAYER) {
+    float t[1] = {sum};
+    group_sum<1>(t, TPR, scratch[0], false);
+    mean = __fdiv_rn(t[0], static_cast<float>(COLS));
+  }
+  float q[1] = {0.f};
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      v[i] = to_float(*reinterpret_cast<const Raw<T, VEC>*>(slot(s, 0, i)));
-      if constexpr (RES) {  // normalize the sum as stored (rounded to T)
-        const FVec<VEC> fr = to_float(*reinterpret_cast<const Raw<T, VEC>*>(slot(s, 1, i)));
+  for (int i = 0; i < VPT; ++i) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[i].v[j] += fr.v[j];
-        const Raw<T, VEC> rounded = from_float<T, VEC>(v[i]);
-        if (valid) store_raw<T, VEC>(p.sum + at(i), rounded);
-        v[i] = to_float(rounded);
-      }
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += v[i].v[j];
-    }
-    s = s == S - 1 ? 0 : s + 1;
-    float mean = 0.f;
-    if constexpr (LAYER) {
-      float t[1] = {sum};
-      group_sum<1>(t, TPR, scratch[0], false);
-      mean = __fdiv_rn(t[0], static_cast<float>(COLS));
-    }
-    float q[1] = {0.f};
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = v[i].v[j] - mean;
-        q[0] += d * d;
-      }
-    }
-    // The other slot, so no barrier between the two reductions; the next row's first
-    // reduction reuses slot 0 only after every thread passed this one's barrier.
-    group_sum<1>(q, TPR, scratch[1], false);
-    const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
-    if (valid) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const FVec<VEC> w = param_or<T, VEC>(p.weight, lane + i * TPR, 1.f);
-        const FVec<VEC> b = param_or<T, VEC>(LAYER ? p.bias : nullptr, lane + i * TPR, 0.f);
-        FVec<VEC> o;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = (v[i].v[j] - mean) * rstd * w.v[j] + b.v[j];
-        store_raw<T, VEC>(p.y + at(i), from_float<T, VEC>(o));
-        if (i % 2 == 1) asm volatile("" ::: "memory");  // see above: w / b two at a time
-      }
-      if (lane == 0) {
-        if constexpr (LAYER) p.mean[row] = mean;
-        p.rstd[row] = rstd;
-      }
+    for (int j = 0; j < VEC; ++j) {
+      const float d = v[i].v[j] - mean;
+      q[0] += d * d;
     }
   }
-  cp_async_wait<0>();  // nothing left in flight into shared memory at exit
+  group_sum<1>(q, TPR, scratch[1], false);  // the other slot: no barrier between the two
+  const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
+  if (!valid) return;
+  // w / b two vectors at a time: the empty asm keeps the compiler from hoisting all of
+  // them above the stores (32 more live registers: spills at the 64-register bound).
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const FVec<VEC> w = param_or<T, VEC>(p.weight, lane + i * TPR, 1.f);
+    const FVec<VEC> b = param_or<T, VEC>(LAYER ? p.bias : nullptr, lane + i * TPR, 0.f);
+    FVec<VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = (v[i].v[j] - mean) * rstd * w.v[j] + b.v[j];
+    store_raw<T, VEC>(p.y + at(i), from_float<T, VEC>(o));
+    if (i % 2 == 1) asm volatile("" ::: "memory");
+  }
+  if (lane == 0) {
+    if constexpr (LAYER) p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -1043,23 +1006,15 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
   }();
   if (disabled) return false;
   auto launch = [&](auto tpr) {
-    constexpr int TPR = decltype(tpr)::value, BLOCK = fixed_block(TPR), RPB = BLOCK / TPR;
-    if (p.cols != TPR * kFixedVpt * kVecElems<T>) return false;
-    auto go = [&](auto kernel, auto res) {
-      constexpr int smem = fixed_smem<T, TPR, decltype(res)::value>();
-      const int64_t fit = static_cast<int64_t>(resident_blocks(kernel, BLOCK, smem)) * num_sms();
-      const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, RPB), fit);
-      kernel<<<static_cast<unsigned>(blocks), BLOCK, smem, current_stream()>>>(p);
-    };
-    using Res = std::integral_constant<int, 1>;
-    using Plain = std::integral_constant<int, 0>;
-    if (p.residual) {
-      if (p.layer) go(norm_fwd_fixed<T, TPR, 1, 1>, Res{});
-      else go(norm_fwd_fixed<T, TPR, 0, 1>, Res{});
-    } else {
-      if (p.layer) go(norm_fwd_fixed<T, TPR, 1, 0>, Plain{});
-      else go(norm_fwd_fixed<T, TPR, 0, 0>, Plain{});
+    constexpr int TPR = decltype(tpr)::value, RPB = fixed_block(TPR) / TPR;
+    if (p.cols != TPR * kFixedVpt * kVecElems<T> || ceil_div(p.rows, RPB) > (1 << 30)) {
+      return false;
     }
+    const bool res = p.residual != nullptr;
+    auto kernel = res ? (p.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
+                      : (p.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
+    kernel<<<static_cast<unsigned>(ceil_div(p.rows, RPB)), fixed_block(TPR), 0,
+             current_stream()>>>(p);
     return true;
   };
   return (launch(std::integral_constant<int, TPRS>{}) || ...);
