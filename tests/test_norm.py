@@ -563,8 +563,8 @@ def test_cuda_strategies(dtype, kind, cols):
 
 # The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the
 # TPRs of kFixedTprs, parameters in x's dtype. Rows: a count that leaves the last 128-thread
-# block of 1024-column rows partly empty; rows of one random (non-dyadic) value each, which
-# must normalize to exactly 0 (layer norm: y == b); rows at mean 1e4.
+# block (4 rows of 1024 or 2 of 2048 columns) partly empty; rows of one random (non-dyadic)
+# value each, which must normalize to exactly 0 (layer norm: y == b); a row at mean 1e4.
 FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
 
 
@@ -573,9 +573,9 @@ FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cols", FIXED_COLS)
 def test_cuda_fixed_lengths(dtype, kind, cols):
-    rows = 37
+    rows = (1 << 20) // cols + 1  # 1025 rows of 1024, ..., 65 of 16384
     x = torch.randn(rows, cols, device="cuda")
-    const = [3, 36]  # the last row sits in the partly empty block at 1024 columns
+    const = [3, rows - 1]  # the last row sits in a partly empty block
     x[const] = torch.randn(len(const), 1, device="cuda") * 3
     x[5] = 1e4 + 300 * torch.randn(cols, device="cuda")
     x = x.to(dtype)

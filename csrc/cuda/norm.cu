@@ -514,14 +514,15 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 constexpr int kFixedVpt = 4;
 using kFixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
 
-constexpr int fixed_block(int tpr) { return tpr < kFwdShortThreads ? kFwdShortThreads : tpr; }
+// Rows of 32 or 64 threads share a 128-thread block; longer ones get a block each.
+constexpr int fixed_block(int tpr) { return kFwdShortThreads % tpr == 0 ? kFwdShortThreads : tpr; }
 
 template <typename T, int TPR, int LAYER, int RES>
 __global__ void __launch_bounds__(fixed_block(TPR), kFwdMaxThreads / fixed_block(TPR))
 norm_fwd_fixed(FwdParams<T, T, T> p) {
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
   constexpr int RPB = fixed_block(TPR) / TPR;  // rows per block
-  static_assert(TPR <= 32 ? RPB * TPR == kFwdShortThreads : TPR % 32 == 0, "row group shape");
+  static_assert(RPB * TPR == fixed_block(TPR) && (TPR <= 32 || TPR % 32 == 0), "row group shape");
   __shared__ float scratch[2][1][32];
   const int lane = threadIdx.x % TPR;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / TPR;
