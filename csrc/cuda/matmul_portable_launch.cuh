@@ -24,8 +24,8 @@ namespace portable_detail {
 //         fewer Big tiles than there are SMs (e.g. 1000 x 1000), where filling the GPU
 //         matters more than per-tile efficiency, and for GPUs whose per-block shared
 //         memory (99 KB on sm_86/89) cannot hold the Big pipeline.
-using BigCfg = PortableConfig<128, 256, 2, 4, 4>;
-using SmallCfg = PortableConfig<64, 128, 2, 2, 4>;
+using BigCfg = PortableConfig<128, 256, 32, 2, 4, 4, 1>;
+using SmallCfg = PortableConfig<64, 128, 32, 2, 2, 4, 1>;
 
 template <typename T, typename Cfg, bool AK, bool BK>
 void launch_portable_layout(const GemmProblem& p, cudaStream_t stream) {
