@@ -7,6 +7,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace fused {
 
@@ -22,6 +25,20 @@ inline unsigned elementwise_grid(int64_t work_items, int threads, int blocks_per
   int64_t want = ceil_div(std::max<int64_t>(work_items, 1), threads);
   int64_t cap = static_cast<int64_t>(num_sms()) * blocks_per_sm;
   return static_cast<unsigned>(std::min(want, cap));
+}
+
+// compute() for (current device, kernel, a, b), remembered: launch-shape queries such as
+// cudaOccupancyMaxActiveClusters cost the host microseconds each, which on every op call
+// can leave the GPU waiting for the next launch. One cache per call site (per F).
+template <typename F>
+int cached_launch_query(const void* kernel, int a, int b, F&& compute) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int>, int> cache;
+  const auto key = std::make_tuple(static_cast<int>(c10::cuda::current_device()), kernel, a, b);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  return cache[key] = compute();
 }
 
 }  // namespace fused

@@ -56,9 +56,12 @@ struct HopperConfig {
   // bank conflicts).
   static constexpr int EPI_PITCH = 72, EPI_WARP_ELEMS = 16 * EPI_PITCH;
   static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
-  // Tiles, the full and empty barriers, the epilogue scratch; + 1024 to align the tiles to
-  // the swizzle atom.
-  static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + 1024;
+  // The tile's BN bias values as floats, one copy per consumer warpgroup.
+  static constexpr int BIAS_BYTES = CONSUMERS * BN * 4;
+  // Tiles, the full and empty barriers, the epilogue scratch, the bias; + 1024 to align the
+  // tiles to the swizzle atom.
+  static constexpr int SMEM =
+      STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + BIAS_BYTES + 1024;
   static_assert(SMEM <= 227 * 1024, "shared memory per block");
   static_assert((STAGES * STAGE_BYTES + 2 * STAGES * 8) % 16 == 0, "scratch 16-byte aligned");
 };
@@ -75,6 +78,10 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
                "r"(bytes)
                : "memory");
+}
+// Barrier `id` (1..15; 0 is __syncthreads) over `count` threads: one warpgroup's own sync.
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -295,6 +302,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(sB + STAGES * Cfg::B_ELEMS);
   uint64_t* empty = full + STAGES;
   T* epi = reinterpret_cast<T*>(empty + STAGES);
+  float* bias_s = reinterpret_cast<float*>(epi + Cfg::CONSUMERS * 4 * Cfg::EPI_WARP_ELEMS);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -359,6 +367,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
+      // The tile's bias, two columns a thread, loaded now so that the load's latency hides
+      // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
+      float2 my_bias = {0.f, 0.f};
+      if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -383,6 +395,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
+      // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
+      // epilogue reads ahead of it, the one after makes the whole row visible.
+      float* wg_bias = bias_s + c * BN;
+      named_barrier(1 + c, 128);
+      if (2 * t < BN) *reinterpret_cast<float2*>(wg_bias + 2 * t) = my_bias;
+      named_barrier(1 + c, 128);
 
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
       // whole-line stores (the pre-activation first when the backward pass wants it).
@@ -400,7 +418,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           float bias[16];
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
-            load_bias_pair<T>(p, col0 + 8 * jj + 2 * (lane % 4), bias[2 * jj], bias[2 * jj + 1]);
+            const float2 bv =
+                *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
+            bias[2 * jj] = bv.x;
+            bias[2 * jj + 1] = bv.y;
           }
           if (out_z != nullptr) {
             __syncwarp();  // the previous piece's reads are done

@@ -1123,9 +1123,13 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   if (need > kMaxCluster * kBwdMaxThreads) return false;
   if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;
   auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT>;
-  cudaFuncAttributes fa;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-  if (fa.ptxVersion < 90 || fa.binaryVersion < 90) return false;  // the no-op body
+  const void* key = reinterpret_cast<const void*>(kernel);
+  const bool sm90_code = cached_launch_query(key, 0, 0, [&] {
+    cudaFuncAttributes fa;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+    return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+  });
+  if (!sm90_code) return false;  // the no-op body
   // Smallest power-of-two cluster of 256-thread blocks (two per SM: one streams while the
   // other waits at a cluster barrier), 512-thread blocks beyond 8 x 256 threads.
   const int per_block = need <= kMaxCluster * 256 ? 256 : kBwdMaxThreads;
@@ -1144,11 +1148,16 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   cfg.stream = current_stream();
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  int active = 0;  // clusters resident at once on the whole GPU: the persistent grid
-  if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
-    (void)cudaGetLastError();  // clear it; the two-pass path still works
-    return false;
-  }
+  // Clusters resident at once on the whole GPU: the persistent grid.
+  const int active = cached_launch_query(key, csize, threads, [&] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it; the two-pass path still works
+      n = 0;
+    }
+    return n;
+  });
+  if (active < 1) return false;
   const int64_t clusters = std::min<int64_t>(p.rows, active);
   at::Tensor part = alloc_partials(nb, clusters);
   point_partials(p, part, clusters, nb);
@@ -1171,8 +1180,12 @@ void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const size_t smem = groups > 1 ? combine_bytes : 0;
   const int threads = tpr * groups;
   auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF>;
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
+                                   static_cast<int>(smem), [&] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    return n;
+  });
   per_sm = std::clamp(per_sm, 1, kBwdBlocksPerSm);
   const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, groups), per_sm * int64_t{num_sms()});
   at::Tensor part = alloc_partials(nb, blocks);
