@@ -3,7 +3,9 @@
 # variants given as "name:BM,BN,BK,WARPS_M,WARPS_N,STAGES,MIN_BLOCKS" in parallel, runs each
 # (checks + timings), compute-sanitizer on those named in $SANITIZE, Nsight Compute on those
 # in $NCU (stall reasons per issued instruction, tensor-pipe activity, L2 requests).
-#   OLD_REV=HEAD~1 NCU="old v1" bash benchmarks/dev/portable_sweep.sh OUTDIR v1:128,256,32,2,4,4,1 ...
+# "old" is a baseline header with the original 5-parameter PortableConfig (d33a68d; NO_OLD=1
+# skips it); variant names starting with o_ are built against a 7-parameter baseline header.
+#   OLD_REV=d33a68d NCU="old v1" bash benchmarks/dev/portable_sweep.sh OUTDIR v1:128,256,64,2,4,3,1 ...
 out=$1; shift
 mkdir -p "$out" /tmp/pbin
 # The baseline: cuda/matmul_portable.cuh of git $OLD_REV, or as found in benchmarks/dev/
@@ -17,8 +19,9 @@ if [ -z "$NO_OLD" ]; then
   names+=(old)
 fi
 for v in "$@"; do
-  n=${v%%:*}; IFS=, read bm bn bk wm wn st mb <<< "${v#*:}"
-  $NV -Icsrc -DV_BM=$bm -DV_BN=$bn -DV_BK=$bk -DV_WM=$wm -DV_WN=$wn -DV_ST=$st -DV_MB=$mb \
+  n=${v%%:*}; IFS=, read bm bn bk wm wn st mb <<< "${v#*:}"; inc=-Icsrc
+  [ "${n#o_}" != "$n" ] && inc="-I$old -Icsrc"
+  $NV $inc -DV_BM=$bm -DV_BN=$bn -DV_BK=$bk -DV_WM=$wm -DV_WN=$wn -DV_ST=$st -DV_MB=$mb \
       benchmarks/dev/portable_sweep.cu -o /tmp/pbin/$n > "$out/build_$n.txt" 2>&1 &
   names+=($n)
 done
