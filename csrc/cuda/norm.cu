@@ -73,6 +73,12 @@ constexpr int bwd_pf_vpt() {
   return 32 / (VEC * static_cast<int>(sizeof(R)));
 }
 constexpr int kMaxCluster = 8;        // portable thread-block cluster size (sm_90)
+// Rows a norm_bwd_cluster step takes: two for 16-bit rows on the 16-byte path (127
+// registers); float32 rows and the scalar path would spill 76-320 bytes, so one.
+template <typename R, int VEC>
+constexpr int cluster_rows() {
+  return sizeof(R) == 2 && VEC > 1 ? 2 : 1;
+}
 
 template <typename T, typename W, typename R>
 struct FwdParams {
@@ -621,22 +627,19 @@ __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t ro
   t.rstd = valid ? p.rstd[row] : 0.f;
 }
 
-// The rest of a row once its tile is loaded: adds this thread's dweight / dbias terms to
-// dw / db, reduces the two row sums with row_sum(s) (called by every owner thread, valid
-// row or not), writes dx. weight(i): w's vector i as floats.
-template <typename T, typename W, typename R, int VEC, int VPT, typename Weight, typename RowSum>
-__device__ __forceinline__ void bwd_finish(const BwdParams<T, W, R>& p,
-                                           const BwdTile<T, R, VEC, VPT>& t, int64_t row,
-                                           bool valid, int lane, int tpr, Weight&& weight,
-                                           float (&dw)[VPT][VEC], float (&db)[VPT][VEC],
-                                           RowSum&& row_sum) {
+// The rest of a row once its tile is loaded, in two halves around the row reduction.
+// bwd_sums adds this thread's dweight / dbias terms to dw / db and returns its shares of the
+// two row sums; bwd_dx writes dx from the reduced sums. weight(i): w's vector i as floats.
+template <typename T, typename W, typename R, int VEC, int VPT, typename Weight>
+__device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p,
+                                         const BwdTile<T, R, VEC, VPT>& t, bool valid, int lane,
+                                         int tpr, Weight&& weight, float (&dw)[VPT][VEC],
+                                         float (&db)[VPT][VEC], float (&s)[2]) {
   const int nvec = p.cols / VEC;
-  const float inv_n = 1.f / static_cast<float>(p.cols);
-  auto live = [&](int i) { return valid && i * tpr + lane < nvec; };
-  float s[2] = {0.f, 0.f};  // sum of g, sum of g * xhat
+  s[0] = s[1] = 0.f;  // sum of g, sum of g * xhat
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    if (live(i)) {
+    if (valid && i * tpr + lane < nvec) {
       const FVec<VEC> w = weight(i);
       const FVec<VEC> xf = to_float(t.x[i]), df = to_float(t.g[i]);
 #pragma unroll
@@ -651,12 +654,19 @@ __device__ __forceinline__ void bwd_finish(const BwdParams<T, W, R>& p,
       }
     }
   }
-  row_sum(s);
+}
+
+template <typename T, typename W, typename R, int VEC, int VPT, typename Weight>
+__device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
+                                       const BwdTile<T, R, VEC, VPT>& t, int64_t row, bool valid,
+                                       int lane, int tpr, Weight&& weight, const float (&s)[2]) {
+  const int nvec = p.cols / VEC;
+  const float inv_n = 1.f / static_cast<float>(p.cols);
   const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
   const int64_t off = row * p.cols;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    if (live(i)) {
+    if (valid && i * tpr + lane < nvec) {
       const FVec<VEC> w = weight(i);
       const FVec<VEC> xf = to_float(t.x[i]), df = to_float(t.g[i]);
       FVec<VEC> o;
@@ -733,10 +743,11 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   }
   using Tile = BwdTile<T, R, VEC, VPT>;
   auto finish = [&](const Tile& t, int64_t row) {
-    bwd_finish(p, t, row, row < p.rows, g.lane, tpr, weight, dw, db, [&](float(&s)[2]) {
-      group_sum<2>(s, tpr, scratch[slot], false);
-      slot ^= 1;
-    });
+    float s[2];
+    bwd_sums(p, t, row < p.rows, g.lane, tpr, weight, dw, db, s);
+    group_sum<2>(s, tpr, scratch[slot], false);
+    slot ^= 1;
+    bwd_dx(p, t, row, row < p.rows, g.lane, tpr, weight, s);
   };
   // The groups of a block walk rows in step (first is uniform): barriers stay uniform.
   const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
@@ -790,22 +801,27 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 // Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
 // columns (16 elements per thread, as in norm_bwd_regs), so x and dy are read once and the
 // dweight / dbias accumulators of a 64K-column row still fit in the cluster's registers. The
-// two row sums: a block sum, then each block adds the blocks' sums in rank order through
+// row sums: a block sum, then each block adds the blocks' sums in rank order through
 // distributed shared memory (the same order everywhere: every block gets the same value).
-// Clusters walk rows (persistent grid); partial row = cluster index. Compiled to a no-op
-// below sm_90; the launcher only picks it where the sm_90 code is what runs.
+// A cluster takes cluster_rows() consecutive rows at a time: all their loads in flight
+// together and one block reduction and one cluster barrier for all of them (per row, a
+// barrier and the wait for one row's loads left the kernel at ~40% of copy).
+// Clusters walk row groups (persistent grid); partial row = cluster index. Compiled to a
+// no-op below sm_90; the launcher only picks it where the sm_90 code is what runs.
 template <typename T, typename W, typename R, int VEC, int VPT>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  __shared__ float scratch[2][32];
-  __shared__ float2 slot[2];  // this block's row sums, by row parity
+  constexpr int NR = cluster_rows<R, VEC>();
+  __shared__ float scratch[2 * NR][32];
+  __shared__ float2 slot[2][NR];  // this block's row sums, by step parity
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int csize = static_cast<int>(cluster.num_blocks());
   const int tpr = csize * blockDim.x, lane = rank * blockDim.x + threadIdx.x;
   const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
+  auto weight = [&](int i) { return param_or<W, VEC>(p.weight, i * tpr + lane, 1.f); };
   float dw[VPT][VEC], db[VPT][VEC];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -814,25 +830,36 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
   }
   int parity = 0;
   // Every block of a cluster visits the same rows: the cluster barriers stay uniform.
-  for (int64_t row = cid; row < p.rows; row += clusters, parity ^= 1) {
-    BwdTile<T, R, VEC, VPT> t;
-    bwd_load(p, row, true, lane, tpr, t);
-    auto weight = [&](int i) { return param_or<W, VEC>(p.weight, i * tpr + lane, 1.f); };
-    bwd_finish(p, t, row, true, lane, tpr, weight, dw, db, [&](float(&s)[2]) {
-      group_sum<2>(s, blockDim.x, scratch);
-      if (threadIdx.x == 0) slot[parity] = make_float2(s[0], s[1]);
-      // Publishes slot[parity]. Two slots: a block writes this slot again two rows later,
-      // after the next barrier, which every block passes only once done reading it here.
-      cluster.sync();
-      float a = 0.f, b = 0.f;
-      for (int r = 0; r < csize; ++r) {
-        const float2 v = *cluster.map_shared_rank(&slot[parity], r);
-        a += v.x;
-        b += v.y;
+  for (int64_t row0 = cid * NR; row0 < p.rows; row0 += clusters * NR, parity ^= 1) {
+    BwdTile<T, R, VEC, VPT> t[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) bwd_load(p, row0 + r, row0 + r < p.rows, lane, tpr, t[r]);
+    float s[2 * NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      float sr[2];
+      bwd_sums(p, t[r], row0 + r < p.rows, lane, tpr, weight, dw, db, sr);
+      s[2 * r] = sr[0];
+      s[2 * r + 1] = sr[1];
+    }
+    group_sum<2 * NR>(s, blockDim.x, scratch);
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int r = 0; r < NR; ++r) slot[parity][r] = make_float2(s[2 * r], s[2 * r + 1]);
+    }
+    // Publishes slot[parity]. Two slots: a block writes this slot again two steps later,
+    // after the next barrier, which every block passes only once done reading it here.
+    cluster.sync();
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      float sr[2] = {0.f, 0.f};
+      for (int b = 0; b < csize; ++b) {
+        const float2 v = *cluster.map_shared_rank(&slot[parity][r], b);
+        sr[0] += v.x;
+        sr[1] += v.y;
       }
-      s[0] = a;
-      s[1] = b;
-    });
+      bwd_dx(p, t[r], row0 + r, row0 + r < p.rows, lane, tpr, weight, sr);
+    }
   }
   cluster.sync();  // no block exits while another may still read its slots
   store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
