@@ -8,6 +8,10 @@
 // residual stream). Math in float32.
 //
 // Forward, by row length (nvec = 16-byte vectors per row, or elements on the scalar path):
+//   * norm_fwd_fixed: 16-bit rows of 1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288 or
+//     16384 elements with parameters in x's dtype: norm_fwd_regs with the whole launch
+//     shape a compile-time constant (faster: see its comment). FUSED_NORM_FIXED=0 turns it
+//     off. Everything else:
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
@@ -30,7 +34,7 @@
 //     then 16 without prefetch up to 8K); rows under 128 threads share a block.
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
 //     on sm_90, norm_bwd_cluster: the norm_bwd_regs row, spread over a thread-block cluster
-//     of up to 8 blocks (up to 64K elements), one read of x and dy. Elsewhere (older GPUs,
+//     of up to 8 blocks (up to 64K elements), one read of x and dy, two 16-bit rows a step. Elsewhere (older GPUs,
 //     longer rows) norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles
 //     x row chunks: dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
