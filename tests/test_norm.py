@@ -522,17 +522,19 @@ def test_cuda_device_mismatch():
 
 # ---- GPU: every kernel strategy, both sides of each threshold ------------------------------
 # Forward (bf16/fp16 vectors of 8, fp32 vectors of 4, scalar path when cols is not a
-# multiple or a pointer is misaligned): 4 vectors per thread (2 for a float32 residual
-# stream with 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads
-# (1024 / 512 / 256 columns), whole warps up to 512 threads in the 128-register variant
-# (16384 / 8192 / 8192 columns), up to 1024 threads in the 64-register one (32768 / 16384 /
-# 16384; plain 16-bit norms over 16384: 8 vectors per thread; the scalar path: 8192), then
+# multiple or a pointer is misaligned): 16-bit rows of FIXED_COLS with parameters in x's
+# dtype take the fixed-length kernel (the "same" weight config below; tested on its own
+# further down); otherwise 4 vectors per thread (2 for a float32 residual stream with
+# 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads (1024 / 512 /
+# 256 columns), whole warps up to 1024 threads (32768 / 16384 / 16384 columns; plain 16-bit
+# norms over 16384: 8 vectors per thread in 512-thread blocks; the scalar path: 8192), then
 # the long-row kernel. Backward: prefetching register kernel, 16 elements per thread for
 # 16-bit rows (up to 8192 columns), 8 for float32 x or a float32 residual stream (up to
 # 4096; then 16 elements without prefetch up to 8192), row groups under 128 threads sharing
 # a block (16-bit rows under 2048 columns); then on sm_90 a cluster of 2-8 blocks per row up
-# to 65536 columns (256-thread blocks up to 32768), beyond that (and before sm_90) row sums +
-# tiles.
+# to 65536 columns (256-thread blocks up to 32768; two 16-bit rows a step: the 127 / 63
+# rows of 16392 / 32776 columns end on a half step), beyond that (and before sm_90) row
+# sums + tiles.
 GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 256, 257, 511, 512, 513, 520, 1000, 1024, 1032,
             2048, 2056, 4096, 4104, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776,
             50257, 65536, 65544, 131072]
@@ -562,27 +564,38 @@ def test_cuda_strategies(dtype, kind, cols):
 
 
 # The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the
-# TPRs of kFixedTprs, parameters in x's dtype. Rows: a count that leaves the last 128-thread
-# block (4 rows of 1024 or 2 of 2048 columns) partly empty; rows of one random (non-dyadic)
-# value each, which must normalize to exactly 0 (layer norm: y == b); a row at mean 1e4.
+# TPRs of FixedTprs (csrc/cuda/norm.cu), parameters in x's dtype; FUSED_NORM_FIXED=0 sends
+# the same rows to norm_fwd_regs. Rows: a count that leaves the last 128-thread block (4
+# rows of 1024 or 2 of 2048 columns) partly empty; rows of one random (non-dyadic) value
+# each, which must normalize to exactly 0 (layer norm: y == b); a row at mean 1e4.
 FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
 
 
+def _fixed_params(kind, cols, dtype, weight, bias):
+    w = (1 + 0.5 * torch.randn(cols, device="cuda")).to(dtype) if weight else None
+    b = (0.5 * torch.randn(cols, device="cuda")).to(dtype) if bias and kind == "layer" else None
+    return w, b
+
+
 @CUDA
+@pytest.mark.parametrize("fixed", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cols", FIXED_COLS)
-def test_cuda_fixed_lengths(dtype, kind, cols):
+def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
+    monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
     rows = (1 << 20) // cols + 1  # 1025 rows of 1024, ..., 65 of 16384
     x = torch.randn(rows, cols, device="cuda")
     const = [3, rows - 1]  # the last row sits in a partly empty block
     x[const] = torch.randn(len(const), 1, device="cuda") * 3
     x[5] = 1e4 + 300 * torch.randn(cols, device="cuda")
     x = x.to(dtype)
-    configs = [("same", True), (None, True)] + ([("same", False)] if kind == "layer" else [])
-    for wcfg, bias in configs:
-        w, b = _params(kind, (cols,), dtype, "cuda", wcfg, bias)
-        msg = f"cols={cols} weight={wcfg} bias={bias}"
+    configs = [(True, True), (False, False)]
+    if kind == "layer":
+        configs += [(True, False), (False, True)]
+    for weight, bias in configs:
+        w, b = _fixed_params(kind, cols, dtype, weight, bias)
+        msg = f"cols={cols} weight={weight} bias={bias} FUSED_NORM_FIXED={fixed}"
         check_forward(kind, x, [cols], w, b, msg=msg)
         y, _, rstd = fused_forward(kind, x, [cols], w, b, _eps(kind, dtype))
         if kind == "layer":
@@ -590,8 +603,37 @@ def test_cuda_fixed_lengths(dtype, kind, cols):
             for r in const:
                 assert torch.equal(y[r], want), f"{msg}: constant row {r} not exactly b"
     r = torch.randn(rows, cols, device="cuda").to(dtype)
-    w, b = _params(kind, (cols,), dtype, "cuda", "same")
-    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add")
+    w, b = _fixed_params(kind, cols, dtype, True, True)
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add FUSED_NORM_FIXED={fixed}")
+
+
+def _cuda_kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()]  # CPU ops are named fused::..., kernels by function
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_fixed_lengths_dispatch(kind, monkeypatch):
+    # The fixed lengths must reach norm_fwd_fixed (a dispatch slip would fall back to
+    # norm_fwd_regs silently: every result would still be right), and only with 16-bit x
+    # and parameters in x's dtype.
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn_like(x)
+    for w_dtype, fixed, want in [(torch.bfloat16, "1", True), (torch.float32, "1", False),
+                                 (torch.bfloat16, "0", False)]:
+        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+        w = torch.randn(4096, device="cuda", dtype=w_dtype)
+        if kind == "layer":
+            add = lambda: ops.add_layer_norm(x, r, [4096], w, None, 1e-5, False)  # noqa: E731
+        else:
+            add = lambda: ops.add_rms_norm(x, r, [4096], w, 1e-5, False)  # noqa: E731
+        for call in [lambda: fused_forward(kind, x, [4096], w, None, 1e-5), add]:
+            names = _cuda_kernel_names(call)
+            assert any("norm_fwd" in n for n in names), names
+            assert any("norm_fwd_fixed" in n for n in names) == want, (w_dtype, fixed, names)
 
 
 @CUDA

@@ -34,9 +34,10 @@
 //     then 16 without prefetch up to 8K); rows under 128 threads share a block.
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
 //     on sm_90, norm_bwd_cluster: the norm_bwd_regs row, spread over a thread-block cluster
-//     of up to 8 blocks (up to 64K elements), one read of x and dy, two 16-bit rows a step. Elsewhere (older GPUs,
-//     longer rows) norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles
-//     x row chunks: dx and partials); x and dy are read twice.
+//     of up to 8 blocks (up to 64K elements), one read of x and dy; two rows a step for
+//     16-bit rows on the 16-byte path. Elsewhere (older GPUs, longer rows)
+//     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
+//     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
 //     atomics) into dweight / dbias.
 #include <ATen/ops/empty.h>
@@ -508,27 +509,36 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 
 // ---- forward, compile-time row lengths -----------------------------------------------------
 // norm_fwd_fixed: norm_fwd_regs for the common hidden sizes (16-bit rows whose length is
-// kFixedVpt * 8 * TPR for a TPR in kFixedTprs: 1024 to 16384 columns), with parameters in
+// kFixedVpt * 8 * TPR for a TPR in FixedTprs: 1024 to 16384 columns), with parameters in
 // x's dtype. Everything about the launch shape is a constant: TPR threads per row, 4
 // vectors per thread, no per-vector bounds checks, no grid-stride loop (one row group per
-// row), at most 64 registers. w / b are loaded after the reductions (they are L1/L2 hits;
-// loaded with the row they would need 32 more registers and spill 56-256 bytes). A
-// standalone sweep (KERNEL_LOG, norm forward, session 3) put this shape at 93-97% of copy
-// where the run-time-shaped kernel reaches 79-84%.
+// row), at most 64 registers (56 for 384-thread rows). w / b are loaded after the
+// reductions (they are L1/L2 hits; loaded with the row they would need 32 more registers
+// and spill 56-256 bytes). A standalone sweep (KERNEL_LOG, norm forward, session 3) put
+// this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
 //
 // Exact constant rows without norm_fwd_regs' x0 shift: every partial sum of a constant
 // 16-bit row is k * x0 with k a product of two factors < 64 and a power of two, which
-// float32 holds exactly (x0 has <= 11 significant bits), and the mean is a correctly
-// rounded division by the length (not a multiplication by its inexact reciprocal), so
-// mean == x0 and every x - mean is 0.
+// float32 holds exactly (x0 has <= 11 significant bits; and the sum does not overflow, i.e.
+// |x0| < FLT_MAX / cols), and the mean is a correctly rounded division by the length (not
+// a multiplication by its inexact reciprocal), so mean == x0 and every x - mean is 0.
 constexpr int kFixedVpt = 4;
-using kFixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
+// (tests/test_norm.py FIXED_COLS lists the same lengths.)
+using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
 
 // Rows of 32 or 64 threads share a 128-thread block; longer ones get a block each.
 constexpr int fixed_block(int tpr) { return kFwdShortThreads % tpr == 0 ? kFwdShortThreads : tpr; }
 
+// Resident blocks the launch bound asks for: >= 1024 threads' worth (64 registers), or one
+// block more where whole blocks would leave a quarter of that empty (384 threads: 3 blocks
+// at 56 registers instead of 2 at up to 85).
+constexpr int fixed_min_blocks(int block) {
+  return kFwdMaxThreads / block * block <= 3 * kFwdMaxThreads / 4 ? kFwdMaxThreads / block + 1
+                                                                   : kFwdMaxThreads / block;
+}
+
 template <typename T, int TPR, int LAYER, int RES>
-__global__ void __launch_bounds__(fixed_block(TPR), kFwdMaxThreads / fixed_block(TPR))
+__global__ void __launch_bounds__(fixed_block(TPR), fixed_min_blocks(fixed_block(TPR)))
 norm_fwd_fixed(FwdParams<T, T, T> p) {
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
   constexpr int RPB = fixed_block(TPR) / TPR;  // rows per block
@@ -1029,14 +1039,11 @@ constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R> && sizeof(R) == 2;
 
 // norm_fwd_fixed for p if its row length is one of the fixed ones; false otherwise.
 // FUSED_NORM_FIXED=0 turns the fixed kernels off (norm_fwd_regs then takes those rows: for
-// comparisons and tests).
+// comparisons and tests; read on every call, so a test can switch it).
 template <typename T, int... TPRS>
 bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS...>) {
-  static const bool disabled = [] {
-    const char* e = std::getenv("FUSED_NORM_FIXED");
-    return e != nullptr && e[0] == '0';
-  }();
-  if (disabled) return false;
+  const char* env = std::getenv("FUSED_NORM_FIXED");
+  if (env != nullptr && env[0] == '0') return false;
   auto launch = [&](auto tpr) {
     constexpr int TPR = decltype(tpr)::value, RPB = fixed_block(TPR) / TPR;
     if (p.cols != TPR * kFixedVpt * kVecElems<T> || ceil_div(p.rows, RPB) > (1 << 30)) {
@@ -1055,7 +1062,7 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
   if constexpr (VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>) {
-    if (launch_fixed(p, kFixedTprs{})) {
+    if (launch_fixed(p, FixedTprs{})) {
       FUSED_LAUNCH_CHECK();
       return;
     }
@@ -1189,7 +1196,8 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
     return n;
   });
   if (active < 1) return false;
-  const int64_t clusters = std::min<int64_t>(p.rows, active);
+  // No more clusters than row steps: an idle cluster would still add a partial row.
+  const int64_t clusters = std::min<int64_t>(ceil_div(p.rows, cluster_rows<R, VEC>()), active);
   at::Tensor part = alloc_partials(nb, clusters);
   point_partials(p, part, clusters, nb);
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * csize));
