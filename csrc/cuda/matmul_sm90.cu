@@ -79,9 +79,14 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
                "r"(bytes)
                : "memory");
 }
-// Barrier `id` (1..15; 0 is __syncthreads) over `count` threads: one warpgroup's own sync.
-__device__ __forceinline__ void named_barrier(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+// Consumer warpgroup c's own barrier (named barrier 1 + c; 0 is __syncthreads). The id is an
+// immediate, so ptxas reserves only the barriers used.
+__device__ __forceinline__ void consumer_barrier(int c) {
+  if (c == 0) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -398,9 +403,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
       // epilogue reads ahead of it, the one after makes the whole row visible.
       float* wg_bias = bias_s + c * BN;
-      named_barrier(1 + c, 128);
+      consumer_barrier(c);
       if (2 * t < BN) *reinterpret_cast<float2*>(wg_bias + 2 * t) = my_bias;
-      named_barrier(1 + c, 128);
+      consumer_barrier(c);
 
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
       // whole-line stores (the pre-activation first when the backward pass wants it).
