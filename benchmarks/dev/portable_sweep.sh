@@ -21,11 +21,16 @@ fi
 for v in "$@"; do
   n=${v%%:*}; IFS=, read bm bn bk wm wn st mb <<< "${v#*:}"; inc=-Icsrc
   [ "${n#o_}" != "$n" ] && inc="-I$old -Icsrc"
-  $NV $inc -DV_BM=$bm -DV_BN=$bn -DV_BK=$bk -DV_WM=$wm -DV_WN=$wn -DV_ST=$st -DV_MB=$mb \
+  # Per variant: INC_<name> (a directory holding another cuda/matmul_portable.cuh) and
+  # FLAGS_<name> (extra nvcc flags, e.g. -D switches).
+  ivar=INC_$n; fvar=FLAGS_$n; [ -n "${!ivar}" ] && inc="${!ivar} -Icsrc"
+  $NV $inc ${!fvar} -DV_BM=$bm -DV_BN=$bn -DV_BK=$bk -DV_WM=$wm -DV_WN=$wn -DV_ST=$st -DV_MB=$mb \
       benchmarks/dev/portable_sweep.cu -o /tmp/pbin/$n > "$out/build_$n.txt" 2>&1 &
   names+=($n)
 done
 wait
+# $WAIT_FILE: wait for it to exist before timing (e.g. a parallel extension build's end).
+while [ -n "$WAIT_FILE" ] && [ ! -e "$WAIT_FILE" ]; do sleep 1; done
 # Binaries in /tmp (only text comes back); full outputs in OUTDIR, a summary on stdout.
 for n in "${names[@]}"; do
   echo "== $n $(grep -E 'registers|spill' "$out/build_$n.txt" | grep -oE '[0-9]+ bytes spill loads|Used [0-9]+ registers' | paste -sd' ')"
