@@ -103,11 +103,13 @@ MatView prepare_operand(const at::Tensor& t, bool allow_col_major = true) {
     const int64_t ld = C == 1 ? round_up8(R) : t.stride(2);
     if (ld % 8 == 0) return {t, t.const_data_ptr(), ld, sb, false};
   }
-  // Copy to row-major rows padded to a multiple of 8 elements (the padding is never read:
-  // loads past column C copy only the bytes inside the row).
+  // Copy to row-major rows padded to a multiple of 8 elements. The padding is zeroed: the
+  // portable kernel copies a 16-byte chunk that straddles the end of an MN-major row whole
+  // (what lies past N only feeds outputs that are never stored, but it should be defined).
   const int64_t Cp = round_up8(C);
   at::Tensor buf = at::empty({t.size(0), R, Cp}, t.options());
   buf.narrow(2, 0, C).copy_(t);
+  if (Cp > C) buf.narrow(2, C, Cp - C).zero_();
   return {buf, buf.const_data_ptr(), Cp, t.size(0) == 1 ? 0 : R * Cp, true};
 }
 

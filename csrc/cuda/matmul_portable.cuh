@@ -115,8 +115,9 @@ struct PortableConfig {
 // the allocation). Along K the values must be exact zeros; the kernel walks K downwards from
 // the last, partial k-tile, so only the first k-tile, copied in the prologue, needs the
 // per-chunk K test (load_k_edge); the main loop's copies (load) carry no bounds checks but
-// the mn_ok bit. A chunk copied as 0 bytes is zero-filled and reads no memory, so its
-// source address may lie outside the matrix.
+// the mn_ok bit. A chunk copied as 0 bytes is zero-filled and reads no memory (PTX: src-size
+// is the number of bytes read from src), so its source address may lie outside the matrix;
+// compute-sanitizer memcheck on the edge shapes agrees (benchmarks/dev/portable_notes.md).
 template <typename T, int ROWS, int COLS, int PITCH, int THREADS, bool KMAJOR>
 struct TileLoader {
   static constexpr int CPR = COLS / 8;  // chunks per row

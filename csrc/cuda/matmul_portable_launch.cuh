@@ -22,7 +22,8 @@ namespace portable_detail {
 //         the throughput shape; each k16 step a warp issues 32 mma for 8 ldmatrix.x4 (a 2:1
 //         math to smem ratio). BK = 64 rather than 32 (4 stages): half the barriers per mma
 //         and whole 128-byte lines per K-major row copy; +4-9% at 8192^3 on an H200
-//         (benchmarks/dev/portable_notes.md) despite ptxas spilling a few loads at 255.
+//         (benchmarks/dev/portable_notes.md) despite ptxas spilling at 255 registers
+//         (688-1304 bytes of spill loads, nearly all in the prologue and epilogue).
 //   Small  64 x 128 x 32, 4 warps of 32 x 64, 4 stages (60 KB smem): for problems that make
 //         fewer Big tiles than there are SMs (e.g. 1000 x 1000), where filling the GPU
 //         matters more than per-tile efficiency, and for GPUs whose per-block shared
@@ -64,9 +65,11 @@ void launch_portable_gemm(const GemmProblem& p, cudaStream_t stream) {
   using namespace portable_detail;
   const int64_t big_tiles = ceil_div(p.M, BigCfg::BM) * ceil_div(p.N, BigCfg::BN) * p.batch;
   const auto* prop = at::cuda::getCurrentDeviceProperties();
-  const bool big_fits =
-      static_cast<size_t>(BigCfg::smem_bytes<true, true>()) <= prop->sharedMemPerBlockOptin &&
-      static_cast<size_t>(BigCfg::smem_bytes<false, false>()) <= prop->sharedMemPerBlockOptin;
+  // The largest of the three compiled layouts' pipelines (launch_portable_cfg).
+  constexpr size_t big_smem = std::max({BigCfg::smem_bytes<true, true>(),
+                                        BigCfg::smem_bytes<true, false>(),
+                                        BigCfg::smem_bytes<false, false>()});
+  const bool big_fits = big_smem <= prop->sharedMemPerBlockOptin;
   if (big_fits && big_tiles >= prop->multiProcessorCount) {
     launch_portable_cfg<T, BigCfg>(p, stream);
   } else {
