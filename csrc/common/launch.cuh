@@ -41,6 +41,24 @@ int cached_launch_query(const void* kernel, int a, int b, F&& compute) {
   return cache[key] = compute();
 }
 
+// Whether the code of `kernel` that runs on this device was compiled for sm_90 or later:
+// kernels whose Hopper paths (clusters, wgmma) compile to no-ops in the 8.0 pass, which a
+// Hopper GPU would also run as PTX JIT-compiled from compute_80. PTX JIT-compiled here
+// reports its PTX version; SASS-only code may report 0, and then its SASS arch is the one.
+// Cached per device and kernel.
+template <typename Kernel>
+bool runs_sm90_code(Kernel kernel) {
+  return cached_launch_query(reinterpret_cast<const void*>(kernel), 0, 0, [&] {
+    if (at::cuda::getCurrentDeviceProperties()->major < 9) return 0;
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();  // an answer, not an error to keep
+      return 0;
+    }
+    return (fa.ptxVersion > 0 ? fa.ptxVersion : fa.binaryVersion) >= 90 ? 1 : 0;
+  }) != 0;
+}
+
 }  // namespace fused
 
 // Every launch is followed by this: it turns a bad launch into a C++ exception.

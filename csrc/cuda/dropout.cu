@@ -619,12 +619,12 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   const int64_t col_blocks = ceil_div(cols, static_cast<int64_t>(kGradTX) * V);
   // Row chunks so that the grid is about one full wave of resident blocks (a ragged last
   // wave would idle SMs); each chunk a whole number of row steps.
-  static const int blocks_per_sm = [] {
+  auto kernel = bias_grad_kernel<T, V, VEC, DROP>;
+  const int blocks_per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), 0, 0, [&] {
     int b = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &b, bias_grad_kernel<T, V, VEC, DROP>, kGradThreads, 0));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGradThreads, 0));
     return std::max(b, 1);
-  }();
+  });
   const int64_t row_step = static_cast<int64_t>(kGradTY) * kGradRows;
   const int64_t want_chunks =
       std::max<int64_t>(1, static_cast<int64_t>(num_sms()) * blocks_per_sm / col_blocks);
@@ -632,12 +632,10 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   rows_per_chunk = ceil_div(rows_per_chunk, row_step) * row_step;
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
   at::Tensor partial = at::empty({chunks, cols}, g.options().dtype(at::kFloat));
-  bias_grad_kernel<T, V, VEC, DROP>
-      <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kGradThreads, 0,
-         current_stream()>>>(g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
-                             partial.mutable_data_ptr<float>(), saved, rows, cols,
-                             rows_per_chunk, d.threshold, static_cast<float>(d.scale),
-                             d.bits16);
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
+  kernel<<<grid, kGradThreads, 0, current_stream()>>>(
+      g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partial.mutable_data_ptr<float>(), saved,
+      rows, cols, rows_per_chunk, d.threshold, static_cast<float>(d.scale), d.bits16);
   FUSED_LAUNCH_CHECK();
   bias_grad_finish<T><<<static_cast<unsigned>(ceil_div(cols, kGradThreads)), kGradThreads, 0,
                         current_stream()>>>(partial.const_data_ptr<float>(),

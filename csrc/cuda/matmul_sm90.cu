@@ -28,9 +28,7 @@
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include <mutex>
-#include <vector>
-
+#include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -487,23 +485,18 @@ bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t
   return r == CUDA_SUCCESS;
 }
 
-// Whether this device runs the kernel's sm_90a code (cached per device).
+// Whether this device runs the kernel's sm_90a code: a CC 9.0 GPU and code built for it
+// (ptxVersion 90 only when sm_90a code was built; see the top of this file).
 template <typename Kernel>
 bool has_sm90a_code(Kernel kernel) {
-  static std::mutex mu;
-  static std::vector<int> known;  // per device: -1 unknown, 0 no, 1 yes
-  const int dev = c10::cuda::current_device();
-  std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<int>(known.size()) <= dev) known.resize(dev + 1, -1);
-  if (known[dev] < 0) {
+  return cached_launch_query(reinterpret_cast<const void*>(kernel), 0, 0, [&] {
     const auto* prop = at::cuda::getCurrentDeviceProperties();
     cudaFuncAttributes attr;
     const bool ok = prop->major == 9 && prop->minor == 0 &&
                     cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion == 90;
     (void)cudaGetLastError();
-    known[dev] = ok ? 1 : 0;
-  }
-  return known[dev] == 1;
+    return ok ? 1 : 0;
+  }) != 0;
 }
 
 template <typename T, typename Cfg, bool AK, bool BK>

@@ -1046,14 +1046,12 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
   if (env != nullptr && env[0] == '0') return false;
   auto launch = [&](auto tpr) {
     constexpr int TPR = decltype(tpr)::value, RPB = fixed_block(TPR) / TPR;
-    if (p.cols != TPR * kFixedVpt * kVecElems<T> || ceil_div(p.rows, RPB) > (1 << 30)) {
-      return false;
-    }
+    const int64_t blocks = ceil_div(p.rows, RPB);  // a row group per row, no row loop
+    if (p.cols != TPR * kFixedVpt * kVecElems<T> || blocks > (1 << 30)) return false;
     const bool res = p.residual != nullptr;
     auto kernel = res ? (p.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
                       : (p.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
-    kernel<<<static_cast<unsigned>(ceil_div(p.rows, RPB)), fixed_block(TPR), 0,
-             current_stream()>>>(p);
+    kernel<<<static_cast<unsigned>(blocks), fixed_block(TPR), 0, current_stream()>>>(p);
     return true;
   };
   return (launch(std::integral_constant<int, TPRS>{}) || ...);
@@ -1159,15 +1157,8 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
 template <typename T, typename W, typename R, int VEC, int VPT>
 bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   if (need > kMaxCluster * kBwdMaxThreads) return false;
-  if (at::cuda::getCurrentDeviceProperties()->major < 9) return false;
   auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT>;
-  const void* key = reinterpret_cast<const void*>(kernel);
-  const bool sm90_code = cached_launch_query(key, 0, 0, [&] {
-    cudaFuncAttributes fa;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-    return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
-  });
-  if (!sm90_code) return false;  // the no-op body
+  if (!runs_sm90_code(kernel)) return false;  // the no-op body
   // Smallest power-of-two cluster of 256-thread blocks (two per SM: one streams while the
   // other waits at a cluster barrier), 512-thread blocks beyond 8 x 256 threads.
   const int per_block = need <= kMaxCluster * 256 ? 256 : kBwdMaxThreads;
@@ -1187,6 +1178,7 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   // Clusters resident at once on the whole GPU: the persistent grid.
+  const void* key = reinterpret_cast<const void*>(kernel);
   const int active = cached_launch_query(key, csize, threads, [&] {
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {

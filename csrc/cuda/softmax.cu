@@ -47,8 +47,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "common/checks.h"
@@ -617,43 +615,25 @@ int cluster_fit(Kernel kernel, int block, int n) {
     const char* e = std::getenv("FUSED_SOFTMAX_CLUSTER");
     return e != nullptr && e[0] == '0';
   }();
-  if (disabled) return 0;
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int>, int> cache;
-  const auto key = std::make_tuple(static_cast<int>(c10::cuda::current_device()),
-                                   reinterpret_cast<const void*>(kernel), n);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-
-  bool ok = at::cuda::getCurrentDeviceProperties()->major >= 9;
-  cudaFuncAttributes fattr;
-  if (ok) ok = cudaFuncGetAttributes(&fattr, kernel) == cudaSuccess;
-  if (ok) {
-    // PTX JIT-compiled here reports its PTX version; SASS-only code may report 0, and
-    // then its SASS arch is the one.
-    const int arch = fattr.ptxVersion > 0 ? fattr.ptxVersion : fattr.binaryVersion;
-    ok = arch >= 90;
-  }
-  if (ok && n > 8) {
-    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-         cudaSuccess;
-  }
-  int active = 0;
-  if (ok) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, n);
-    cfg.blockDim = dim3(block);
-    cudaLaunchAttribute attr = cluster_attr(n);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    ok = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess &&
-         active * n >= num_sms() / 2;
-  }
-  (void)cudaGetLastError();  // a failed query above is an answer, not an error to keep
-  const int fit = ok ? active : 0;
-  cache.emplace(key, fit);
-  return fit;
+  if (disabled || !runs_sm90_code(kernel)) return 0;
+  return cached_launch_query(reinterpret_cast<const void*>(kernel), block, n, [&] {
+    bool ok = n <= 8 ||
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+                  cudaSuccess;
+    int active = 0;
+    if (ok) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(1, n);
+      cfg.blockDim = dim3(block);
+      cudaLaunchAttribute attr = cluster_attr(n);
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      ok = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess &&
+           active * n >= num_sms() / 2;
+    }
+    (void)cudaGetLastError();  // a failed query above is an answer, not an error to keep
+    return ok ? active : 0;
+  });
 }
 
 template <typename T, typename Op, int VEC, int BLOCK>
