@@ -531,10 +531,10 @@ def test_cuda_device_mismatch():
 # the long-row kernel. Backward: prefetching register kernel, 16 elements per thread for
 # 16-bit rows (up to 8192 columns), 8 for float32 x or a float32 residual stream (up to
 # 4096; then 16 elements without prefetch up to 8192), row groups under 128 threads sharing
-# a block (16-bit rows under 2048 columns); then on sm_90 a cluster of 2-8 blocks per row up
-# to 65536 columns (256-thread blocks up to 32768; two 16-bit rows a step: the 127 / 63
-# rows of 16392 / 32776 columns end on a half step), beyond that (and before sm_90) row
-# sums + tiles.
+# a block (16-bit rows under 2048 columns); then on sm_90 a cluster of 2-16 blocks per row
+# (8 elements per thread) up to 65536 columns (256-thread blocks up to 16384, 512 beyond;
+# many rows per cluster: the test after this one), beyond that (and before sm_90) row sums
+# + tiles.
 GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 256, 257, 511, 512, 513, 520, 1000, 1024, 1032,
             2048, 2056, 4096, 4104, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776,
             50257, 65536, 65544, 131072]
@@ -561,6 +561,31 @@ def test_cuda_strategies(dtype, kind, cols):
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
     check_forward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
     check_backward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
+
+
+# The cluster backward (rows of 8K-64K columns on sm_90) walks many rows per cluster, the
+# blocks' row sums exchanged through alternating mbarrier phases: enough rows here for
+# ~10-30 per cluster (a slip in the phase or buffer alternation shows up after the first
+# two), rows of different spread and offset, the 16-byte and scalar paths, float32 params,
+# and the add forms (d_sum added to dx) with a float32 residual stream.
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", [12288, 16392, 32768])
+def test_cuda_cluster_backward_many_rows(kind, cols):
+    rows = 4000 if cols < 32768 else 2500
+    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
+    x = (torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda"))
+    x = x.to(torch.bfloat16)
+    for wcfg in ["same", "fp32"]:
+        w, b = _params(kind, (cols,), x.dtype, "cuda", wcfg)
+        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} rows={rows} weight={wcfg}")
+    xo = torch.empty(rows * cols + 1, device="cuda", dtype=x.dtype)[1:].view(rows, cols)
+    xo.copy_(x)
+    w, b = _params(kind, (cols,), x.dtype, "cuda", "same")
+    check_backward(kind, xo, [cols], w, b, msg=f"cols={cols} rows={rows} misaligned")
+    r = torch.randn(rows, cols, device="cuda").to(x.dtype)
+    for fp32 in [False, True]:
+        check_add(kind, x, r, [cols], w, b, fp32, msg=f"cols={cols} rows={rows} fp32={fp32}")
 
 
 # The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the

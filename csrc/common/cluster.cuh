@@ -14,22 +14,26 @@ namespace fused {
 
 // Loads kept where they are written: ptxas sinks __ldg (ld.global.nc) below a __syncthreads
 // to save registers, which would queue the next row's loads behind this row's reductions.
-// A weak ld.global in asm volatile stays in place. R: 2, 4 or 16 bytes.
+// A weak ld.global in asm volatile stays in place. R: 2, 4 or a multiple of 16 bytes.
 template <typename R>
 __device__ __forceinline__ R load_pinned(const R* p) {
   R r;
-  if constexpr (sizeof(R) == 16) {
-    uint4 u;
-    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                 : "l"(p));
-    memcpy(&r, &u, sizeof(r));
+  if constexpr (sizeof(R) % 16 == 0) {
+    uint4 u[sizeof(R) / 16];
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int k = 0; k < static_cast<int>(sizeof(R) / 16); ++k) {
+      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(u[k].x), "=r"(u[k].y), "=r"(u[k].z), "=r"(u[k].w)
+                   : "l"(q + k));
+    }
+    memcpy(&r, u, sizeof(r));
   } else if constexpr (sizeof(R) == 4) {
     uint32_t u;
     asm volatile("ld.global.u32 %0, [%1];" : "=r"(u) : "l"(p));
     memcpy(&r, &u, sizeof(r));
   } else {
-    static_assert(sizeof(R) == 2, "load_pinned: 2, 4 or 16 bytes");
+    static_assert(sizeof(R) == 2, "load_pinned: 2, 4 or a multiple of 16 bytes");
     uint16_t u;
     asm volatile("ld.global.u16 %0, [%1];" : "=h"(u) : "l"(p));
     memcpy(&r, &u, sizeof(r));

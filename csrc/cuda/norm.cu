@@ -33,9 +33,11 @@
 //     16 elements per thread for 16-bit rows (up to 8K), 8 for float32 ones (up to 4K;
 //     then 16 without prefetch up to 8K); rows under 128 threads share a block.
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
-//     on sm_90, norm_bwd_cluster: the norm_bwd_regs row, spread over a thread-block cluster
-//     of up to 8 blocks (up to 64K elements), one read of x and dy; two rows a step for
-//     16-bit rows on the 16-byte path. Elsewhere (older GPUs, longer rows)
+//     on sm_90, norm_bwd_cluster: the row spread over a thread-block cluster of up to 16
+//     blocks (8 elements per thread, up to 64K elements), one read of x and dy, the next
+//     row's loads in flight; the blocks' row sums exchanged through distributed shared
+//     memory with no cluster barrier, dx written a row later on 16-bit rows (a block need
+//     not wait for its slowest peer at every row). Elsewhere (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
@@ -52,6 +54,7 @@
 #include <utility>
 
 #include "common/checks.h"
+#include "common/cluster.cuh"
 #include "common/dispatch.h"
 #include "common/launch.cuh"
 #include "common/norm.h"
@@ -66,7 +69,7 @@ constexpr int kLongThreads = 512;     // the long-row kernels: a block per row
 constexpr int kTileThreads = 256;     // norm_bwd_tiles: one vector column per thread
 constexpr int kTileRows = 4;          // rows norm_bwd_tiles loads before using them
 constexpr int kBwdElems = 16;         // elements per thread: norm_bwd_regs without prefetch,
-                                      // norm_bwd_cluster, the scalar path
+                                      // the scalar path
 constexpr int kBwdBlock = 128;        // norm_bwd_regs' smallest block (rows of < 128 threads share one)
 constexpr int kBwdBlocksPerSm = 4;    // at most: each block adds a partial row to column_sum
 
@@ -77,12 +80,13 @@ template <typename R, int VEC>
 constexpr int bwd_pf_vpt() {
   return 32 / (VEC * static_cast<int>(sizeof(R)));
 }
-constexpr int kMaxCluster = 8;        // portable thread-block cluster size (sm_90)
-// Rows a norm_bwd_cluster step takes: two for 16-bit rows on the 16-byte path (127
-// registers); float32 rows and the scalar path would spill 76-320 bytes, so one.
+constexpr int kClusterElems = 8;      // elements per thread in norm_bwd_cluster
+constexpr int kMaxCluster = 16;       // blocks per cluster (over 8: a non-portable size, sm_90)
+// norm_bwd_cluster's lag: rows a block runs ahead of the row whose dx it writes (1: 16-bit
+// rows on the 16-byte path; three row tiles live at once would spill elsewhere).
 template <typename R, int VEC>
-constexpr int cluster_rows() {
-  return sizeof(R) == 2 && VEC > 1 ? 2 : 1;
+constexpr int cluster_lag() {
+  return sizeof(R) == 2 && VEC > 1 ? 1 : 0;
 }
 
 template <typename T, typename W, typename R>
@@ -622,9 +626,14 @@ struct BwdTile {
   float mean, rstd;
 };
 
-template <typename T, typename W, typename R, int VEC, int VPT>
+// PIN: loads kept where they are issued (load_pinned), for the cluster kernel's prefetch.
+template <bool PIN = false, typename T, typename W, typename R, int VEC, int VPT>
 __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t row, bool valid,
                                          int lane, int tpr, BwdTile<T, R, VEC, VPT>& t) {
+  auto load = [](const auto* q) {
+    if constexpr (PIN) return load_pinned(q);
+    else return *q;
+  };
   const int nvec = p.cols / VEC;
   const int64_t off = row * p.cols;
 #pragma unroll
@@ -632,13 +641,13 @@ __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t ro
     const int c = i * tpr + lane;
     if (valid && c < nvec) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      t.x[i] = load_raw<R, VEC>(p.x + e);
-      t.g[i] = load_raw<T, VEC>(p.dy + e);
-      if (p.dsum) t.s[i] = load_raw<R, VEC>(p.dsum + e);
+      t.x[i] = load(reinterpret_cast<const Raw<R, VEC>*>(p.x + e));
+      t.g[i] = load(reinterpret_cast<const Raw<T, VEC>*>(p.dy + e));
+      if (p.dsum) t.s[i] = load(reinterpret_cast<const Raw<R, VEC>*>(p.dsum + e));
     }
   }
-  t.mean = valid && p.mean ? p.mean[row] : 0.f;
-  t.rstd = valid ? p.rstd[row] : 0.f;
+  t.mean = valid && p.mean ? load(p.mean + row) : 0.f;
+  t.rstd = valid ? load(p.rstd + row) : 0.f;
 }
 
 // The rest of a row once its tile is loaded, in two halves around the row reduction.
@@ -813,23 +822,30 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 }
 
 // Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
-// columns (16 elements per thread, as in norm_bwd_regs), so x and dy are read once and the
-// dweight / dbias accumulators of a 64K-column row still fit in the cluster's registers. The
-// row sums: a block sum, then each block adds the blocks' sums in rank order through
-// distributed shared memory (the same order everywhere: every block gets the same value).
-// A cluster takes cluster_rows() consecutive rows at a time: all their loads in flight
-// together and one block reduction and one cluster barrier for all of them (per row, a
-// barrier and the wait for one row's loads left the kernel at ~40% of copy).
-// Clusters walk row groups (persistent grid); partial row = cluster index. Compiled to a
-// no-op below sm_90; the launcher only picks it where the sm_90 code is what runs.
-template <typename T, typename W, typename R, int VEC, int VPT>
+// columns (kClusterElems elements per thread), so x and dy are read once and the dweight /
+// dbias accumulators of a 64K-column row fit in the cluster's registers. Clusters walk rows
+// (persistent grid; partial row = cluster index); the next row's tile is loaded before this
+// one is used (pinned loads), so it stays in flight through the reductions and exchange.
+// Per row: the block's two row sums (a block reduction), pushed into slot [rank] of every
+// block of the cluster (itself included: st.async counted on an mbarrier, common/cluster.cuh;
+// no cluster barrier, whose release would wait for the prefetch), then, LAG rows later, one
+// mbarrier wait, the n slots added in rank order (the same bits in every block), dx written.
+// LAG = 1 (16-bit rows on the 16-byte path: three tiles live, 113 registers) lets a block
+// run a row ahead of its slowest peer instead of waiting at every row (KERNEL_LOG norm v7).
+// Buffers: slots / bar by iteration mod 4, group_sum's scratch by parity. Safe because a
+// block pushes row r only after its wait for row r - 1 - LAG, which needs every peer's push
+// of that row, which each peer sends after its block barrier of that iteration, past its
+// reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4 (and its wait on that phase).
+// Compiled to a no-op below sm_90; the launcher only picks it where the sm_90 code runs.
+template <typename T, typename W, typename R, int VEC, int VPT, int LAG>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  constexpr int NR = cluster_rows<R, VEC>();
-  __shared__ float scratch[2 * NR][32];
-  __shared__ float2 slot[2][NR];  // this block's row sums, by step parity
+  constexpr int kSlots = 4;            // exchange buffers, by iteration mod 4
+  __shared__ float scratch[2][2][32];  // group_sum's buffers, by iteration parity
+  __shared__ float2 slots[kSlots][kMaxCluster];
+  __shared__ uint64_t bar[kSlots];
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int csize = static_cast<int>(cluster.num_blocks());
@@ -842,40 +858,49 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
   }
-  int parity = 0;
-  // Every block of a cluster visits the same rows: the cluster barriers stay uniform.
-  for (int64_t row0 = cid * NR; row0 < p.rows; row0 += clusters * NR, parity ^= 1) {
-    BwdTile<T, R, VEC, VPT> t[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) bwd_load(p, row0 + r, row0 + r < p.rows, lane, tpr, t[r]);
-    float s[2 * NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      float sr[2];
-      bwd_sums(p, t[r], row0 + r < p.rows, lane, tpr, weight, dw, db, sr);
-      s[2 * r] = sr[0];
-      s[2 * r + 1] = sr[1];
+  if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
+  using Tile = BwdTile<T, R, VEC, VPT>;
+  Tile cur, prev;
+  bwd_load<true>(p, cid, cid < p.rows, lane, tpr, cur);
+  cluster.sync();  // every block's mbarriers are set up before any push
+  // The row of iteration `it`: wait for its n sums, add them in rank order, write dx.
+  auto finish = [&](const Tile& t, int64_t row, int it) {
+    const int k = it % kSlots;
+    mbar_wait(&bar[k], (it / kSlots) & 1);  // bar[k]'s (it / 4)-th phase
+    float sr[2] = {0.f, 0.f};
+    for (int b = 0; b < csize; ++b) {
+      const float2 v = slots[k][b];
+      sr[0] += v.x;
+      sr[1] += v.y;
     }
-    group_sum<2 * NR>(s, blockDim.x, scratch);
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int r = 0; r < NR; ++r) slot[parity][r] = make_float2(s[2 * r], s[2 * r + 1]);
-    }
-    // Publishes slot[parity]. Two slots: a block writes this slot again two steps later,
-    // after the next barrier, which every block passes only once done reading it here.
-    cluster.sync();
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      float sr[2] = {0.f, 0.f};
-      for (int b = 0; b < csize; ++b) {
-        const float2 v = *cluster.map_shared_rank(&slot[parity][r], b);
-        sr[0] += v.x;
-        sr[1] += v.y;
+    bwd_dx(p, t, row, true, lane, tpr, weight, sr);
+  };
+  // Every block of a cluster visits the same rows: the exchanges stay matched.
+  int it = 0;
+  for (int64_t row = cid;; row += clusters, ++it) {
+    const bool have = row < p.rows;  // uniform across the cluster
+    Tile next;
+    if (have) {
+      bwd_load<true>(p, row + clusters, row + clusters < p.rows, lane, tpr, next);
+      float s[2];
+      bwd_sums(p, cur, true, lane, tpr, weight, dw, db, s);
+      group_sum<2>(s, blockDim.x, scratch[it & 1], false);
+      const int k = it % kSlots;
+      if (static_cast<int>(threadIdx.x) < csize) {
+        push_to_peer(&slots[k][rank], &bar[k], threadIdx.x, make_float2(s[0], s[1]));
       }
-      bwd_dx(p, t[r], row0 + r, row0 + r < p.rows, lane, tpr, weight, sr);
+      if (threadIdx.x == 0) mbar_expect(&bar[k], csize * static_cast<uint32_t>(sizeof(float2)));
     }
+    if constexpr (LAG == 0) {
+      if (have) finish(cur, row, it);
+    } else {
+      if (it > 0) finish(prev, row - clusters, it - 1);
+    }
+    if (!have) break;
+    if constexpr (LAG > 0) prev = cur;
+    cur = next;
   }
-  cluster.sync();  // no block exits while another may still read its slots
+  cluster.sync();  // no block leaves while a peer may still push into its shared memory
   store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
 #endif
 }
@@ -1151,18 +1176,21 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
 }
 
 // Rows too long for one block (need > kBwdMaxThreads threads at kBwdElems elements each) on
-// sm_90: norm_bwd_cluster, a cluster of up to kMaxCluster blocks per row. Returns false
-// where it cannot run (GPU older than sm_90, no sm_90 code for it in this build, rows over
-// kMaxCluster * kBwdMaxThreads * kBwdElems elements): the caller takes the two-pass path.
-template <typename T, typename W, typename R, int VEC, int VPT>
-bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
+// sm_90: norm_bwd_cluster, a cluster of up to kMaxCluster blocks per row, kClusterElems
+// elements per thread. Returns false where it cannot run (GPU older than sm_90, no sm_90
+// code for it in this build, rows over kMaxCluster * kBwdMaxThreads * kClusterElems
+// elements): the caller takes the two-pass path.
+template <typename T, typename W, typename R, int VEC>
+bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
+  constexpr int VPT = std::max(1, kClusterElems / VEC);
+  const int need = static_cast<int>(ceil_div(p.cols / VEC, VPT));
   if (need > kMaxCluster * kBwdMaxThreads) return false;
-  auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT>;
+  auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT, cluster_lag<R, VEC>()>;
   if (!runs_sm90_code(kernel)) return false;  // the no-op body
-  // Smallest power-of-two cluster of 256-thread blocks (two per SM: one streams while the
-  // other waits at a cluster barrier), 512-thread blocks beyond 8 x 256 threads.
-  const int per_block = need <= kMaxCluster * 256 ? 256 : kBwdMaxThreads;
-  int csize = 1;
+  // Smallest power-of-two cluster of up to 8 blocks of 256 threads (several blocks per SM:
+  // some stream while others wait for their row sums), then of 512, then 16 blocks.
+  int per_block = 256, csize = 1;
+  if (need > 8 * 256) per_block = kBwdMaxThreads;
   while (csize * per_block < need) csize *= 2;
   const int threads = round_up(static_cast<int>(ceil_div(need, csize)), 32);
   cudaLaunchAttribute attr;
@@ -1181,15 +1209,18 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const void* key = reinterpret_cast<const void*>(kernel);
   const int active = cached_launch_query(key, csize, threads, [&] {
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    if ((csize > 8 &&
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+             cudaSuccess) ||
+        cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();  // clear it; the two-pass path still works
       n = 0;
     }
     return n;
   });
   if (active < 1) return false;
-  // No more clusters than row steps: an idle cluster would still add a partial row.
-  const int64_t clusters = std::min<int64_t>(ceil_div(p.rows, cluster_rows<R, VEC>()), active);
+  // No more clusters than rows: an idle cluster would still add a partial row.
+  const int64_t clusters = std::min<int64_t>(p.rows, active);
   at::Tensor part = alloc_partials(nb, clusters);
   point_partials(p, part, clusters, nb);
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * csize));
@@ -1249,7 +1280,7 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
       return;
     }
   }
-  if (backward_cluster<T, W, R, VEC, VPT>(p, nb, need)) return;
+  if (backward_cluster<T, W, R, VEC>(p, nb)) return;
   // Longer rows, or no clusters: the two row sums first, then column tiles x row chunks.
   at::Tensor c = at::empty({p.rows, 2}, nb.dy.options().dtype(at::kFloat));
   float2* cp = reinterpret_cast<float2*>(c.mutable_data_ptr<float>());
