@@ -328,7 +328,7 @@ template <typename F> float timeit(F f) {
 // ---- host: data, float64 reference, configurations ----
 uint4 *X, *DY, *Y, *DX, *W, *B;
 float *MEAN, *RSTD, *PART, *OUT;
-const long NB = 128L << 20, PART_BYTES = 64L << 20, MAXC = 16384;
+const long NB = 128L << 20, PART_BYTES = 64L << 20, MAXC = 32768;
 double copy_bps;  // bytes (read + written) per us of the device copy
 int nsm;
 std::vector<uint16_t> hx, hdy;
@@ -385,28 +385,24 @@ template <int TPR, int VPT, int BLOCK, bool RMS, int F = 0> void fwd1(long rows)
          100 * 2 * rows * cols * 2.0 / t / copy_bps, ey, em, er);
 }
 
-template <int TPR, int VPT, int BLOCK, int K, int R, bool PF, bool RMS> void bwd1(long rows) {
-  constexpr long cols = TPR * VPT * 8, NC = (RMS ? 1 : 2) * cols;
-  setup(rows, cols);
-  const Ref& F = ref[RMS];
-  const int grid = K * nsm;
-  if (grid * NC * 4 > PART_BYTES) { printf("skip: partials too large\n"); return; }
+// The reference mean / rstd (float32) into MEAN / RSTD: the backward's inputs.
+void upload_stats(long rows, bool RMS) {
   std::vector<float> tmp(rows);
-  for (long r = 0; r < rows; ++r) tmp[r] = (float)F.mean[r];
+  for (long r = 0; r < rows; ++r) tmp[r] = (float)ref[RMS].mean[r];
   cudaMemcpy(MEAN, tmp.data(), rows * 4, cudaMemcpyHostToDevice);
-  for (long r = 0; r < rows; ++r) tmp[r] = (float)F.rstd[r];
+  for (long r = 0; r < rows; ++r) tmp[r] = (float)ref[RMS].rstd[r];
   cudaMemcpy(RSTD, tmp.data(), rows * 4, cudaMemcpyHostToDevice);
-  auto kern = norm_bwd<TPR, VPT, BLOCK, K, R, PF, RMS>;
-  int occ = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
-  auto main_k = [&] { kern<<<grid, BLOCK>>>(X, DY, W, MEAN, RSTD, DX, PART, rows, 0u); };
-  const float tm = timeit(main_k);
-  const float tt = timeit([&] { main_k(); colsum<<<NC / 32, 512>>>(PART, OUT, grid, NC); });
-  // check: dx on a few rows, dw / db (relative to the largest |ref|) on every column
+}
+
+// The backward's errors against the float64 reference: dx on 4 rows (DX), dw / db (OUT, the
+// column sums: [dw, db] of cols each) on every column, with the largest |dw|, |db|.
+void check_bwd(long rows, long cols, bool RMS, long NC, double& edx, double& edw, double& edb,
+               double& mdw, double& mdb) {
+  const Ref& F = ref[RMS];
   std::vector<uint16_t> hd(cols);
   std::vector<float> ho(NC);
   cudaMemcpy(ho.data(), OUT, NC * 4, cudaMemcpyDeviceToHost);
-  double edx = 0, edw = 0, edb = 0, mdw = 0, mdb = 0;
+  edx = edw = edb = mdw = mdb = 0;
   for (int i = 0; i < 4; ++i) {
     const long r = chk_rows(rows, i);
     cudaMemcpy(hd.data(), reinterpret_cast<uint16_t*>(DX) + r * cols, cols * 2, cudaMemcpyDeviceToHost);
@@ -425,6 +421,22 @@ template <int TPR, int VPT, int BLOCK, int K, int R, bool PF, bool RMS> void bwd
     edw = std::max(edw, fabs(ho[c] - F.dw[c])); mdw = std::max(mdw, fabs(F.dw[c]));
     if (!RMS) { edb = std::max(edb, fabs(ho[cols + c] - F.db[c])); mdb = std::max(mdb, fabs(F.db[c])); }
   }
+}
+
+template <int TPR, int VPT, int BLOCK, int K, int R, bool PF, bool RMS> void bwd1(long rows) {
+  constexpr long cols = TPR * VPT * 8, NC = (RMS ? 1 : 2) * cols;
+  setup(rows, cols);
+  const int grid = K * nsm;
+  if (grid * NC * 4 > PART_BYTES) { printf("skip: partials too large\n"); return; }
+  upload_stats(rows, RMS);
+  auto kern = norm_bwd<TPR, VPT, BLOCK, K, R, PF, RMS>;
+  int occ = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, BLOCK, 0);
+  auto main_k = [&] { kern<<<grid, BLOCK>>>(X, DY, W, MEAN, RSTD, DX, PART, rows, 0u); };
+  const float tm = timeit(main_k);
+  const float tt = timeit([&] { main_k(); colsum<<<NC / 32, 512>>>(PART, OUT, grid, NC); });
+  double edx, edw, edb, mdw, mdb;
+  check_bwd(rows, cols, RMS, NC, edx, edw, edb, mdw, mdb);
   const double bytes = 3 * rows * cols * 2.0;
   printf("%5ldx%-5ld %s bwd tpr %4d vpt %d block %4d k %d r %d pf %d occ %d | %7.1f us %5.1f%% +colsum %7.1f us %5.1f%% "
          "| err dx %.1e dw(rel) %.1e db(rel) %.1e\n", rows, cols, RMS ? "rms  " : "layer", TPR, VPT, BLOCK, K, R, PF, occ,
@@ -453,9 +465,8 @@ template <int TPR, int VPT, int BLOCK, int K, int R = 1, bool PF = false> void b
   bwd1<TPR, VPT, BLOCK, K, R, PF, false>(rows); bwd1<TPR, VPT, BLOCK, K, R, PF, true>(rows);
 }
 
-int main(int argc, char** argv) {
-  const bool only_fwd = argc > 1 && !strcmp(argv[1], "fwd");  // just the forward matrix
-  const bool only_fwd2 = argc > 1 && !strcmp(argv[1], "fwd2");  // which part of kRt costs
+// Buffers, host copies of x / dy / w / b, the copy ceiling (shared with norm_bwd_cluster_sweep.cu).
+void init_data() {
   cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
   cudaMalloc(&X, NB); cudaMalloc(&DY, NB); cudaMalloc(&Y, NB); cudaMalloc(&DX, NB);
   cudaMalloc(&W, MAXC * 2); cudaMalloc(&B, MAXC * 2); cudaMalloc(&MEAN, 65536 * 4); cudaMalloc(&RSTD, 65536 * 4);
@@ -478,6 +489,13 @@ int main(int argc, char** argv) {
   copy_bps = 2.0 * NB / tc;
   printf("copy %.1f us %.0f GB/s, %d SMs (k = persistent blocks per SM, occ = resident blocks per SM)\n",
          tc, copy_bps / 1e3, nsm);
+}
+
+#ifndef NORM_SWEEP_NO_MAIN  // norm_bwd_cluster_sweep.cu includes this file for its helpers
+int main(int argc, char** argv) {
+  const bool only_fwd = argc > 1 && !strcmp(argv[1], "fwd");  // just the forward matrix
+  const bool only_fwd2 = argc > 1 && !strcmp(argv[1], "fwd2");  // which part of kRt costs
+  init_data();
   if (only_fwd2) {
     fwd_matrix2<32, 4, 128>(16384);
     fwd_matrix2<128, 4, 128>(16384);
@@ -515,3 +533,4 @@ int main(int argc, char** argv) {
   bwd<1024, 2, 1024, 1>(4096); bwd<512, 4, 512, 1>(4096); bwd<256, 8, 256, 1>(4096);
   printf("err %s\n", cudaGetErrorString(cudaGetLastError()));
 }
+#endif
