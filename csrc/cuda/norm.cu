@@ -830,7 +830,7 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 // block of the cluster (itself included: st.async counted on an mbarrier, common/cluster.cuh;
 // no cluster barrier, whose release would wait for the prefetch), then, LAG rows later, one
 // mbarrier wait, the n slots added in rank order (the same bits in every block), dx written.
-// LAG = 1 (16-bit rows on the 16-byte path: three tiles live, 113 registers) lets a block
+// LAG = 1 (16-bit rows on the 16-byte path: three tiles live, ~100 registers) lets a block
 // run a row ahead of its slowest peer instead of waiting at every row (KERNEL_LOG norm v7).
 // Buffers: slots / bar by iteration mod 4, group_sum's scratch by parity. Safe because a
 // block pushes row r only after its wait for row r - 1 - LAG, which needs every peer's push
