@@ -843,6 +843,7 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int kSlots = 4;            // exchange buffers, by iteration mod 4
+  static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag (see the argument above)");
   __shared__ float scratch[2][2][32];  // group_sum's buffers, by iteration parity
   __shared__ float2 slots[kSlots][kMaxCluster];
   __shared__ uint64_t bar[kSlots];
