@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import CUDA, DEVICES, DTYPES, TOL, assert_close, input_views, poison_next_alloc
+from utils import CUDA, DEVICES, DTYPES, TOL, assert_close, input_views, offset_copy,
+                   poison_next_alloc
 
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
@@ -556,8 +557,7 @@ def test_cuda_strategies(dtype, kind, cols):
         check_forward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
         check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
     # The scalar path for the same length: x one element off an aligned allocation.
-    xo = torch.empty(rows * cols + 1, device="cuda", dtype=dtype)[1:].view(rows, cols)
-    xo.copy_(x)
+    xo = offset_copy(x)
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
     check_forward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
     check_backward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
@@ -580,8 +580,7 @@ def test_cuda_cluster_backward_many_rows(kind, cols):
     for wcfg in ["same", "fp32"]:
         w, b = _params(kind, (cols,), x.dtype, "cuda", wcfg)
         check_backward(kind, x, [cols], w, b, msg=f"cols={cols} rows={rows} weight={wcfg}")
-    xo = torch.empty(rows * cols + 1, device="cuda", dtype=x.dtype)[1:].view(rows, cols)
-    xo.copy_(x)
+    xo = offset_copy(x)
     w, b = _params(kind, (cols,), x.dtype, "cuda", "same")
     check_backward(kind, xo, [cols], w, b, msg=f"cols={cols} rows={rows} misaligned")
     r = torch.randn(rows, cols, device="cuda").to(x.dtype)

@@ -42,6 +42,13 @@ def input_views(shape, dtype, device, scale=1.0):
     yield "offset", rand(n + 1)[1:].view(shape)
 
 
+def offset_copy(x):
+    """A contiguous copy of x that starts one element past an aligned allocation (a
+    misaligned pointer: the kernels' scalar path)."""
+    out = torch.empty(x.numel() + 1, device=x.device, dtype=x.dtype)[1:].view(x.shape)
+    return out.copy_(x)
+
+
 def poison_next_alloc(nbytes, device):
     """Leave a NaN-filled block of `nbytes` in the CUDA caching allocator so the op's next
     output allocation of that size reuses it: an element the kernel never writes then

@@ -59,6 +59,22 @@ bool runs_sm90_code(Kernel kernel) {
   }) != 0;
 }
 
+// How many clusters of cfg's shape (cfg.attrs: the cluster dimension, csize blocks) fit on
+// the GPU at once; 0 when they cannot run (a size over 8 that this GPU does not allow, or a
+// failed query: an answer, not an error to keep). Sets the non-portable-size attribute
+// first where csize > 8. Callers cache it (cached_launch_query).
+template <typename Kernel>
+int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int csize) {
+  int n = 0;
+  const bool ok =
+      (csize <= 8 ||
+       cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+           cudaSuccess) &&
+      cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess;
+  (void)cudaGetLastError();
+  return ok ? n : 0;
+}
+
 }  // namespace fused
 
 // Every launch is followed by this: it turns a bad launch into a C++ exception.

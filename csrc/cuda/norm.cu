@@ -1208,17 +1208,8 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
   cfg.numAttrs = 1;
   // Clusters resident at once on the whole GPU: the persistent grid.
   const void* key = reinterpret_cast<const void*>(kernel);
-  const int active = cached_launch_query(key, csize, threads, [&] {
-    int n = 0;
-    if ((csize > 8 &&
-         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-             cudaSuccess) ||
-        cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();  // clear it; the two-pass path still works
-      n = 0;
-    }
-    return n;
-  });
+  const int active = cached_launch_query(
+      key, csize, threads, [&] { return max_active_clusters(kernel, cfg, csize); });
   if (active < 1) return false;
   // No more clusters than rows: an idle cluster would still add a partial row.
   const int64_t clusters = std::min<int64_t>(p.rows, active);

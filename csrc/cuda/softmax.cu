@@ -617,22 +617,14 @@ int cluster_fit(Kernel kernel, int block, int n) {
   }();
   if (disabled || !runs_sm90_code(kernel)) return 0;
   return cached_launch_query(reinterpret_cast<const void*>(kernel), block, n, [&] {
-    bool ok = n <= 8 ||
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-                  cudaSuccess;
-    int active = 0;
-    if (ok) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(1, n);
-      cfg.blockDim = dim3(block);
-      cudaLaunchAttribute attr = cluster_attr(n);
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      ok = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess &&
-           active * n >= num_sms() / 2;
-    }
-    (void)cudaGetLastError();  // a failed query above is an answer, not an error to keep
-    return ok ? active : 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, n);
+    cfg.blockDim = dim3(block);
+    cudaLaunchAttribute attr = cluster_attr(n);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const int active = max_active_clusters(kernel, cfg, n);
+    return active * n >= num_sms() / 2 ? active : 0;
   });
 }
 
