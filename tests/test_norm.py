@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import CUDA, DEVICES, DTYPES, TOL, assert_close, input_views, offset_copy,
-                   poison_next_alloc
+from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, input_views, offset_copy,
+                   poison_next_alloc)
 
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
