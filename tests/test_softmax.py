@@ -14,7 +14,8 @@ INF = float("inf")
 # holds 4 vectors (32 bf16 / fp16, 16 float32 elements) or 8 scalars (odd lengths): row
 # groups of <= 32 threads, 64, then one block of 128 / 256 / 512 threads per row, then on
 # sm_90 a cluster of up to 16 blocks of 512 (bf16 up to 262144, float32 131072, scalar
-# 65536), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
+# 65536; on the 16-byte path twice the vectors per thread past that: bf16 524288, float32
+# 262144), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
 # block, then) the split path: chunk partials, then a second launch.
 LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 2049,
            4096, 4097, 8192, 8193, 16384, 16385, 32768]
@@ -147,7 +148,8 @@ def test_cuda_long_rows(dtype, log, length):
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_262144(dtype):
-    # The longest benchmarked row: a 16-block cluster (bf16 / fp16), split for float32.
+    # The longest benchmarked row: a 16-block cluster (4 vectors per thread for bf16 / fp16,
+    # 8 for float32).
     x = torch.randn(5, 262144, device="cuda").to(dtype) * 3
     for log in (False, True):
         y = check_forward(x, log=log)
@@ -174,6 +176,23 @@ def test_cuda_long_rows_persistent(dtype, length):
     for scale in (0.3, -0.7):
         y = check_forward(x, scale=scale, msg=f"scale={scale}")
         check_backward(y, scale=scale, msg=f"scale={scale}")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [262144, 300000, 524288])
+def test_cuda_wide_clusters(dtype, length):
+    # Rows past 16 blocks of 4 vectors per thread on the 16-byte path (sm_90): clusters of 8
+    # vectors per thread (float32 262144; bf16 / fp16 300000 in 10 blocks, 524288 in 16),
+    # else the split path (float32 300000 and 524288). 40 rows: float32 262144 has 7
+    # clusters of 16 at once, so each walks 5-6 rows through its single backward slot.
+    spread = torch.rand(40, 1, device="cuda") * 6 + 0.5
+    x = (torch.randn(40, length, device="cuda") * spread).to(dtype)
+    for log in (False, True):
+        y = check_forward(x, log=log, msg=f"log={log}")
+        check_backward(y, log=log, msg=f"log={log}")
+    y = check_forward(x, scale=-0.7, msg="scale=-0.7")
+    check_backward(y, scale=-0.7, msg="scale=-0.7")
 
 
 @CUDA

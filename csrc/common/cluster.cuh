@@ -67,6 +67,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into this
+// block's shared memory on the copy engine (cp.async.bulk: no registers, one instruction for
+// the whole run of bytes), counted on *bar as transaction bytes (pair it with mbar_expect).
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(smem)),
+      "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // v (4 or 8 bytes) into block `rank`'s copy of *slot, counted on its copy of *bar.
 template <typename S>
 __device__ __forceinline__ void push_to_peer(S* slot, uint64_t* bar, int rank, const S& v) {

@@ -13,11 +13,14 @@
 //                          then one shared-memory step
 //   len > 512 * P * VEC    on sm_90, softmax_cluster_kernel: a thread-block cluster of up
 //                          to 16 blocks of 512 threads per row, each block an even share
-//                          of it; clusters are persistent (as many as fit, walking rows)
-//                          and load their next row while this one is reduced and its
-//                          block results exchanged (st.async into every peer's shared
-//                          memory, one mbarrier wait): the row is read once, and two
-//                          rows' loads are in flight per thread.
+//                          of it (2P vectors per thread on the 16-byte path past 16
+//                          blocks of P); clusters are persistent (as many as fit, walking
+//                          rows) and load their next rows while this one is reduced and
+//                          its block results exchanged (st.async into every peer's shared
+//                          memory, one mbarrier wait): the row is read once. On the
+//                          16-byte path the copy engine stages the next rows in shared
+//                          memory (up to 4 in flight); the scalar path prefetches one
+//                          into registers.
 //   otherwise              one 1024-thread block per row up to 1024 * P * VEC; past that
 //                          the row split into chunks of 512 * P * VEC columns, one block
 //                          each, in two launches: kPartial writes each chunk's reduction
@@ -523,22 +526,36 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
 // Per row: the block's State (as softmax_kernel's), pushed into slot [rank] of every
 // block of the cluster (itself included), one mbarrier wait for the n States, combined
 // across the lanes of each warp (combine_lanes: identical bits in every block; a serial
-// combine, n expf per thread, took ~25% of a 16-block row), the outputs written. The next
-// row's loads are issued right after this row's registers are filled, so they stay in
-// flight through its reductions, exchange and stores. Launch bound (BLOCK, 1): up to 128 registers (two
-// rows of raw bits, a row of floats for the forward); one 512-thread block per SM.
+// combine, n expf per thread, took ~25% of a 16-block row), the outputs written.
+//
+// The next rows are loaded while this one is reduced, exchanged and stored:
+// - STAGES > 0 (the 16-byte path): thread 0 has the copy engine bring the block's share of
+//   each of the next STAGES rows into a ring of shared-memory slots (cp.async.bulk, one
+//   instruction per input and row, completion counted on the slot's mbarrier `full`). A
+//   row goes from its slot to registers; once every thread has its share (a block barrier),
+//   the slot is refilled with the row STAGES further on. Up to STAGES rows in flight per
+//   SM, no register held for them (KERNEL_LOG softmax v7).
+// - STAGES = 0 (the scalar path, whose rows need not be 16-byte aligned): the next row's
+//   loads issued into registers right after this row's registers are filled (load_tile
+//   <true>): one row in flight.
+// Launch bound (BLOCK, 1): up to 128 registers; one 512-thread block per SM.
 // Buffers alternate by row parity: a block pushes row r + 2 only after it has every
 // push of row r + 1, which each block sends after its barrier of row r + 1, after it
 // read row r's slots; likewise a reduction buffer is written again two rows later, past
 // at least one barrier.
-template <typename T, typename Op, int VEC, int P, int BLOCK>
+template <typename T, typename Op, int VEC, int P, int BLOCK, int STAGES>
 __global__ void __launch_bounds__(BLOCK, 1)
     softmax_cluster_kernel(Args<T, typename Op::State> a, Op op) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using State = typename Op::State;
+  using R = Raw<T, VEC>;
+  static_assert(STAGES == 0 || sizeof(R) == 16, "staged rows: 16-byte vectors");
+  constexpr int kShare = P * BLOCK;  // vectors of one input in a block's share of a row
   __shared__ double buf[2][2][BLOCK / 32];
   __shared__ State slots[2][kMaxCluster];
   __shared__ uint64_t bar[2];
+  __shared__ uint64_t full[STAGES > 0 ? STAGES : 1];
+  extern __shared__ uint4 staged[];  // [STAGES][kIn][kShare]
 
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
@@ -551,19 +568,57 @@ __global__ void __launch_bounds__(BLOCK, 1)
   constexpr int stride = BLOCK * VEC;
   const int64_t step = gridDim.x;
   auto limit_of = [&](int64_t row) { return row < a.rows ? row_limit(a, row, end) : begin; };
+  // Thread 0: the block's share of `row` (its vectors that start before the row's limit)
+  // into slot s.
+  auto stage = [&](int64_t row, int s) {
+    const int cols = std::max(limit_of(row) - begin, 0);  // 0: a chunk wholly masked
+    const uint32_t bytes = static_cast<uint32_t>((cols + VEC - 1) / VEC) * 16;
+    mbar_expect(&full[s], Op::kIn * bytes);
+    if (bytes == 0) return;
+#pragma unroll
+    for (int i = 0; i < Op::kIn; ++i) {
+      bulk_load(staged + (s * Op::kIn + i) * kShare, a.in[i] + row * a.len + begin, bytes,
+                &full[s]);
+    }
+  };
 
   if (threadIdx.x < 2) mbar_init(&bar[threadIdx.x]);
-  Raw<T, VEC> raw[Op::kIn][P];
+  R raw[Op::kIn][P];
   int64_t row = blockIdx.x;
-  load_tile<true>(raw, a.in, a.len, row, c0, stride, limit_of(row));
-  cl.sync();  // every block's mbarriers are set up before any push
+  if constexpr (STAGES > 0) {
+    if (threadIdx.x < STAGES) mbar_init(&full[threadIdx.x]);
+  } else {
+    load_tile<true>(raw, a.in, a.len, row, c0, stride, limit_of(row));
+  }
+  cl.sync();  // every block's mbarriers are set up before any push or copy
+  if constexpr (STAGES > 0) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < STAGES && row + s * step < a.rows; ++s) stage(row + s * step, s);
+    }
+  }
   for (int it = 0; row < a.rows; row += step, ++it) {
     // The limit is recomputed rather than carried from the prefetch: carrying it measured
     // +13 registers in ptxas for the same work.
     const int limit = limit_of(row);
+    if constexpr (STAGES > 0) {
+      const int s = it % STAGES;
+      mbar_wait(&full[s], (it / STAGES) & 1);  // full[s]'s (it / STAGES)-th phase
+#pragma unroll
+      for (int i = 0; i < Op::kIn; ++i) {
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+          const uint4* v = staged + (s * Op::kIn + i) * kShare + k * BLOCK + threadIdx.x;
+          raw[i][k] = c0 + k * stride < limit ? *reinterpret_cast<const R*>(v) : R{};
+        }
+      }
+      __syncthreads();  // slot s read by every thread: refill it
+      if (threadIdx.x == 0 && row + STAGES * step < a.rows) stage(row + STAGES * step, s);
+    }
     typename Op::template Regs<T, VEC, P> regs;
     op.init(regs, raw, Cols{c0, stride, limit});
-    load_tile<true>(raw, a.in, a.len, row + step, c0, stride, limit_of(row + step));
+    if constexpr (STAGES == 0) {
+      load_tile<true>(raw, a.in, a.len, row + step, c0, stride, limit_of(row + step));
+    }
     const int par = it & 1;
     const State mine = op.partial(regs, g, buf[par][0], buf[par][1]);
     if (threadIdx.x < n) push_to_peer(&slots[par][rank], &bar[par], threadIdx.x, mine);
@@ -603,29 +658,81 @@ cudaLaunchAttribute cluster_attr(int n) {
   return attr;
 }
 
-// How many clusters of n blocks of `block` threads of `kernel` run at once here; 0 when
-// it cannot run as clusters: the GPU is older than sm_90, the kernel's code was not
-// compiled for sm_90 (the 8.0 pass, or its PTX JIT-compiled for a newer GPU), or fewer
-// than half the SMs would be busy. Cached per device, kernel and n.
+// How many clusters of n blocks of `block` threads of `kernel`, each with `smem` bytes of
+// dynamic shared memory, run at once here; 0 when it cannot run as clusters: the GPU is
+// older than sm_90, the kernel's code was not compiled for sm_90 (the 8.0 pass, or its PTX
+// JIT-compiled for a newer GPU), or fewer than half the SMs would be busy. Cached per
+// device, kernel and n.
 // FUSED_SOFTMAX_CLUSTER=0 turns clusters off (the 1024-thread and split paths then take
 // those rows: for comparisons).
 template <typename Kernel>
-int cluster_fit(Kernel kernel, int block, int n) {
+int cluster_fit(Kernel kernel, int block, int n, int smem) {
   static const bool disabled = [] {
     const char* e = std::getenv("FUSED_SOFTMAX_CLUSTER");
     return e != nullptr && e[0] == '0';
   }();
   if (disabled || !runs_sm90_code(kernel)) return 0;
   return cached_launch_query(reinterpret_cast<const void*>(kernel), block, n, [&] {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();  // an answer (no room here), not an error to keep
+      return 0;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(1, n);
     cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute attr = cluster_attr(n);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     const int active = max_active_clusters(kernel, cfg, n);
     return active * n >= num_sms() / 2 ? active : 0;
   });
+}
+
+// softmax_cluster_kernel's ring of staged rows (16-byte path): as many row shares as fit
+// in kStageBudget bytes of shared memory, at most 4 (bf16 forward, P = 4: 4 slots of 32 KB;
+// backward 3 of 64 KB; P = 8 halves that, the float32 backward keeps 1 of 128 KB).
+constexpr int kStageBudget = 192 * 1024;
+template <typename Op, int VEC, int P>
+constexpr int kStages =
+    VEC == 1 ? 0 : std::min(4, kStageBudget / (Op::kIn * P * kSplitBlock * 16));
+
+// The largest cluster a row is spread over before each thread takes twice the vectors
+// (16-byte path, where the row is staged and the registers hold one row): 16, or
+// FUSED_SOFTMAX_MAX_CLUSTER (2-16) for comparisons.
+int max_cluster() {
+  static const int n = [] {
+    const char* e = std::getenv("FUSED_SOFTMAX_MAX_CLUSTER");
+    const int v = e != nullptr ? std::atoi(e) : kMaxCluster;
+    return v >= 2 && v <= kMaxCluster ? v : kMaxCluster;
+  }();
+  return n;
+}
+
+// Rows of a in persistent clusters of n blocks of softmax_cluster_kernel with P vectors
+// per thread; false (nothing launched) where such clusters do not fit (cluster_fit).
+template <typename T, typename Op, int VEC, int P>
+bool launch_cluster(Args<T, typename Op::State> a, const Op& op, int n) {
+  constexpr int S = kStages<Op, VEC, P>;
+  constexpr int smem = S * Op::kIn * P * kSplitBlock * 16;
+  constexpr auto kernel = softmax_cluster_kernel<T, Op, VEC, P, kSplitBlock, S>;
+  const int fit = n <= kMaxCluster ? cluster_fit(kernel, kSplitBlock, n, smem) : 0;
+  if (fit == 0) return false;
+  a.tpr = kSplitBlock;
+  a.nchunks = n;
+  a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
+                     static_cast<unsigned>(n));
+  cfg.blockDim = dim3(kSplitBlock);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = current_stream();
+  cudaLaunchAttribute attr = cluster_attr(n);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
+  return true;
 }
 
 template <typename T, typename Op, int VEC, int BLOCK>
@@ -666,28 +773,19 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
     case 512: return launch<T, Op, VEC, 512>(a, op);
   }
   // Longer rows, on sm_90: persistent clusters of n <= 16 blocks of 512 threads, even
-  // shares of the row (whole vectors), the row read once, the next row's loads in flight
+  // shares of the row (whole vectors), the row read once, the next rows' loads in flight
   // (softmax_cluster_kernel). A single 1024-thread block per row (next) would idle at its
-  // barriers with nothing else in flight.
+  // barriers with nothing else in flight. Past max_cluster() blocks of P vectors per thread,
+  // 2P on the 16-byte path (the float32 rows of 131K-262K columns, or all with
+  // FUSED_SOFTMAX_MAX_CLUSTER).
   {
     constexpr int kPerBlock = kSplitBlock * P * VEC;
     const int n = static_cast<int>(ceil_div(a.len, kPerBlock));
-    constexpr auto kernel = softmax_cluster_kernel<T, Op, VEC, P, kSplitBlock>;
-    const int fit = n <= kMaxCluster ? cluster_fit(kernel, kSplitBlock, n) : 0;
-    if (fit > 0) {
-      a.tpr = kSplitBlock;
-      a.nchunks = n;
-      a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
-                         static_cast<unsigned>(n));
-      cfg.blockDim = dim3(kSplitBlock);
-      cfg.stream = current_stream();
-      cudaLaunchAttribute attr = cluster_attr(n);
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
-      return;
+    if (VEC == 1 || n <= max_cluster()) {
+      if (launch_cluster<T, Op, VEC, P>(a, op, n)) return;
+    } else if constexpr (VEC > 1) {
+      if (launch_cluster<T, Op, VEC, 2 * P>(a, op, static_cast<int>(ceil_div(a.len, 2 * kPerBlock))))
+        return;
     }
   }
   if (tpr == 1024) return launch<T, Op, VEC, 1024>(a, op);
