@@ -632,6 +632,30 @@ def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
     check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add FUSED_NORM_FIXED={fixed}")
 
 
+# The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): plain norms of 16-bit
+# rows of 12288 / 16384 / 32768 columns, parameters in x's dtype. Rows enough for 6-9 per
+# cluster (the exchange slots cycle every 4 rows), of different spreads and offsets, a row
+# at mean 1e4, every weight / bias combination (no weight: w = 1 in the kernel; no bias:
+# no dbias partials). FUSED_NORM_FIXED=0 (norm_bwd_cluster) runs the same rows in
+# test_cuda_cluster_backward_many_rows through its float32-parameter and add-form cases.
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", [12288, 16384, 32768])
+def test_cuda_fixed_backward(cols, kind, dtype):
+    rows = 600 if cols < 32768 else 300
+    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
+    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
+    x[7] = 1e4 + 300 * torch.randn(cols, device="cuda")
+    x = x.to(dtype)
+    configs = [(True, True), (False, False)]
+    if kind == "layer" and dtype == torch.bfloat16:
+        configs += [(True, False), (False, True)]
+    for weight, bias in configs:
+        w, b = _fixed_params(kind, cols, dtype, weight, bias)
+        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={weight} bias={bias}")
+
+
 def _cuda_kernel_names(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
@@ -659,6 +683,35 @@ def test_cuda_fixed_lengths_dispatch(kind, monkeypatch):
             names = _cuda_kernel_names(call)
             assert any("norm_fwd" in n for n in names), names
             assert any("norm_fwd_fixed" in n for n in names) == want, (w_dtype, fixed, names)
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
+    # 16384 columns reach norm_bwd_fixed only for a plain norm with parameters in x's dtype
+    # and FUSED_NORM_FIXED unset; float32 parameters, the add forms' d_sum and
+    # FUSED_NORM_FIXED=0 take norm_bwd_cluster. On sm_90 (clusters) only.
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("clusters need sm_90")
+    cols = 16384
+    x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    for w_dtype, fixed, dsum, want in [(torch.bfloat16, "1", False, True),
+                                       (torch.float32, "1", False, False),
+                                       (torch.bfloat16, "1", True, False),
+                                       (torch.bfloat16, "0", False, False)]:
+        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+        w = torch.randn(cols, device="cuda", dtype=w_dtype)
+        _, mean, rstd = fused_forward(kind, x, [cols], w, None, 1e-5)
+        ds = torch.randn_like(x) if dsum else None
+        if kind == "layer":
+            call = lambda: ops.add_layer_norm_backward(  # noqa: E731
+                dy, ds, x, [cols], mean, rstd, w, None, [True, False])
+        else:
+            call = lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)  # noqa: E731
+        names = _cuda_kernel_names(call)
+        assert any("norm_bwd_cluster" in n or "norm_bwd_fixed" in n for n in names), names
+        assert any("norm_bwd_fixed" in n for n in names) == want, (w_dtype, fixed, dsum, names)
 
 
 @CUDA

@@ -37,7 +37,10 @@
 //     blocks (8 elements per thread, up to 64K elements), one read of x and dy, the next
 //     row's loads in flight; the blocks' row sums exchanged through distributed shared
 //     memory with no cluster barrier, dx written a row later on 16-bit rows (a block need
-//     not wait for its slowest peer at every row). Elsewhere (older GPUs, longer rows)
+//     not wait for its slowest peer at every row). norm_bwd_fixed: the same with the
+//     launch shape a compile-time constant, for plain 16-bit norms of 12288, 16384 or 32768
+//     columns with parameters in x's dtype (FUSED_NORM_FIXED=0 turns it off). Elsewhere
+//     (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
@@ -906,6 +909,148 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 #endif
 }
 
+// ---- backward, compile-time row lengths ---------------------------------------------------
+// norm_bwd_fixed: norm_bwd_cluster for the long hidden sizes of plain 16-bit norms
+// (parameters in x's dtype, no d_sum): 12288, 16384 and 32768 columns, the whole launch
+// shape a constant. CS blocks of TPB threads per row, 2 vectors (16 elements) per thread,
+// no bounds checks, the thread's columns of w held in registers for every row, x / dy / w
+// unpacked afresh in each half (fresh(): the floats are not kept live across the row
+// exchange, which would cost 32 registers). The standalone sweep
+// (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
+// (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
+// shape reaches 43-50%. Exchange, lag and buffer rotation as norm_bwd_cluster.
+constexpr int kFixedBwdVpt = 2;
+
+// r with every word XORed with z, a zero that ptxas cannot prove zero: each unpacking of r
+// is then a fresh computation, not a value kept alive from the other half of the row.
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> fresh(Raw<T, N> r, uint32_t z) {
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) r.w[i] ^= z;
+  return r;
+}
+
+template <typename T, int TPB, int CS, int LAYER, int LAG>
+__global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt, TPR = CS * TPB, COLS = TPR * VPT * VEC;
+  constexpr int kSlots = 4;
+  static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag (norm_bwd_cluster)");
+  constexpr float kInv = 1.f / COLS;
+  using V = Raw<T, VEC>;
+  __shared__ float scratch[2][2][32];
+  __shared__ float2 slots[kSlots][CS];
+  __shared__ uint64_t bar[kSlots];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int lane = rank * TPB + threadIdx.x;
+  const int64_t cid = blockIdx.x / CS, clusters = gridDim.x / CS;
+  const uint32_t zero = static_cast<uint32_t>(p.rows >> 63);  // rows >= 0
+  V wv[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    FVec<VEC> one;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) one.v[j] = 1.f;
+    wv[k] = p.weight ? load_raw<T, VEC>(p.weight + (lane + k * TPR) * VEC) : from_float<T, VEC>(one);
+  }
+  float dw[VPT][VEC], db[VPT][VEC];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = 0.f;
+  }
+  struct Tile {
+    V x[VPT], g[VPT];
+    float mean, rstd;
+  };
+  auto load = [&](Tile& t, int64_t row) {
+    if (row >= p.rows) return;
+    const int64_t off = row * COLS + lane * VEC;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      t.x[k] = load_pinned(reinterpret_cast<const V*>(p.x + off + k * TPR * VEC));
+      t.g[k] = load_pinned(reinterpret_cast<const V*>(p.dy + off + k * TPR * VEC));
+    }
+    t.mean = LAYER ? load_pinned(p.mean + row) : 0.f;
+    t.rstd = load_pinned(p.rstd + row);
+  };
+  // This thread's dweight / dbias terms and its shares of the two row sums.
+  auto sums = [&](const Tile& t, int it, float (&s)[2]) {
+    const uint32_t z = zero & it;
+    s[0] = s[1] = 0.f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const FVec<VEC> xf = to_float(fresh(t.x[k], z)), df = to_float(fresh(t.g[k], z));
+      const FVec<VEC> w = to_float(fresh(wv[k], z));
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (xf.v[j] - t.mean) * t.rstd, gw = df.v[j] * w.v[j];
+        s[0] += gw;
+        s[1] += gw * xhat;
+        dw[k][j] += df.v[j] * xhat;
+        if constexpr (LAYER) db[k][j] += df.v[j];
+      }
+    }
+  };
+  // The row of iteration `it`: wait for its CS sums, add them in rank order, write dx.
+  auto finish = [&](const Tile& t, int64_t row, int it) {
+    const int slot = it % kSlots;
+    mbar_wait(&bar[slot], (it / kSlots) & 1);
+    float a = 0.f, c = 0.f;
+#pragma unroll
+    for (int b = 0; b < CS; ++b) {
+      a += slots[slot][b].x;
+      c += slots[slot][b].y;
+    }
+    const float c1 = LAYER ? a * kInv : 0.f, c2 = c * kInv;
+    const uint32_t z = zero & ~it;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const FVec<VEC> xf = to_float(fresh(t.x[k], z)), df = to_float(fresh(t.g[k], z));
+      const FVec<VEC> w = to_float(fresh(wv[k], z));
+      FVec<VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (xf.v[j] - t.mean) * t.rstd;
+        o.v[j] = t.rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
+      }
+      store_raw<T, VEC>(p.dx + row * COLS + (lane + k * TPR) * VEC, from_float<T, VEC>(o));
+    }
+  };
+  if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
+  Tile cur, prev, next;
+  load(cur, cid);
+  cluster.sync();  // every block's mbarriers are set up before any push
+  int it = 0;
+  for (int64_t row = cid;; row += clusters, ++it) {
+    const bool have = row < p.rows;  // uniform across the cluster
+    if (have) {
+      load(next, row + clusters);
+      float s[2];
+      sums(cur, it, s);
+      group_sum<2>(s, TPB, scratch[it & 1], false);
+      const int slot = it % kSlots;
+      if (static_cast<int>(threadIdx.x) < CS) {
+        push_to_peer(&slots[slot][rank], &bar[slot], threadIdx.x, make_float2(s[0], s[1]));
+      }
+      if (threadIdx.x == 0) mbar_expect(&bar[slot], CS * static_cast<uint32_t>(sizeof(float2)));
+    }
+    if constexpr (LAG == 0) {
+      if (have) finish(cur, row, it);
+    } else {
+      if (it > 0) finish(prev, row - clusters, it - 1);
+    }
+    if (!have) break;
+    if constexpr (LAG > 0) prev = cur;
+    cur = next;
+  }
+  cluster.sync();  // no block leaves while a peer may still push into its shared memory
+  store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
+#endif
+}
+
 // Long rows, step 1: per row, c = (mean(g), mean(g * xhat)) (mean(g) = 0 for rms norm).
 template <typename T, typename W, typename R, int VEC>
 __global__ void __launch_bounds__(kLongThreads)
@@ -1063,13 +1208,18 @@ void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
 template <typename T, typename R, int VEC>
 constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R> && sizeof(R) == 2;
 
+// FUSED_NORM_FIXED=0 turns the fixed kernels off, forward and backward (norm_fwd_regs /
+// norm_bwd_cluster then take those rows: for comparisons and tests; read on every call, so
+// a test can switch it).
+bool fixed_enabled() {
+  const char* env = std::getenv("FUSED_NORM_FIXED");
+  return env == nullptr || env[0] != '0';
+}
+
 // norm_fwd_fixed for p if its row length is one of the fixed ones; false otherwise.
-// FUSED_NORM_FIXED=0 turns the fixed kernels off (norm_fwd_regs then takes those rows: for
-// comparisons and tests; read on every call, so a test can switch it).
 template <typename T, int... TPRS>
 bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS...>) {
-  const char* env = std::getenv("FUSED_NORM_FIXED");
-  if (env != nullptr && env[0] == '0') return false;
+  if (!fixed_enabled()) return false;
   auto launch = [&](auto tpr) {
     constexpr int TPR = decltype(tpr)::value, RPB = fixed_block(TPR) / TPR;
     const int64_t blocks = ceil_div(p.rows, RPB);  // a row group per row, no row loop
@@ -1176,24 +1326,14 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
   p.db_part = nb.dbias.defined() ? base + (nb.dweight.defined() ? parts * nb.cols : 0) : nullptr;
 }
 
-// Rows too long for one block (need > kBwdMaxThreads threads at kBwdElems elements each) on
-// sm_90: norm_bwd_cluster, a cluster of up to kMaxCluster blocks per row, kClusterElems
-// elements per thread. Returns false where it cannot run (GPU older than sm_90, no sm_90
-// code for it in this build, rows over kMaxCluster * kBwdMaxThreads * kClusterElems
-// elements): the caller takes the two-pass path.
-template <typename T, typename W, typename R, int VEC>
-bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
-  constexpr int VPT = std::max(1, kClusterElems / VEC);
-  const int need = static_cast<int>(ceil_div(p.cols / VEC, VPT));
-  if (need > kMaxCluster * kBwdMaxThreads) return false;
-  auto kernel = norm_bwd_cluster<T, W, R, VEC, VPT, cluster_lag<R, VEC>()>;
-  if (!runs_sm90_code(kernel)) return false;  // the no-op body
-  // Smallest power-of-two cluster of up to 8 blocks of 256 threads (several blocks per SM:
-  // some stream while others wait for their row sums), then of 512, then 16 blocks.
-  int per_block = 256, csize = 1;
-  if (need > 8 * 256) per_block = kBwdMaxThreads;
-  while (csize * per_block < need) csize *= 2;
-  const int threads = round_up(static_cast<int>(ceil_div(need, csize)), 32);
+// A persistent cluster backward (norm_bwd_cluster, norm_bwd_fixed): `kernel` on clusters of
+// csize blocks of `threads`, as many clusters as fit at once (cluster index = partial row),
+// then the dweight / dbias partials summed. False (nothing launched) where no such cluster
+// fits or the kernel has no sm_90 code in this build (its no-op body).
+template <typename Kernel, typename T, typename W, typename R>
+bool launch_cluster_backward(Kernel kernel, int csize, int threads, BwdParams<T, W, R> p,
+                             NormBackward& nb) {
+  if (!runs_sm90_code(kernel)) return false;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = static_cast<unsigned>(csize);
@@ -1220,6 +1360,51 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
   FUSED_LAUNCH_CHECK();
   if (part.defined()) reduce_partials<T>(part, clusters, p.cols, nb);
   return true;
+}
+
+// Rows too long for one block (need > kBwdMaxThreads threads at kBwdElems elements each) on
+// sm_90: norm_bwd_cluster, a cluster of up to kMaxCluster blocks per row, kClusterElems
+// elements per thread. Returns false where it cannot run (GPU older than sm_90, no sm_90
+// code for it in this build, rows over kMaxCluster * kBwdMaxThreads * kClusterElems
+// elements): the caller takes the two-pass path.
+template <typename T, typename W, typename R, int VEC>
+bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
+  constexpr int VPT = std::max(1, kClusterElems / VEC);
+  const int need = static_cast<int>(ceil_div(p.cols / VEC, VPT));
+  if (need > kMaxCluster * kBwdMaxThreads) return false;
+  // Smallest power-of-two cluster of up to 8 blocks of 256 threads (several blocks per SM:
+  // some stream while others wait for their row sums), then of 512, then 16 blocks.
+  int per_block = 256, csize = 1;
+  if (need > 8 * 256) per_block = kBwdMaxThreads;
+  while (csize * per_block < need) csize *= 2;
+  const int threads = round_up(static_cast<int>(ceil_div(need, csize)), 32);
+  return launch_cluster_backward(norm_bwd_cluster<T, W, R, VEC, VPT, cluster_lag<R, VEC>()>,
+                                 csize, threads, p, nb);
+}
+
+// norm_bwd_fixed for p if its row length is one of the fixed ones (plain norms of 16-bit
+// rows, parameters in x's dtype); false otherwise. The shapes are the sweep's best per row
+// length and norm (KERNEL_LOG norm v8): TPB threads x CS blocks, LAG.
+template <typename T>
+bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
+  if (p.dsum != nullptr || !fixed_enabled()) return false;
+  auto run = [&](auto kernel, int tpb, int cs) {
+    TORCH_INTERNAL_ASSERT(tpb * cs * kFixedBwdVpt * kVecElems<T> == p.cols);
+    return launch_cluster_backward(kernel, cs, tpb, p, nb);
+  };
+  const bool layer = p.mean != nullptr;
+  switch (p.cols) {
+    case 12288:
+      return layer ? run(norm_bwd_fixed<T, 384, 2, 1, 0>, 384, 2)
+                   : run(norm_bwd_fixed<T, 192, 4, 0, 1>, 192, 4);
+    case 16384:
+      return layer ? run(norm_bwd_fixed<T, 256, 4, 1, 1>, 256, 4)
+                   : run(norm_bwd_fixed<T, 256, 4, 0, 1>, 256, 4);
+    case 32768:
+      return layer ? run(norm_bwd_fixed<T, 256, 8, 1, 1>, 256, 8)
+                   : run(norm_bwd_fixed<T, 256, 8, 0, 1>, 256, 8);
+  }
+  return false;
 }
 
 // Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
@@ -1271,6 +1456,9 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
       backward_regs<T, W, R, VEC, VPT, false>(p, nb, need);
       return;
     }
+  }
+  if constexpr (VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>) {
+    if (backward_fixed(p, nb)) return;
   }
   if (backward_cluster<T, W, R, VEC>(p, nb)) return;
   // Longer rows, or no clusters: the two row sums first, then column tiles x row chunks.
