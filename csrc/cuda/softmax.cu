@@ -17,10 +17,10 @@
 //                          blocks of P); clusters are persistent (as many as fit, walking
 //                          rows) and load their next rows while this one is reduced and
 //                          its block results exchanged (st.async into every peer's shared
-//                          memory, one mbarrier wait): the row is read once. On the
-//                          16-byte path the copy engine stages the next rows in shared
-//                          memory (up to 4 in flight); the scalar path prefetches one
-//                          into registers.
+//                          memory, one mbarrier wait): the row is read once. The next
+//                          row is prefetched into registers; the wide shape's registers
+//                          hold one row only, so there the copy engine stages the next
+//                          rows in shared memory (up to 3 in flight).
 //   otherwise              one 1024-thread block per row up to 1024 * P * VEC; past that
 //                          the row split into chunks of 512 * P * VEC columns, one block
 //                          each, in two launches: kPartial writes each chunk's reduction
@@ -529,15 +529,15 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
 // combine, n expf per thread, took ~25% of a 16-block row), the outputs written.
 //
 // The next rows are loaded while this one is reduced, exchanged and stored:
-// - STAGES > 0 (the 16-byte path): thread 0 has the copy engine bring the block's share of
+// - STAGES > 0 (the wide shape, 16-byte path): thread 0 has the copy engine bring the block's share of
 //   each of the next STAGES rows into a ring of shared-memory slots (cp.async.bulk, one
 //   instruction per input and row, completion counted on the slot's mbarrier `full`). A
 //   row goes from its slot to registers; once every thread has its share (a block barrier),
 //   the slot is refilled with the row STAGES further on. Up to STAGES rows in flight per
 //   SM, no register held for them (KERNEL_LOG softmax v7).
-// - STAGES = 0 (the scalar path, whose rows need not be 16-byte aligned): the next row's
-//   loads issued into registers right after this row's registers are filled (load_tile
-//   <true>): one row in flight.
+// - STAGES = 0 (the P = kVectorsPerThread shape, and the scalar path, whose rows need not
+//   be 16-byte aligned): the next row's loads issued into registers right after this row's
+//   registers are filled (load_tile<true>): one row in flight.
 // Launch bound (BLOCK, 1): up to 128 registers; one 512-thread block per SM.
 // Buffers alternate by row parity: a block pushes row r + 2 only after it has every
 // push of row r + 1, which each block sends after its barrier of row r + 1, after it
@@ -690,13 +690,17 @@ int cluster_fit(Kernel kernel, int block, int n, int smem) {
   });
 }
 
-// softmax_cluster_kernel's ring of staged rows (16-byte path): as many row shares as fit
-// in kStageBudget bytes of shared memory, at most 4 (bf16 forward, P = 4: 4 slots of 32 KB;
-// backward 3 of 64 KB; P = 8 halves that, the float32 backward keeps 1 of 128 KB).
+// softmax_cluster_kernel's ring of staged rows: 0 (the next row prefetched into registers)
+// for the P = kVectorsPerThread shape, whose registers hold two rows; for the wide shape
+// (2P, 16-byte path), whose registers hold one, as many row shares as fit in kStageBudget
+// bytes of shared memory, at most 4 (forward 3 slots of 64 KB, bf16 backward 1 of 128 KB).
+// Staging the P shape too measured 4-6 points of copy slower than its register prefetch
+// (KERNEL_LOG softmax v7).
 constexpr int kStageBudget = 192 * 1024;
 template <typename Op, int VEC, int P>
-constexpr int kStages =
-    VEC == 1 ? 0 : std::min(4, kStageBudget / (Op::kIn * P * kSplitBlock * 16));
+constexpr int kStages = VEC == 1 || P == kVectorsPerThread<VEC>
+                            ? 0
+                            : std::min(4, kStageBudget / (Op::kIn * P * kSplitBlock * 16));
 
 // The largest cluster a row is spread over before each thread takes twice the vectors
 // (16-byte path, where the row is staged and the registers hold one row): 16, or
