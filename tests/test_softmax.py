@@ -13,9 +13,9 @@ INF = float("inf")
 # Row lengths across every threshold of the CUDA kernel's shapes and odd ones. Each thread
 # holds 4 vectors (32 bf16 / fp16, 16 float32 elements) or 8 scalars (odd lengths): row
 # groups of <= 32 threads, 64, then one block of 128 / 256 / 512 threads per row, then on
-# sm_90 a cluster of up to 16 blocks of 512 (bf16 up to 262144, float32 131072, scalar
-# 65536; on the 16-byte path twice the vectors per thread past that: bf16 524288, float32
-# 262144), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
+# sm_90 a cluster of up to 16 blocks of 512 (scalar: up to 65536; on the 16-byte path up
+# to 8 blocks, bf16 131072 / float32 65536, then twice the vectors per thread: bf16 524288,
+# float32 262144), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
 # block, then) the split path: chunk partials, then a second launch.
 LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 2049,
            4096, 4097, 8192, 8193, 16384, 16385, 32768]
@@ -148,8 +148,8 @@ def test_cuda_long_rows(dtype, log, length):
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_262144(dtype):
-    # The longest benchmarked row: a 16-block cluster (4 vectors per thread for bf16 / fp16,
-    # 8 for float32).
+    # The longest benchmarked row: clusters of 8 vectors per thread (8 blocks for bf16 /
+    # fp16, 16 for float32).
     x = torch.randn(5, 262144, device="cuda").to(dtype) * 3
     for log in (False, True):
         y = check_forward(x, log=log)
@@ -182,10 +182,11 @@ def test_cuda_long_rows_persistent(dtype, length):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [262144, 300000, 524288])
 def test_cuda_wide_clusters(dtype, length):
-    # Rows past 16 blocks of 4 vectors per thread on the 16-byte path (sm_90): clusters of 8
-    # vectors per thread (float32 262144; bf16 / fp16 300000 in 10 blocks, 524288 in 16),
-    # else the split path (float32 300000 and 524288). 40 rows: float32 262144 has 7
-    # clusters of 16 at once, so each walks 5-6 rows through its single backward slot.
+    # Rows past 8 blocks of 4 vectors per thread on the 16-byte path (sm_90): clusters of 8
+    # vectors per thread, staged (float32 262144 in 16 blocks; bf16 / fp16 262144 in 8,
+    # 300000 in 10, 524288 in 16), else the split path (float32 300000 and 524288). 40
+    # rows: float32 262144 has 7 clusters of 16 at once, so each walks 5-6 rows through
+    # its single backward slot.
     spread = torch.rand(40, 1, device="cuda") * 6 + 0.5
     x = (torch.randn(40, length, device="cuda") * spread).to(dtype)
     for log in (False, True):

@@ -1394,8 +1394,8 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   };
   const bool layer = p.mean != nullptr;
   switch (p.cols) {
-    case 12288:
-      return layer ? run(norm_bwd_fixed<T, 384, 2, 1, 0>, 384, 2)
+    case 12288:  // layer norm: the sweep's 2 x 384, lag 0 measured 52% fwd+bwd (GPU call 3)
+      return layer ? run(norm_bwd_fixed<T, 192, 4, 1, 1>, 192, 4)
                    : run(norm_bwd_fixed<T, 192, 4, 0, 1>, 192, 4);
     case 16384:
       return layer ? run(norm_bwd_fixed<T, 256, 4, 1, 1>, 256, 4)
