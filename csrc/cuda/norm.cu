@@ -824,6 +824,65 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   }
 }
 
+// The row walk of the cluster backwards (norm_bwd_cluster, norm_bwd_fixed), sm_90 code only.
+// Clusters take rows cid, cid + clusters, ...; every block of a cluster visits the same rows,
+// so the exchanges stay matched. Per row: the next row's tile loaded (load(tile, row), a no-op
+// or unused past the last row), this row's two sums formed (sums(tile, it, s)), reduced over
+// the block's `block` threads and pushed into slot [it % kSlots][rank] of every block of the
+// cluster; then, LAG rows later, finish(tile, row, it), which takes the row's sums from
+// cluster_row_sums and writes dx.
+template <int LAG, int kSlots, int NSLOT, typename Tile, typename Load, typename Sums,
+          typename Finish>
+__device__ __forceinline__ void cluster_row_walk(int64_t rows, int64_t cid, int64_t clusters,
+                                                 int csize, int rank, int block,
+                                                 float2 (&slots)[kSlots][NSLOT],
+                                                 uint64_t (&bar)[kSlots],
+                                                 float (&scratch)[2][2][32], Tile& cur,
+                                                 Load&& load, Sums&& sums, Finish&& finish) {
+  // norm_bwd_cluster's comment has the argument for kSlots >= 2 + 2 * LAG.
+  static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag");
+  Tile prev;
+  int it = 0;
+  for (int64_t row = cid;; row += clusters, ++it) {
+    const bool have = row < rows;  // uniform across the cluster
+    Tile next;
+    if (have) {
+      load(next, row + clusters);
+      float s[2];
+      sums(cur, it, s);
+      group_sum<2>(s, block, scratch[it & 1], false);
+      const int k = it % kSlots;
+      if (static_cast<int>(threadIdx.x) < csize) {
+        push_to_peer(&slots[k][rank], &bar[k], threadIdx.x, make_float2(s[0], s[1]));
+      }
+      if (threadIdx.x == 0) mbar_expect(&bar[k], csize * static_cast<uint32_t>(sizeof(float2)));
+    }
+    if constexpr (LAG == 0) {
+      if (have) finish(cur, row, it);
+    } else {
+      if (it > 0) finish(prev, row - clusters, it - 1);
+    }
+    if (!have) break;
+    if constexpr (LAG > 0) prev = cur;
+    cur = next;
+  }
+}
+
+// The two sums of iteration `it`'s row: one wait on its slot's mbarrier (phase it / kSlots),
+// then the csize blocks' values added in rank order (the same bits in every block).
+template <int kSlots, int NSLOT>
+__device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT],
+                                                   uint64_t (&bar)[kSlots], int it, int csize) {
+  const int k = it % kSlots;
+  mbar_wait(&bar[k], (it / kSlots) & 1);
+  float2 r = make_float2(0.f, 0.f);
+  for (int b = 0; b < csize; ++b) {
+    r.x += slots[k][b].x;
+    r.y += slots[k][b].y;
+  }
+  return r;
+}
+
 // Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
 // columns (kClusterElems elements per thread), so x and dy are read once and the dweight /
 // dbias accumulators of a 64K-column row fit in the cluster's registers. Clusters walk rows
@@ -846,7 +905,6 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int kSlots = 4;            // exchange buffers, by iteration mod 4
-  static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag (see the argument above)");
   __shared__ float scratch[2][2][32];  // group_sum's buffers, by iteration parity
   __shared__ float2 slots[kSlots][kMaxCluster];
   __shared__ uint64_t bar[kSlots];
@@ -864,46 +922,20 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
   }
   if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
   using Tile = BwdTile<T, R, VEC, VPT>;
-  Tile cur, prev;
+  Tile cur;
   bwd_load<true>(p, cid, cid < p.rows, lane, tpr, cur);
   cluster.sync();  // every block's mbarriers are set up before any push
-  // The row of iteration `it`: wait for its n sums, add them in rank order, write dx.
-  auto finish = [&](const Tile& t, int64_t row, int it) {
-    const int k = it % kSlots;
-    mbar_wait(&bar[k], (it / kSlots) & 1);  // bar[k]'s (it / 4)-th phase
-    float sr[2] = {0.f, 0.f};
-    for (int b = 0; b < csize; ++b) {
-      const float2 v = slots[k][b];
-      sr[0] += v.x;
-      sr[1] += v.y;
-    }
-    bwd_dx(p, t, row, true, lane, tpr, weight, sr);
-  };
-  // Every block of a cluster visits the same rows: the exchanges stay matched.
-  int it = 0;
-  for (int64_t row = cid;; row += clusters, ++it) {
-    const bool have = row < p.rows;  // uniform across the cluster
-    Tile next;
-    if (have) {
-      bwd_load<true>(p, row + clusters, row + clusters < p.rows, lane, tpr, next);
-      float s[2];
-      bwd_sums(p, cur, true, lane, tpr, weight, dw, db, s);
-      group_sum<2>(s, blockDim.x, scratch[it & 1], false);
-      const int k = it % kSlots;
-      if (static_cast<int>(threadIdx.x) < csize) {
-        push_to_peer(&slots[k][rank], &bar[k], threadIdx.x, make_float2(s[0], s[1]));
-      }
-      if (threadIdx.x == 0) mbar_expect(&bar[k], csize * static_cast<uint32_t>(sizeof(float2)));
-    }
-    if constexpr (LAG == 0) {
-      if (have) finish(cur, row, it);
-    } else {
-      if (it > 0) finish(prev, row - clusters, it - 1);
-    }
-    if (!have) break;
-    if constexpr (LAG > 0) prev = cur;
-    cur = next;
-  }
+  cluster_row_walk<LAG>(
+      p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar, scratch, cur,
+      [&](Tile& t, int64_t row) { bwd_load<true>(p, row, row < p.rows, lane, tpr, t); },
+      [&](const Tile& t, int /*it*/, float (&s)[2]) {
+        bwd_sums(p, t, true, lane, tpr, weight, dw, db, s);
+      },
+      [&](const Tile& t, int64_t row, int it) {
+        const float2 r = cluster_row_sums(slots, bar, it, csize);
+        const float sr[2] = {r.x, r.y};
+        bwd_dx(p, t, row, true, lane, tpr, weight, sr);
+      });
   cluster.sync();  // no block leaves while a peer may still push into its shared memory
   store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
 #endif
@@ -936,7 +968,6 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
   namespace cg = cooperative_groups;
   constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt, TPR = CS * TPB, COLS = TPR * VPT * VEC;
   constexpr int kSlots = 4;
-  static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag (norm_bwd_cluster)");
   constexpr float kInv = 1.f / COLS;
   using V = Raw<T, VEC>;
   __shared__ float scratch[2][2][32];
@@ -994,17 +1025,10 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
       }
     }
   };
-  // The row of iteration `it`: wait for its CS sums, add them in rank order, write dx.
+  // The row of iteration `it`: its CS sums, then dx.
   auto finish = [&](const Tile& t, int64_t row, int it) {
-    const int slot = it % kSlots;
-    mbar_wait(&bar[slot], (it / kSlots) & 1);
-    float a = 0.f, c = 0.f;
-#pragma unroll
-    for (int b = 0; b < CS; ++b) {
-      a += slots[slot][b].x;
-      c += slots[slot][b].y;
-    }
-    const float c1 = LAYER ? a * kInv : 0.f, c2 = c * kInv;
+    const float2 r = cluster_row_sums(slots, bar, it, CS);
+    const float c1 = LAYER ? r.x * kInv : 0.f, c2 = r.y * kInv;
     const uint32_t z = zero & ~it;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -1020,32 +1044,11 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
     }
   };
   if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
-  Tile cur, prev, next;
+  Tile cur;
   load(cur, cid);
   cluster.sync();  // every block's mbarriers are set up before any push
-  int it = 0;
-  for (int64_t row = cid;; row += clusters, ++it) {
-    const bool have = row < p.rows;  // uniform across the cluster
-    if (have) {
-      load(next, row + clusters);
-      float s[2];
-      sums(cur, it, s);
-      group_sum<2>(s, TPB, scratch[it & 1], false);
-      const int slot = it % kSlots;
-      if (static_cast<int>(threadIdx.x) < CS) {
-        push_to_peer(&slots[slot][rank], &bar[slot], threadIdx.x, make_float2(s[0], s[1]));
-      }
-      if (threadIdx.x == 0) mbar_expect(&bar[slot], CS * static_cast<uint32_t>(sizeof(float2)));
-    }
-    if constexpr (LAG == 0) {
-      if (have) finish(cur, row, it);
-    } else {
-      if (it > 0) finish(prev, row - clusters, it - 1);
-    }
-    if (!have) break;
-    if constexpr (LAG > 0) prev = cur;
-    cur = next;
-  }
+  cluster_row_walk<LAG>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, scratch, cur, load, sums,
+                        finish);
   cluster.sync();  // no block leaves while a peer may still push into its shared memory
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
 #endif
