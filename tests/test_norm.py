@@ -632,12 +632,12 @@ def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
     check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add FUSED_NORM_FIXED={fixed}")
 
 
-# The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): plain norms of 16-bit
-# rows of 12288 / 16384 / 32768 columns, parameters in x's dtype. Rows enough for 6-9 per
+# The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 12288 /
+# 16384 / 32768 columns, parameters (and the add forms' sum) in x's dtype. Rows enough for 6-9 per
 # cluster (the exchange slots cycle every 4 rows), of different spreads and offsets, a row
 # at mean 1e4, every weight / bias combination (no weight: w = 1 in the kernel; no bias:
 # no dbias partials). FUSED_NORM_FIXED=0 (norm_bwd_cluster) runs the same rows in
-# test_cuda_cluster_backward_many_rows through its float32-parameter and add-form cases.
+# test_cuda_cluster_backward_many_rows through its float32-parameter and float32-residual cases.
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
@@ -654,6 +654,11 @@ def test_cuda_fixed_backward(cols, kind, dtype):
     for weight, bias in configs:
         w, b = _fixed_params(kind, cols, dtype, weight, bias)
         check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={weight} bias={bias}")
+    # The add form: d_sum added to dx (a residual stream in x's dtype; float32 takes
+    # norm_bwd_cluster).
+    r = torch.randn(rows, cols, device="cuda").to(dtype)
+    w, b = _fixed_params(kind, cols, dtype, True, True)
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add")
 
 
 def _cuda_kernel_names(fn):
@@ -688,9 +693,9 @@ def test_cuda_fixed_lengths_dispatch(kind, monkeypatch):
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
 def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
-    # 16384 columns reach norm_bwd_fixed only for a plain norm with parameters in x's dtype
-    # and FUSED_NORM_FIXED unset; float32 parameters, the add forms' d_sum and
-    # FUSED_NORM_FIXED=0 take norm_bwd_cluster. On sm_90 (clusters) only.
+    # 16384 columns reach norm_bwd_fixed only with parameters in x's dtype and
+    # FUSED_NORM_FIXED unset (with or without the add forms' d_sum); float32 parameters
+    # and FUSED_NORM_FIXED=0 take norm_bwd_cluster. On sm_90 (clusters) only.
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("clusters need sm_90")
     cols = 16384
@@ -698,7 +703,7 @@ def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
     dy = torch.randn_like(x)
     for w_dtype, fixed, dsum, want in [(torch.bfloat16, "1", False, True),
                                        (torch.float32, "1", False, False),
-                                       (torch.bfloat16, "1", True, False),
+                                       (torch.bfloat16, "1", True, True),
                                        (torch.bfloat16, "0", False, False)]:
         monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
         w = torch.randn(cols, device="cuda", dtype=w_dtype)

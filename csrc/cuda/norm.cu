@@ -38,8 +38,9 @@
 //     row's loads in flight; the blocks' row sums exchanged through distributed shared
 //     memory with no cluster barrier, dx written a row later on 16-bit rows (a block need
 //     not wait for its slowest peer at every row). norm_bwd_fixed: the same with the
-//     launch shape a compile-time constant, for plain 16-bit norms of 12288, 16384 or 32768
-//     columns with parameters in x's dtype (FUSED_NORM_FIXED=0 turns it off). Elsewhere
+//     launch shape a compile-time constant, for 16-bit rows of 12288, 16384 or 32768
+//     columns with parameters (and the add forms' sum) in x's dtype (FUSED_NORM_FIXED=0
+//     turns it off). Elsewhere
 //     (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
@@ -942,9 +943,9 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 }
 
 // ---- backward, compile-time row lengths ---------------------------------------------------
-// norm_bwd_fixed: norm_bwd_cluster for the long hidden sizes of plain 16-bit norms
-// (parameters in x's dtype, no d_sum): 12288, 16384 and 32768 columns, the whole launch
-// shape a constant. CS blocks of TPB threads per row, 2 vectors (16 elements) per thread,
+// norm_bwd_fixed: norm_bwd_cluster for the long hidden sizes of 16-bit norms (parameters,
+// and the add forms' sum and its gradient d_sum, in x's dtype): 12288, 16384 and 32768
+// columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors (16 elements) per thread,
 // no bounds checks, the thread's columns of w held in registers for every row, x / dy / w
 // unpacked afresh in each half (fresh(): the floats are not kept live across the row
 // exchange, which would cost 32 registers). The standalone sweep
@@ -962,7 +963,7 @@ __device__ __forceinline__ Raw<T, N> fresh(Raw<T, N> r, uint32_t z) {
   return r;
 }
 
-template <typename T, int TPB, int CS, int LAYER, int LAG>
+template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
 __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -1026,7 +1027,15 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
     }
   };
   // The row of iteration `it`: its CS sums, then dx.
+  // The add forms' d_sum (DSUM) is added to dx; its loads are issued before the wait, so
+  // they travel while the row's sums arrive (no prefetch: a third tile of registers).
   auto finish = [&](const Tile& t, int64_t row, int it) {
+    const int64_t off = row * COLS + lane * VEC;
+    V sv[DSUM ? VPT : 1];
+    if constexpr (DSUM) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) sv[k] = load_raw<T, VEC>(p.dsum + off + k * TPR * VEC);
+    }
     const float2 r = cluster_row_sums(slots, bar, it, CS);
     const float c1 = LAYER ? r.x * kInv : 0.f, c2 = r.y * kInv;
     const uint32_t z = zero & ~it;
@@ -1040,7 +1049,12 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
         const float xhat = (xf.v[j] - t.mean) * t.rstd;
         o.v[j] = t.rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
       }
-      store_raw<T, VEC>(p.dx + row * COLS + (lane + k * TPR) * VEC, from_float<T, VEC>(o));
+      if constexpr (DSUM) {
+        const FVec<VEC> sf = to_float(sv[k]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
+      }
+      store_raw<T, VEC>(p.dx + off + k * TPR * VEC, from_float<T, VEC>(o));
     }
   };
   if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
@@ -1385,27 +1399,33 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
                                  csize, threads, p, nb);
 }
 
-// norm_bwd_fixed for p if its row length is one of the fixed ones (plain norms of 16-bit
-// rows, parameters in x's dtype); false otherwise. The shapes are the sweep's best per row
-// length and norm (KERNEL_LOG norm v8): TPB threads x CS blocks, LAG.
+// norm_bwd_fixed at one shape (TPB threads x CS blocks, LAG) for p's norm and d_sum.
+template <typename T, int TPB, int CS, int LAG>
+bool backward_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb) {
+  TORCH_INTERNAL_ASSERT(TPB * CS * kFixedBwdVpt * kVecElems<T> == p.cols);
+  const bool layer = p.mean != nullptr, dsum = p.dsum != nullptr;
+  auto kernel = layer ? (dsum ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1>
+                              : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0>)
+                      : (dsum ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1>
+                              : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0>);
+  return launch_cluster_backward(kernel, CS, TPB, p, nb);
+}
+
+// norm_bwd_fixed for p if its row length is one of the fixed ones (16-bit rows, parameters
+// and the add forms' sum in x's dtype); false otherwise. The shapes are the sweep's best
+// per row length (KERNEL_LOG norm v8): TPB threads x CS blocks, LAG. At 12288 the sweep's
+// best for layer norm (2 x 384, lag 0) measured no better than norm_bwd_cluster in the
+// library (GPU call 3): both norms take rms norm's 4 x 192.
 template <typename T>
 bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
-  if (p.dsum != nullptr || !fixed_enabled()) return false;
-  auto run = [&](auto kernel, int tpb, int cs) {
-    TORCH_INTERNAL_ASSERT(tpb * cs * kFixedBwdVpt * kVecElems<T> == p.cols);
-    return launch_cluster_backward(kernel, cs, tpb, p, nb);
-  };
-  const bool layer = p.mean != nullptr;
+  if (!fixed_enabled()) return false;
   switch (p.cols) {
-    case 12288:  // layer norm: the sweep's 2 x 384, lag 0 measured 52% fwd+bwd (GPU call 3)
-      return layer ? run(norm_bwd_fixed<T, 192, 4, 1, 1>, 192, 4)
-                   : run(norm_bwd_fixed<T, 192, 4, 0, 1>, 192, 4);
+    case 12288:
+      return backward_fixed_at<T, 192, 4, 1>(p, nb);
     case 16384:
-      return layer ? run(norm_bwd_fixed<T, 256, 4, 1, 1>, 256, 4)
-                   : run(norm_bwd_fixed<T, 256, 4, 0, 1>, 256, 4);
+      return backward_fixed_at<T, 256, 4, 1>(p, nb);
     case 32768:
-      return layer ? run(norm_bwd_fixed<T, 256, 8, 1, 1>, 256, 8)
-                   : run(norm_bwd_fixed<T, 256, 8, 0, 1>, 256, 8);
+      return backward_fixed_at<T, 256, 8, 1>(p, nb);
   }
   return false;
 }
