@@ -6,7 +6,9 @@
 Every record of NEW (optionally only those of --only-ops) replaces the record with the same
 (op, variant, pass, shape, dtype, impl) in the committed file, or is appended. Records keep
 their own ceilings (each record carries the copy / mm ceiling of the run that measured it,
-and its % is against that), so rows of different runs stay comparable as % of copy. The
+and its % is against that), so rows of different runs stay comparable as % of copy. A fused
+record of NEW without x native / x compile (NEW ran fused only) gets them from the committed
+native / compile records of its row: times of two runs, which the note must say. The
 header gains NEW's argv (as argv_<n>) and the note; then regenerate the table with
 `python benchmarks/run.py --report <json> --out DIR --no-plots`.
 """
@@ -41,6 +43,15 @@ def main():
             index[k] = len(base["records"])
             base["records"].append(r)
             appended += 1
+    # Ratios for fused-only records, from the rows' committed native / compile times.
+    by_key = {key(r): r for r in base["records"]}
+    for r in new["records"]:
+        if r["impl"] != "fused" or (only and r["op"] not in only) or not r.get("median_us"):
+            continue
+        for impl, field in (("native", "x_vs_native"), ("compile", "x_vs_compile")):
+            other = by_key.get(key(r)[:5] + (impl,))
+            if r.get(field) is None and other is not None and other.get("median_us"):
+                r[field] = other["median_us"] / r["median_us"]
     h = base["header"]
     n = 1 + sum(1 for k in h if k.startswith("argv_merge"))
     h[f"argv_merge{n}"] = new["header"].get("argv")
