@@ -40,8 +40,7 @@
 //     not wait for its slowest peer at every row). norm_bwd_fixed: the same with the
 //     launch shape a compile-time constant, for 16-bit rows of 12288, 16384 or 32768
 //     columns with parameters (and the add forms' sum) in x's dtype (FUSED_NORM_FIXED=0
-//     turns it off). Elsewhere
-//     (older GPUs, longer rows)
+//     turns it off). Elsewhere (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
@@ -825,24 +824,31 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   }
 }
 
-// The row walk of the cluster backwards (norm_bwd_cluster, norm_bwd_fixed), sm_90 code only.
-// Clusters take rows cid, cid + clusters, ...; every block of a cluster visits the same rows,
-// so the exchanges stay matched. Per row: the next row's tile loaded (load(tile, row), a no-op
-// or unused past the last row), this row's two sums formed (sums(tile, it, s)), reduced over
-// the block's `block` threads and pushed into slot [it % kSlots][rank] of every block of the
-// cluster; then, LAG rows later, finish(tile, row, it), which takes the row's sums from
-// cluster_row_sums and writes dx.
-template <int LAG, int kSlots, int NSLOT, typename Tile, typename Load, typename Sums,
+// The row walk of the cluster backwards (norm_bwd_cluster, norm_bwd_fixed), sm_90 code only,
+// the whole exchange protocol: the mbarriers set up, the first row's tile loaded, a cluster
+// barrier (every block's mbarriers exist before any push); then clusters take rows cid,
+// cid + clusters, ... (every block of a cluster visits the same rows, so the exchanges stay
+// matched). Per row: the next row's tile loaded (load(tile, row), a no-op or unused past the
+// last row), this row's two sums formed (sums(tile, it, s)), reduced over the block's `block`
+// threads and pushed into slot [it % kSlots][rank] of every block of the cluster; then, LAG
+// rows later, finish(tile, row, it), which takes the row's sums from cluster_row_sums and
+// writes dx. A last cluster barrier: no block leaves while a peer may still push into its
+// shared memory.
+template <int LAG, typename Tile, int kSlots, int NSLOT, typename Load, typename Sums,
           typename Finish>
 __device__ __forceinline__ void cluster_row_walk(int64_t rows, int64_t cid, int64_t clusters,
                                                  int csize, int rank, int block,
                                                  float2 (&slots)[kSlots][NSLOT],
                                                  uint64_t (&bar)[kSlots],
-                                                 float (&scratch)[2][2][32], Tile& cur,
-                                                 Load&& load, Sums&& sums, Finish&& finish) {
+                                                 float (&scratch)[2][2][32], Load&& load,
+                                                 Sums&& sums, Finish&& finish) {
   // norm_bwd_cluster's comment has the argument for kSlots >= 2 + 2 * LAG.
   static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag");
-  Tile prev;
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
+  Tile cur, prev;
+  load(cur, cid);
+  cluster.sync();
   int it = 0;
   for (int64_t row = cid;; row += clusters, ++it) {
     const bool have = row < rows;  // uniform across the cluster
@@ -867,6 +873,7 @@ __device__ __forceinline__ void cluster_row_walk(int64_t rows, int64_t cid, int6
     if constexpr (LAG > 0) prev = cur;
     cur = next;
   }
+  cluster.sync();
 }
 
 // The two sums of iteration `it`'s row: one wait on its slot's mbarrier (phase it / kSlots),
@@ -921,13 +928,9 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
   }
-  if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
   using Tile = BwdTile<T, R, VEC, VPT>;
-  Tile cur;
-  bwd_load<true>(p, cid, cid < p.rows, lane, tpr, cur);
-  cluster.sync();  // every block's mbarriers are set up before any push
-  cluster_row_walk<LAG>(
-      p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar, scratch, cur,
+  cluster_row_walk<LAG, Tile>(
+      p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar, scratch,
       [&](Tile& t, int64_t row) { bwd_load<true>(p, row, row < p.rows, lane, tpr, t); },
       [&](const Tile& t, int /*it*/, float (&s)[2]) {
         bwd_sums(p, t, true, lane, tpr, weight, dw, db, s);
@@ -937,7 +940,6 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
         const float sr[2] = {r.x, r.y};
         bwd_dx(p, t, row, true, lane, tpr, weight, sr);
       });
-  cluster.sync();  // no block leaves while a peer may still push into its shared memory
   store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
 #endif
 }
@@ -945,9 +947,9 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 // ---- backward, compile-time row lengths ---------------------------------------------------
 // norm_bwd_fixed: norm_bwd_cluster for the long hidden sizes of 16-bit norms (parameters,
 // and the add forms' sum and its gradient d_sum, in x's dtype): 12288, 16384 and 32768
-// columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors (16 elements) per thread,
-// no bounds checks, the thread's columns of w held in registers for every row, x / dy / w
-// unpacked afresh in each half (fresh(): the floats are not kept live across the row
+// columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
+// (16 elements) per thread, no bounds checks, the thread's columns of w held in registers
+// for every row, x / dy / w unpacked afresh in each half (fresh(): the floats are not kept live across the row
 // exchange, which would cost 32 registers). The standalone sweep
 // (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
 // (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
@@ -1057,13 +1059,8 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
       store_raw<T, VEC>(p.dx + off + k * TPR * VEC, from_float<T, VEC>(o));
     }
   };
-  if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
-  Tile cur;
-  load(cur, cid);
-  cluster.sync();  // every block's mbarriers are set up before any push
-  cluster_row_walk<LAG>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, scratch, cur, load, sums,
-                        finish);
-  cluster.sync();  // no block leaves while a peer may still push into its shared memory
+  cluster_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, scratch, load,
+                              sums, finish);
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
 #endif
 }
