@@ -28,6 +28,9 @@
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <cstdlib>
+#include <cstring>
+
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
 
@@ -39,16 +42,28 @@ namespace fused {
 namespace matmul {
 namespace {
 
-template <int BN_>
+// Two schedules share the kernel:
+//   cooperative: both consumer warpgroups work on the same 128 x BN tile, 64 rows each, and
+//                store it together, so the tensor cores idle during every epilogue;
+//   ping-pong:   each consumer warpgroup owns a whole 128 x 128 tile (two m64 halves) and
+//                the block's tiles alternate between them, so one warpgroup's epilogue runs
+//                while the other's wgmma keep the tensor cores busy. The producer loads the
+//                tiles in the same order, which is what makes the mainloops take turns.
+template <int BN_, bool PINGPONG_ = false>
 struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
-  static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
+  static constexpr bool PINGPONG = PINGPONG_;
+  static_assert(!PINGPONG || BN == 128, "a ping-pong warpgroup holds a 128 x 128 tile");
+  static constexpr int CONSUMERS = 2;                  // warpgroups
+  static constexpr int MH = PINGPONG ? 2 : 1;          // m64 halves a warpgroup computes
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int STAGES = BN == 256 ? 4 : 6;     // ~192 KB of the 227 KB either way
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
-  static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
-  static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
+  static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread and half
+  static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile per half");
+  // Threads that release each stage: the one warpgroup that reads it, or both.
+  static constexpr int STAGE_READERS = PINGPONG ? 128 : CONSUMERS * 128;
   // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
   // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
   // bank conflicts).
@@ -310,7 +325,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);                         // the producer's expect_tx arrival
-      mbar_init(&empty[s], Cfg::CONSUMERS * 128);     // every consumer thread
+      mbar_init(&empty[s], Cfg::STAGE_READERS);      // every thread that reads it
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -359,17 +374,26 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
+    const int c = wg - 1;                    // consumer index
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
-    float acc[Cfg::ACC];
-    int it = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    // Cooperative: every tile of the block, rows [64c, 64c + 64). Ping-pong: every other
+    // tile, starting with the c-th, all rows; `it` (the stage sequence number, shared with
+    // the producer) skips the other warpgroup's tiles.
+    constexpr int STEP = Cfg::PINGPONG ? 2 : 1;
+    const int first = blockIdx.x + (Cfg::PINGPONG ? c * gridDim.x : 0);
+    const int row_base = Cfg::PINGPONG ? 0 : c * 64;
+    int it = Cfg::PINGPONG ? c * k_tiles : 0;
+    float acc[Cfg::MH][Cfg::ACC];
+    for (int tile = first; tile < total; tile += STEP * gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
 #pragma unroll
-      for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
+      for (int h = 0; h < Cfg::MH; ++h) {
+#pragma unroll
+        for (int i = 0; i < Cfg::ACC; ++i) acc[h][i] = 0.f;
+      }
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
       // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
       float2 my_bias = {0.f, 0.f};
@@ -378,26 +402,34 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
-        // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
-        // same 4096-element offset either way).
-        const T* a_s = sA + s * Cfg::A_ELEMS + c * 64 * BK;
+        // Half h's 64 rows: 64 K-major rows, or the h-th 64-wide MN-major block (the same
+        // 4096-element offset either way).
+        const T* a_s = sA + s * Cfg::A_ELEMS + row_base * BK;
         const T* b_s = sB + s * Cfg::B_ELEMS;
-        fence_acc(acc);
+#pragma unroll
+        for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
+#pragma unroll
+          for (int h = 0; h < Cfg::MH; ++h) {
+            wgmma_tile<T, BN, AK, BK_MAJ>(acc[h], operand_desc<AK>(a_s + h * 64 * BK, kk),
+                                         operand_desc<BK_MAJ>(b_s, kk));
+          }
         }
         wgmma_commit();
-        fence_acc(acc);
+#pragma unroll
+        for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
         // Keep this stage's group in flight; the previous one is done: release its stage.
         wgmma_wait<1>();
         if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
       wgmma_wait<0>();
-      fence_acc(acc);
+#pragma unroll
+      for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
       if (prev >= 0) mbar_arrive(&empty[prev]);
+      if constexpr (Cfg::PINGPONG) it += k_tiles;  // the other warpgroup's tile
       // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
       // epilogue reads ahead of it, the one after makes the whole row visible.
       float* wg_bias = bias_s + c * BN;
@@ -408,7 +440,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
       // whole-line stores (the pre-activation first when the backward pass wants it).
       T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
-      const int row0 = tm * BM + c * 64 + warp * 16;
       T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
       const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(out_c) % 16 == 0 &&
@@ -416,26 +447,31 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
 #pragma unroll
-        for (int jc = 0; jc < BN / 64; ++jc) {
-          const int col0 = tn * BN + 64 * jc;
-          float bias[16];
+        for (int h = 0; h < Cfg::MH; ++h) {
+          const int row0 = tm * BM + row_base + h * 64 + warp * 16;
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const float2 bv =
-                *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
-            bias[2 * jj] = bv.x;
-            bias[2 * jj + 1] = bv.y;
-          }
-          if (out_z != nullptr) {
-            __syncwarp();  // the previous piece's reads are done
-            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+          for (int jc = 0; jc < BN / 64; ++jc) {
+            const int col0 = tn * BN + 64 * jc;
+            float bias[16];
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+              const float2 bv =
+                  *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
+              bias[2 * jj] = bv.x;
+              bias[2 * jj + 1] = bv.y;
+            }
+            if (out_z != nullptr) {
+              __syncwarp();  // the previous piece's reads are done
+              write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc[h], jc, bias, lane);
+              __syncwarp();
+              scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok,
+                                                   lane);
+            }
             __syncwarp();
-            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
+            write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc[h], jc, bias, lane);
+            __syncwarp();
+            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
           }
-          __syncwarp();
-          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
-          __syncwarp();
-          scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
         }
       });
     }
@@ -518,20 +554,45 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   return Sm90Result::kLaunched;
 }
 
+// FUSED_OPS_MATMUL_SCHEDULE: "cooperative" or "pingpong" forces that schedule (ping-pong
+// then runs at any size and layout, so the tests can check it on every edge case); "auto"
+// (the default) picks by shape.
+enum class Schedule { kAuto, kCooperative, kPingpong };
+
+Schedule schedule_choice() {
+  const char* v = std::getenv("FUSED_OPS_MATMUL_SCHEDULE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return Schedule::kAuto;
+  if (std::strcmp(v, "cooperative") == 0) return Schedule::kCooperative;
+  if (std::strcmp(v, "pingpong") == 0) return Schedule::kPingpong;
+  TORCH_CHECK(false, "FUSED_OPS_MATMUL_SCHEDULE must be 'auto', 'cooperative' or 'pingpong', "
+              "but is '", v, "'");
+}
+
 template <typename T>
 Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  // Tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128 (both
-  // operands K-major only: the other layouts come from the backward pass of large layers).
+  // Cooperative tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128
+  // (both operands K-major only: the other layouts come from the backward pass of large
+  // layers).
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   const bool wide = wide_tiles >= sms;
+  const Schedule sched = schedule_choice();
+  const bool pingpong = sched == Schedule::kPingpong || (sched == Schedule::kAuto && wide);
+  using PP = HopperConfig<128, true>;
   if (p.a_kmajor && p.b_kmajor) {
+    if (pingpong) return launch<T, PP, true, true>(p, dtype, stream);
     return wide ? launch<T, HopperConfig<256>, true, true>(p, dtype, stream)
                 : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
   }
-  if (!wide) return Sm90Result::kNotApplicable;
-  if (p.a_kmajor) return launch<T, HopperConfig<256>, true, false>(p, dtype, stream);   // dX = dZ W
-  if (!p.b_kmajor) return launch<T, HopperConfig<256>, false, false>(p, dtype, stream); // dW = dZ^T X
+  if (!wide && !pingpong) return Sm90Result::kNotApplicable;
+  if (p.a_kmajor) {  // dX = dZ W
+    return pingpong ? launch<T, PP, true, false>(p, dtype, stream)
+                    : launch<T, HopperConfig<256>, true, false>(p, dtype, stream);
+  }
+  if (!p.b_kmajor) {  // dW = dZ^T X
+    return pingpong ? launch<T, PP, false, false>(p, dtype, stream)
+                    : launch<T, HopperConfig<256>, false, false>(p, dtype, stream);
+  }
   return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
 }
 

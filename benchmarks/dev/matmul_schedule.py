@@ -1,0 +1,69 @@
+"""The Hopper kernel's two schedules side by side (FUSED_OPS_MATMUL_SCHEDULE=cooperative /
+pingpong, toggled in one process), bf16, next to cuBLAS: the plain GEMM, the bias +
+gelu_tanh epilogue (inference op, and the training op that also stores the
+pre-activation), and the backward layouts dX = dZ W (B N-major) and dW = dZ^T X (both
+MN-major). do_bench medians (us), rounds interleaved, the best round printed.
+
+    python benchmarks/dev/matmul_schedule.py [--rounds R] [MxNxK ...]
+"""
+import argparse
+import os
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+import fused_ops  # noqa: F401  (registers torch.ops.fused)
+
+ops = torch.ops.fused
+ap = argparse.ArgumentParser()
+ap.add_argument("shapes", nargs="*", default=["4096x4096x4096", "16384x4096x4096",
+                                               "4096x16384x4096", "8192x8192x8192",
+                                               "16384x4096x16384"])
+ap.add_argument("--rounds", type=int, default=2)
+args = ap.parse_args()
+torch.manual_seed(0)
+print(torch.cuda.get_device_name())
+SCHEDULES = ["cooperative", "pingpong"]
+
+
+def fused(schedule, f):
+    def run():
+        os.environ["FUSED_OPS_MATMUL_SCHEDULE"] = schedule
+        return f()
+    return run
+
+
+for s in args.shapes:
+    m, n, k = (int(v) for v in s.split("x"))
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, **bf)
+    w = torch.randn(n, k, **bf) / k**0.5
+    b = torch.randn(n, **bf)
+    dz = torch.randn(m, n, **bf)
+    parts = {
+        "mm": (lambda: ops.matmul(x, w.t()), lambda: torch.mm(x, w.t())),
+        "bias+gelu_tanh": (lambda: ops.linear(x, w, b, "gelu_tanh"),
+                           lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)),
+        "train fwd (z, y)": (lambda: ops.linear_fwd(x, w, b, "gelu_tanh"),
+                             lambda: F.gelu(F.linear(x, w, b), approximate="tanh")),
+        "dX = dZ W": (lambda: ops.matmul(dz, w), lambda: torch.mm(dz, w)),
+        "dW = dZ^T X": (lambda: ops.matmul(dz.t(), x), lambda: torch.mm(dz.t(), x)),
+    }
+    cases = {}
+    for name, (f, ref) in parts.items():
+        for sch in SCHEDULES:
+            cases[(name, sch)] = fused(sch, f)
+        cases[(name, "cublas")] = ref
+    res = {key: [] for key in cases}
+    for _ in range(args.rounds):
+        for key, f in cases.items():
+            res[key].append(do_bench(f, warmup=30, rep=200, return_mode="median") * 1e3)
+    os.environ.pop("FUSED_OPS_MATMUL_SCHEDULE", None)
+    for name in parts:
+        t = {sch: min(res[(name, sch)]) for sch in SCHEDULES + ["cublas"]}
+        tf = {sch: 2 * m * n * k / (v * 1e-6) / 1e12 for sch, v in t.items()}
+        print(f"{s:>16} {name:<17} coop {t['cooperative']:8.1f}  pingpong {t['pingpong']:8.1f}  "
+              f"cublas {t['cublas']:8.1f} us | TFLOP/s {tf['cooperative']:4.0f} / "
+              f"{tf['pingpong']:4.0f} / {tf['cublas']:4.0f} | pp/coop "
+              f"{t['cooperative'] / t['pingpong']:.3f}x")
