@@ -47,8 +47,8 @@ namespace {
 //                store it together, so the tensor cores idle during every epilogue;
 //   ping-pong:   each consumer warpgroup owns a whole 128 x 128 tile (two m64 halves) and
 //                the block's tiles alternate between them, so one warpgroup's epilogue runs
-//                while the other's wgmma keep the tensor cores busy. The producer loads the
-//                tiles in the same order, which is what makes the mainloops take turns.
+//                while the other's wgmma keep the tensor cores busy. The mainloops take turns
+//                (turn_signal / turn_wait) in the order the producer loads the tiles.
 template <int BN_, bool PINGPONG_ = false>
 struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
@@ -99,6 +99,26 @@ __device__ __forceinline__ void consumer_barrier(int c) {
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
   } else {
     asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
+}
+// Ping-pong turns (named barriers 3 and 4, 256 threads): warpgroup c signals, once its
+// mainloop has waited on every stage of a tile, that the other may start the next tile of
+// the sequence; the other waits for that signal first. Besides alternating the mainloops,
+// this keeps each full barrier at most one phase from the phase a consumer waits on (a
+// consumer skips the other's tiles, so without it the parity wait could match a phase two
+// or more uses back).
+__device__ __forceinline__ void turn_signal(int c) {
+  if (c == 0) {
+    asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+  }
+}
+__device__ __forceinline__ void turn_wait(int c) {
+  if (c == 0) {
+    asm volatile("bar.sync 4, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
   }
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
@@ -398,6 +418,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
       float2 my_bias = {0.f, 0.f};
       if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
+      // The sequence's previous tile is the other warpgroup's: wait for its turn signal.
+      if (Cfg::PINGPONG && tile != static_cast<int>(blockIdx.x)) turn_wait(c);
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -425,6 +447,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
+      // Every wait of this tile is done: the other warpgroup may start the next one (a
+      // signal only when there is one, so that none is left unmatched).
+      if (Cfg::PINGPONG && tile + static_cast<int>(gridDim.x) < total) turn_signal(c);
       wgmma_wait<0>();
 #pragma unroll
       for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
