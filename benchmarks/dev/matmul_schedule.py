@@ -1,5 +1,6 @@
-"""The Hopper kernel's two schedules side by side (FUSED_OPS_MATMUL_SCHEDULE=cooperative /
-pingpong, toggled in one process), bf16, next to cuBLAS: the plain GEMM, the bias +
+"""The Hopper kernel's two schedules, with and without the 2-block cluster multicast of B,
+side by side (FUSED_OPS_MATMUL_SCHEDULE=cooperative|pingpong x FUSED_OPS_MATMUL_CLUSTER=1|2,
+toggled in one process), bf16, next to cuBLAS: the plain GEMM, the bias +
 gelu_tanh epilogue (inference op, and the training op that also stores the
 pre-activation), and the backward layouts dX = dZ W (B N-major) and dW = dZ^T X (both
 MN-major). do_bench medians (us), rounds interleaved, the best round printed.
@@ -24,12 +25,16 @@ ap.add_argument("--rounds", type=int, default=2)
 args = ap.parse_args()
 torch.manual_seed(0)
 print(torch.cuda.get_device_name())
-SCHEDULES = ["cooperative", "pingpong"]
+SCHEDULES = {"coop/1": ("cooperative", "1"), "coop/2": ("cooperative", "2"),
+             "pp/1": ("pingpong", "1"), "pp/2": ("pingpong", "2")}
 
 
-def fused(schedule, f):
+def fused(variant, f):
+    schedule, cluster = SCHEDULES[variant]
+
     def run():
         os.environ["FUSED_OPS_MATMUL_SCHEDULE"] = schedule
+        os.environ["FUSED_OPS_MATMUL_CLUSTER"] = cluster
         return f()
     return run
 
@@ -52,18 +57,21 @@ for s in args.shapes:
     }
     cases = {}
     for name, (f, ref) in parts.items():
-        for sch in SCHEDULES:
-            cases[(name, sch)] = fused(sch, f)
+        for variant in SCHEDULES:
+            cases[(name, variant)] = fused(variant, f)
         cases[(name, "cublas")] = ref
     res = {key: [] for key in cases}
     for _ in range(args.rounds):
         for key, f in cases.items():
             res[key].append(do_bench(f, warmup=30, rep=200, return_mode="median") * 1e3)
     os.environ.pop("FUSED_OPS_MATMUL_SCHEDULE", None)
+    os.environ.pop("FUSED_OPS_MATMUL_CLUSTER", None)
+    names = list(SCHEDULES) + ["cublas"]
+    if s == args.shapes[0]:
+        print(f"{'shape':>16} {'part':<17} " + " ".join(f"{v:>8}" for v in names)
+              + "   (us)  | TFLOP/s in the same order")
     for name in parts:
-        t = {sch: min(res[(name, sch)]) for sch in SCHEDULES + ["cublas"]}
-        tf = {sch: 2 * m * n * k / (v * 1e-6) / 1e12 for sch, v in t.items()}
-        print(f"{s:>16} {name:<17} coop {t['cooperative']:8.1f}  pingpong {t['pingpong']:8.1f}  "
-              f"cublas {t['cublas']:8.1f} us | TFLOP/s {tf['cooperative']:4.0f} / "
-              f"{tf['pingpong']:4.0f} / {tf['cublas']:4.0f} | pp/coop "
-              f"{t['cooperative'] / t['pingpong']:.3f}x")
+        t = [min(res[(name, v)]) for v in names]
+        tf = [2 * m * n * k / (v * 1e-6) / 1e12 for v in t]
+        print(f"{s:>16} {name:<17} " + " ".join(f"{v:8.1f}" for v in t) + "  | "
+              + " ".join(f"{v:4.0f}" for v in tf))

@@ -49,10 +49,16 @@ namespace {
 //                the block's tiles alternate between them, so one warpgroup's epilogue runs
 //                while the other's wgmma keep the tensor cores busy. The mainloops take turns
 //                (turn_signal / turn_wait) in the order the producer loads the tiles.
-template <int BN_, bool PINGPONG_ = false>
+// CM = 2: blocks run in clusters of two along M (tiles (2i, n) and (2i + 1, n)), which share
+// the B tile: each block loads half of it and the TMA multicasts that half into both blocks'
+// shared memory, so each block reads A + B / 2 from L2 instead of A + B.
+template <int BN_, bool PINGPONG_ = false, int CM_ = 1>
 struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr bool PINGPONG = PINGPONG_;
+  static constexpr int CM = CM_;
+  static_assert(CM == 1 || CM == 2, "clusters of one or two blocks along M");
+  static constexpr int B_ROWS = BN / CM;               // B rows (K-major) each block loads
   static_assert(!PINGPONG || BN == 128, "a ping-pong warpgroup holds a 128 x 128 tile");
   static constexpr int CONSUMERS = 2;                  // warpgroups
   static constexpr int MH = PINGPONG ? 2 : 1;          // m64 halves a warpgroup computes
@@ -62,8 +68,9 @@ struct HopperConfig {
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
   static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread and half
   static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile per half");
-  // Threads that release each stage: the one warpgroup that reads it, or both.
-  static constexpr int STAGE_READERS = PINGPONG ? 128 : CONSUMERS * 128;
+  // Arrivals that release a stage: one per consumer warp that reads it (the one warpgroup,
+  // or both), from every block of the cluster (the producers write into all of them).
+  static constexpr int STAGE_RELEASES = (PINGPONG ? 4 : CONSUMERS * 4) * CM;
   // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
   // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
   // bank conflicts).
@@ -121,8 +128,34 @@ __device__ __forceinline__ void turn_wait(int c) {
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
   }
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+// Releases a stage: one arrival (per warp, after its wgmma reading the stage completed) on
+// the empty barrier of each of the CM blocks whose producers write into this block.
+template <int CM>
+__device__ __forceinline__ void release_stage(uint64_t* bar, int lane) {
+  __syncwarp();
+  if (lane != 0) return;
+  if constexpr (CM == 1) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+  } else {
+#pragma unroll
+    for (int r = 0; r < CM; ++r) {
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(r));
+      // Default (.release.cta) semantics, as CUTLASS's cluster barriers use: the stage's
+      // reads are wgmma reads, complete once wgmma.wait_group returned; .release.cluster
+      // would add a MEMBAR.ALL.GPU per arrival.
+      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+    }
+  }
+}
+// Every thread of the cluster (divergent threads allowed: no .aligned).
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
 }
 // Waits until the barrier's phase with the given parity has completed. On a fresh barrier
 // the phase "before" the first one counts as completed, so waiting with parity 1 returns at
@@ -144,14 +177,26 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
-// 3-D TMA tile load (coordinates innermost first: k, row, batch), completing on bar.
+// 3-D TMA tile load (coordinates innermost first: k, row, batch), completing on bar; with
+// CM = 2 multicast to the same shared-memory offsets (and barrier) in both blocks.
+template <int CM = 1>
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar,
                                             int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
+  if constexpr (CM == 1) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+  } else {
+    const uint16_t mask = (1u << CM) - 1;
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
+        "h"(mask)
+        : "memory");
+  }
 }
 
 // Shared-memory matrix descriptors (128-byte swizzle; tiles 1024-byte aligned). Both operand
@@ -345,14 +390,26 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);                         // the producer's expect_tx arrival
-      mbar_init(&empty[s], Cfg::STAGE_READERS);      // every thread that reads it
+      mbar_init(&empty[s], Cfg::STAGE_RELEASES);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  // The peer's producer writes into this block's stages and barriers: both initialised first.
+  if constexpr (Cfg::CM > 1) {
+    cluster_sync_all();
+  } else {
+    __syncthreads();
+  }
 
+  // The grid walks cluster tiles: CM tiles along M that share their B tile; block `rank` of
+  // the cluster takes tile row tmc * CM + rank (past M: TMA zero-fills, nothing is stored,
+  // but the block still loads its half of B for the peer).
+  constexpr int CM = Cfg::CM;
+  const int rank = CM > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const int cluster = blockIdx.x / CM, clusters = gridDim.x / CM;
   const int tiles_m = (p.M + BM - 1) / BM, tiles_n = (p.N + BN - 1) / BN;
-  const int tiles_per_batch = tiles_m * tiles_n;
+  const int tiles_mc = (tiles_m + CM - 1) / CM;
+  const int tiles_per_batch = tiles_mc * tiles_n;
   const int total = tiles_per_batch * p.batch;
   const int k_tiles = (p.K + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
@@ -360,12 +417,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   if (wg == 0) {
     // Producer warpgroup: gives registers away; one thread issues every TMA load.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x != 0) return;
     int it = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int tile = cluster; threadIdx.x == 0 && tile < total; tile += clusters) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
+      tile_coords(tile - b * tiles_per_batch, tiles_mc, tiles_n, tm, tn);
+      tm = tm * CM + rank;
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -381,13 +438,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
                         kt * BK, ba);
           }
         }
+        // B: this block's 1 / CM of it, multicast into every block of the cluster.
         if constexpr (BK_MAJ) {
-          tma_load_3d(sB + s * Cfg::B_ELEMS, &map_b, &full[s], kt * BK, tn * BN, bb);
+          tma_load_3d<CM>(sB + s * Cfg::B_ELEMS + rank * Cfg::B_ROWS * BK, &map_b, &full[s],
+                          kt * BK, tn * BN + rank * Cfg::B_ROWS, bb);
         } else {
 #pragma unroll
-          for (int i = 0; i < BN / 64; ++i) {
-            tma_load_3d(sB + s * Cfg::B_ELEMS + i * 64 * BK, &map_b, &full[s], tn * BN + i * 64,
-                        kt * BK, bb);
+          for (int j = 0; j < BN / 64 / CM; ++j) {
+            const int i = rank * (BN / 64 / CM) + j;
+            tma_load_3d<CM>(sB + s * Cfg::B_ELEMS + i * 64 * BK, &map_b, &full[s],
+                            tn * BN + i * 64, kt * BK, bb);
           }
         }
       }
@@ -401,14 +461,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     // tile, starting with the c-th, all rows; `it` (the stage sequence number, shared with
     // the producer) skips the other warpgroup's tiles.
     constexpr int STEP = Cfg::PINGPONG ? 2 : 1;
-    const int first = blockIdx.x + (Cfg::PINGPONG ? c * gridDim.x : 0);
+    const int first = cluster + (Cfg::PINGPONG ? c * clusters : 0);
     const int row_base = Cfg::PINGPONG ? 0 : c * 64;
     int it = Cfg::PINGPONG ? c * k_tiles : 0;
     float acc[Cfg::MH][Cfg::ACC];
-    for (int tile = first; tile < total; tile += STEP * gridDim.x) {
+    for (int tile = first; tile < total; tile += STEP * clusters) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
+      tile_coords(tile - b * tiles_per_batch, tiles_mc, tiles_n, tm, tn);
+      tm = tm * CM + rank;
 #pragma unroll
       for (int h = 0; h < Cfg::MH; ++h) {
 #pragma unroll
@@ -419,7 +480,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       float2 my_bias = {0.f, 0.f};
       if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
       // The sequence's previous tile is the other warpgroup's: wait for its turn signal.
-      if (Cfg::PINGPONG && tile != static_cast<int>(blockIdx.x)) turn_wait(c);
+      if (Cfg::PINGPONG && tile != cluster) turn_wait(c);
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -444,16 +505,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
         // Keep this stage's group in flight; the previous one is done: release its stage.
         wgmma_wait<1>();
-        if (prev >= 0) mbar_arrive(&empty[prev]);
+        if (prev >= 0) release_stage<CM>(&empty[prev], lane);
         prev = s;
       }
       // Every wait of this tile is done: the other warpgroup may start the next one (a
       // signal only when there is one, so that none is left unmatched).
-      if (Cfg::PINGPONG && tile + static_cast<int>(gridDim.x) < total) turn_signal(c);
+      if (Cfg::PINGPONG && tile + clusters < total) turn_signal(c);
       wgmma_wait<0>();
 #pragma unroll
       for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
-      if (prev >= 0) mbar_arrive(&empty[prev]);
+      if (prev >= 0) release_stage<CM>(&empty[prev], lane);
       if constexpr (Cfg::PINGPONG) it += k_tiles;  // the other warpgroup's tile
       // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
       // epilogue reads ahead of it, the one after makes the whole row visible.
@@ -501,6 +562,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       });
     }
   }
+  // No block leaves while its peer may still multicast into it or arrive on its barriers.
+  if constexpr (Cfg::CM > 1) cluster_sync_all();
 #endif  // FUSED_SM90A
 }
 
@@ -564,24 +627,50 @@ template <typename T, typename Cfg, bool AK, bool BK>
 Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   auto kernel = hopper_gemm_kernel<T, Cfg, AK, BK>;
   if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
-  const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
+  constexpr int CM = Cfg::CM;
+  const int64_t tiles_m = (p.M + Cfg::BM - 1) / Cfg::BM;
+  const int64_t tiles = (tiles_m + CM - 1) / CM * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
   if (tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
   CUtensorMap map_a, map_b;
   if (!make_map(&map_a, p.a, AK, p.K, p.M, p.batch, p.lda, p.batch_stride_a, Cfg::BM, dtype) ||
-      !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::BN, dtype)) {
+      !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::B_ROWS,
+                dtype)) {
     return Sm90Result::kNotApplicable;  // TMA refused these strides
   }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
+  if constexpr (CM == 1) {
+    const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
+    kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
+  } else {
+    // Persistent clusters: as many as are resident at once (a GPC with an odd number of free
+    // SMs leaves one idle), no more than there are cluster tiles.
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = CM;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(CM);
+    cfg.blockDim = dim3(Cfg::THREADS);
+    cfg.dynamicSmemBytes = Cfg::SMEM;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const int active = cached_launch_query(reinterpret_cast<const void*>(kernel), CM, Cfg::SMEM,
+                                           [&] { return max_active_clusters(kernel, cfg, CM); });
+    if (active < 1) return Sm90Result::kNotApplicable;
+    cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, active) * CM));
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, p));
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
 }
 
 // FUSED_OPS_MATMUL_SCHEDULE: "cooperative" or "pingpong" forces that schedule (ping-pong
 // then runs at any size and layout, so the tests can check it on every edge case); "auto"
-// (the default) picks by shape.
+// (the default) picks by shape. FUSED_OPS_MATMUL_CLUSTER: "1" turns the B multicast off
+// (for comparisons); "2" or "auto" (the default) keeps it.
 enum class Schedule { kAuto, kCooperative, kPingpong };
 
 Schedule schedule_choice() {
@@ -593,30 +682,45 @@ Schedule schedule_choice() {
               "but is '", v, "'");
 }
 
+int cluster_choice() {
+  const char* v = std::getenv("FUSED_OPS_MATMUL_CLUSTER");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "2") == 0) {
+    return 2;
+  }
+  if (std::strcmp(v, "1") == 0) return 1;
+  TORCH_CHECK(false, "FUSED_OPS_MATMUL_CLUSTER must be 'auto', '1' or '2', but is '", v, "'");
+}
+
+// The kernel of tile width BN and schedule PP, with clusters of cm blocks.
+template <typename T, int BN, bool PP, bool AK, bool BK>
+Sm90Result launch_cm(int cm, const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  return cm == 2 ? launch<T, HopperConfig<BN, PP, 2>, AK, BK>(p, dtype, stream)
+                 : launch<T, HopperConfig<BN, PP, 1>, AK, BK>(p, dtype, stream);
+}
+
 template <typename T>
 Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   // Cooperative tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128
-  // (both operands K-major only: the other layouts come from the backward pass of large
-  // layers).
+  // without clusters (both operands K-major only: the other layouts come from the backward
+  // pass of large layers).
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   const bool wide = wide_tiles >= sms;
-  const Schedule sched = schedule_choice();
-  const bool pingpong = sched == Schedule::kPingpong || (sched == Schedule::kAuto && wide);
-  using PP = HopperConfig<128, true>;
+  const bool pingpong = schedule_choice() == Schedule::kPingpong;
+  const int cm = cluster_choice();
   if (p.a_kmajor && p.b_kmajor) {
-    if (pingpong) return launch<T, PP, true, true>(p, dtype, stream);
-    return wide ? launch<T, HopperConfig<256>, true, true>(p, dtype, stream)
-                : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
+    if (pingpong) return launch_cm<T, 128, true, true, true>(cm, p, dtype, stream);
+    if (!wide) return launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
+    return launch_cm<T, 256, false, true, true>(cm, p, dtype, stream);
   }
   if (!wide && !pingpong) return Sm90Result::kNotApplicable;
   if (p.a_kmajor) {  // dX = dZ W
-    return pingpong ? launch<T, PP, true, false>(p, dtype, stream)
-                    : launch<T, HopperConfig<256>, true, false>(p, dtype, stream);
+    return pingpong ? launch_cm<T, 128, true, true, false>(cm, p, dtype, stream)
+                    : launch_cm<T, 256, false, true, false>(cm, p, dtype, stream);
   }
   if (!p.b_kmajor) {  // dW = dZ^T X
-    return pingpong ? launch<T, PP, false, false>(p, dtype, stream)
-                    : launch<T, HopperConfig<256>, false, false>(p, dtype, stream);
+    return pingpong ? launch_cm<T, 128, true, false, false>(cm, p, dtype, stream)
+                    : launch_cm<T, 256, false, false, false>(cm, p, dtype, stream);
   }
   return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
 }
