@@ -4,9 +4,7 @@ Inputs are scaled so outputs are O(1) (b, weight ~ N(0, 1/K)); the fp32 accumula
 then adds errors far below the output rounding, and each comparison allows an absolute slack
 of a tenth of the dtype's relative tolerance at the typical output size (for elements that
 cancel to near zero). Every CUDA test runs once per kernel choice (FUSED_OPS_MATMUL_KERNEL:
-"auto", which takes the Hopper kernel on an H100/H200 where it applies, and "portable"), and
-on an H100/H200 once more per Hopper schedule forced at every size (FUSED_OPS_MATMUL_SCHEDULE:
-"cooperative", "pingpong"), so that both schedules meet every edge case.
+"auto", which takes the Hopper kernel on an H100/H200 where it applies, and "portable").
 """
 import math
 
@@ -19,8 +17,7 @@ from fused_ops import reference
 from utils import CUDA, DEVICES, DTYPES, TOL, input_views
 
 ACTS = [None, "gelu", "gelu_tanh"]
-KERNELS = ["auto", "portable", "cooperative", "pingpong"]
-SCHEDULES = ("cooperative", "pingpong")
+KERNELS = ["auto", "portable"]
 
 # (M, K, N): edges in every dimension, K not a multiple of 8, K = 1, tall and skinny.
 SHAPES = [(1, 1, 1), (1, 17, 1), (17, 17, 17), (5, 8, 3), (33, 70, 65), (127, 1, 129),
@@ -38,14 +35,8 @@ CUDA_SHAPES = [(1000, 1000, 1000), (1, 4097, 1000), (17, 1000, 4097), (127, 4097
 def set_kernel(choice, monkeypatch):
     # On a Hopper GPU "auto" is run as "hopper": the same choice, but an error if the Hopper
     # kernel is unavailable (a build without sm_90a), so these tests cannot silently check
-    # the portable kernel twice. A schedule is the Hopper kernel forced to that schedule.
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    if choice in SCHEDULES:
-        if not hopper:
-            pytest.skip(f"the {choice} schedule is the Hopper kernel's (compute capability 9.0)")
-        monkeypatch.setenv("FUSED_OPS_MATMUL_SCHEDULE", choice)
-        choice = "hopper"
-    if choice == "auto" and hopper:
+    # the portable kernel twice.
+    if choice == "auto" and torch.cuda.get_device_capability() == (9, 0):
         choice = "hopper"
     monkeypatch.setenv("FUSED_OPS_MATMUL_KERNEL", choice)
 
@@ -56,7 +47,7 @@ def kernel(request, monkeypatch):
     return request.param
 
 
-# CPU, and CUDA once per kernel choice: "cuda:auto", "cuda:portable", "cuda:pingpong", ...
+# CPU, and CUDA once per kernel choice: "cuda:auto", "cuda:portable".
 DEVICE_KERNELS = ["cpu"] + [pytest.param(f"cuda:{k}", marks=CUDA) for k in KERNELS]
 
 
@@ -458,8 +449,4 @@ def test_bad_kernel_env(monkeypatch):
     monkeypatch.setenv("FUSED_OPS_MATMUL_KERNEL", "fastest")
     a = torch.randn(8, 8, device="cuda").half()
     with pytest.raises(RuntimeError, match="FUSED_OPS_MATMUL_KERNEL must be"):
-        fused_ops.matmul(a, a)
-    monkeypatch.setenv("FUSED_OPS_MATMUL_KERNEL", "auto")
-    monkeypatch.setenv("FUSED_OPS_MATMUL_SCHEDULE", "fastest")
-    with pytest.raises(RuntimeError, match="FUSED_OPS_MATMUL_SCHEDULE must be"):
         fused_ops.matmul(a, a)

@@ -6,6 +6,9 @@ pre-activation), and the backward layouts dX = dZ W (B N-major) and dW = dZ^T X 
 MN-major). do_bench medians (us), rounds interleaved, the best round printed.
 
     python benchmarks/dev/matmul_schedule.py [--rounds R] [MxNxK ...]
+
+Runs against commit 4548b89, where the two knobs exist (both experiments were measured
+slower or no faster and reverted; KERNEL_LOG matmul v5-v6).
 """
 import argparse
 import os

@@ -28,9 +28,6 @@
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include <cstdlib>
-#include <cstring>
-
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
 
@@ -42,35 +39,16 @@ namespace fused {
 namespace matmul {
 namespace {
 
-// Two schedules share the kernel:
-//   cooperative: both consumer warpgroups work on the same 128 x BN tile, 64 rows each, and
-//                store it together, so the tensor cores idle during every epilogue;
-//   ping-pong:   each consumer warpgroup owns a whole 128 x 128 tile (two m64 halves) and
-//                the block's tiles alternate between them, so one warpgroup's epilogue runs
-//                while the other's wgmma keep the tensor cores busy. The mainloops take turns
-//                (turn_signal / turn_wait) in the order the producer loads the tiles.
-// CM = 2: blocks run in clusters of two along M (tiles (2i, n) and (2i + 1, n)), which share
-// the B tile: each block loads half of it and the TMA multicasts that half into both blocks'
-// shared memory, so each block reads A + B / 2 from L2 instead of A + B.
-template <int BN_, bool PINGPONG_ = false, int CM_ = 1>
+template <int BN_>
 struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
-  static constexpr bool PINGPONG = PINGPONG_;
-  static constexpr int CM = CM_;
-  static_assert(CM == 1 || CM == 2, "clusters of one or two blocks along M");
-  static constexpr int B_ROWS = BN / CM;               // B rows (K-major) each block loads
-  static_assert(!PINGPONG || BN == 128, "a ping-pong warpgroup holds a 128 x 128 tile");
-  static constexpr int CONSUMERS = 2;                  // warpgroups
-  static constexpr int MH = PINGPONG ? 2 : 1;          // m64 halves a warpgroup computes
+  static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int STAGES = BN == 256 ? 4 : 6;     // ~192 KB of the 227 KB either way
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
-  static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread and half
-  static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile per half");
-  // Arrivals that release a stage: one per consumer warp that reads it (the one warpgroup,
-  // or both), from every block of the cluster (the producers write into all of them).
-  static constexpr int STAGE_RELEASES = (PINGPONG ? 4 : CONSUMERS * 4) * CM;
+  static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
+  static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
   // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
   // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
   // bank conflicts).
@@ -108,54 +86,8 @@ __device__ __forceinline__ void consumer_barrier(int c) {
     asm volatile("bar.sync 2, 128;\n" ::: "memory");
   }
 }
-// Ping-pong turns (named barriers 3 and 4, 256 threads): warpgroup c signals, once its
-// mainloop has waited on every stage of a tile, that the other may start the next tile of
-// the sequence; the other waits for that signal first. Besides alternating the mainloops,
-// this keeps each full barrier at most one phase from the phase a consumer waits on (a
-// consumer skips the other's tiles, so without it the parity wait could match a phase two
-// or more uses back).
-__device__ __forceinline__ void turn_signal(int c) {
-  if (c == 0) {
-    asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-  } else {
-    asm volatile("bar.arrive 4, 256;\n" ::: "memory");
-  }
-}
-__device__ __forceinline__ void turn_wait(int c) {
-  if (c == 0) {
-    asm volatile("bar.sync 4, 256;\n" ::: "memory");
-  } else {
-    asm volatile("bar.sync 3, 256;\n" ::: "memory");
-  }
-}
-// Releases a stage: one arrival (per warp, after its wgmma reading the stage completed) on
-// the empty barrier of each of the CM blocks whose producers write into this block.
-template <int CM>
-__device__ __forceinline__ void release_stage(uint64_t* bar, int lane) {
-  __syncwarp();
-  if (lane != 0) return;
-  if constexpr (CM == 1) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-  } else {
-#pragma unroll
-    for (int r = 0; r < CM; ++r) {
-      uint32_t remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(r));
-      // Default (.release.cta) semantics, as CUTLASS's cluster barriers use: the stage's
-      // reads are wgmma reads, complete once wgmma.wait_group returned; .release.cluster
-      // would add a MEMBAR.ALL.GPU per arrival.
-      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-    }
-  }
-}
-// Every thread of the cluster (divergent threads allowed: no .aligned).
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 // Waits until the barrier's phase with the given parity has completed. On a fresh barrier
 // the phase "before" the first one counts as completed, so waiting with parity 1 returns at
@@ -177,26 +109,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
-// 3-D TMA tile load (coordinates innermost first: k, row, batch), completing on bar; with
-// CM = 2 multicast to the same shared-memory offsets (and barrier) in both blocks.
-template <int CM = 1>
+// 3-D TMA tile load (coordinates innermost first: k, row, batch), completing on bar.
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar,
                                             int c0, int c1, int c2) {
-  if constexpr (CM == 1) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
-        : "memory");
-  } else {
-    const uint16_t mask = (1u << CM) - 1;
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
-        "h"(mask)
-        : "memory");
-  }
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 
 // Shared-memory matrix descriptors (128-byte swizzle; tiles 1024-byte aligned). Both operand
@@ -390,26 +310,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);                         // the producer's expect_tx arrival
-      mbar_init(&empty[s], Cfg::STAGE_RELEASES);
+      mbar_init(&empty[s], Cfg::CONSUMERS * 128);     // every consumer thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // The peer's producer writes into this block's stages and barriers: both initialised first.
-  if constexpr (Cfg::CM > 1) {
-    cluster_sync_all();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
-  // The grid walks cluster tiles: CM tiles along M that share their B tile; block `rank` of
-  // the cluster takes tile row tmc * CM + rank (past M: TMA zero-fills, nothing is stored,
-  // but the block still loads its half of B for the peer).
-  constexpr int CM = Cfg::CM;
-  const int rank = CM > 1 ? static_cast<int>(cluster_rank()) : 0;
-  const int cluster = blockIdx.x / CM, clusters = gridDim.x / CM;
   const int tiles_m = (p.M + BM - 1) / BM, tiles_n = (p.N + BN - 1) / BN;
-  const int tiles_mc = (tiles_m + CM - 1) / CM;
-  const int tiles_per_batch = tiles_mc * tiles_n;
+  const int tiles_per_batch = tiles_m * tiles_n;
   const int total = tiles_per_batch * p.batch;
   const int k_tiles = (p.K + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
@@ -417,12 +325,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   if (wg == 0) {
     // Producer warpgroup: gives registers away; one thread issues every TMA load.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x != 0) return;
     int it = 0;
-    for (int tile = cluster; threadIdx.x == 0 && tile < total; tile += clusters) {
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(tile - b * tiles_per_batch, tiles_mc, tiles_n, tm, tn);
-      tm = tm * CM + rank;
+      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -438,84 +346,58 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
                         kt * BK, ba);
           }
         }
-        // B: this block's 1 / CM of it, multicast into every block of the cluster.
         if constexpr (BK_MAJ) {
-          tma_load_3d<CM>(sB + s * Cfg::B_ELEMS + rank * Cfg::B_ROWS * BK, &map_b, &full[s],
-                          kt * BK, tn * BN + rank * Cfg::B_ROWS, bb);
+          tma_load_3d(sB + s * Cfg::B_ELEMS, &map_b, &full[s], kt * BK, tn * BN, bb);
         } else {
 #pragma unroll
-          for (int j = 0; j < BN / 64 / CM; ++j) {
-            const int i = rank * (BN / 64 / CM) + j;
-            tma_load_3d<CM>(sB + s * Cfg::B_ELEMS + i * 64 * BK, &map_b, &full[s],
-                            tn * BN + i * 64, kt * BK, bb);
+          for (int i = 0; i < BN / 64; ++i) {
+            tma_load_3d(sB + s * Cfg::B_ELEMS + i * 64 * BK, &map_b, &full[s], tn * BN + i * 64,
+                        kt * BK, bb);
           }
         }
       }
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1;                    // consumer index
+    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
-    // Cooperative: every tile of the block, rows [64c, 64c + 64). Ping-pong: every other
-    // tile, starting with the c-th, all rows; `it` (the stage sequence number, shared with
-    // the producer) skips the other warpgroup's tiles.
-    constexpr int STEP = Cfg::PINGPONG ? 2 : 1;
-    const int first = cluster + (Cfg::PINGPONG ? c * clusters : 0);
-    const int row_base = Cfg::PINGPONG ? 0 : c * 64;
-    int it = Cfg::PINGPONG ? c * k_tiles : 0;
-    float acc[Cfg::MH][Cfg::ACC];
-    for (int tile = first; tile < total; tile += STEP * clusters) {
+    float acc[Cfg::ACC];
+    int it = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(tile - b * tiles_per_batch, tiles_mc, tiles_n, tm, tn);
-      tm = tm * CM + rank;
+      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
 #pragma unroll
-      for (int h = 0; h < Cfg::MH; ++h) {
-#pragma unroll
-        for (int i = 0; i < Cfg::ACC; ++i) acc[h][i] = 0.f;
-      }
+      for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
       // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
       float2 my_bias = {0.f, 0.f};
       if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
-      // The sequence's previous tile is the other warpgroup's: wait for its turn signal.
-      if (Cfg::PINGPONG && tile != cluster) turn_wait(c);
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
-        // Half h's 64 rows: 64 K-major rows, or the h-th 64-wide MN-major block (the same
-        // 4096-element offset either way).
-        const T* a_s = sA + s * Cfg::A_ELEMS + row_base * BK;
+        // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
+        // same 4096-element offset either way).
+        const T* a_s = sA + s * Cfg::A_ELEMS + c * 64 * BK;
         const T* b_s = sB + s * Cfg::B_ELEMS;
-#pragma unroll
-        for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
+        fence_acc(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-#pragma unroll
-          for (int h = 0; h < Cfg::MH; ++h) {
-            wgmma_tile<T, BN, AK, BK_MAJ>(acc[h], operand_desc<AK>(a_s + h * 64 * BK, kk),
-                                         operand_desc<BK_MAJ>(b_s, kk));
-          }
+          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
         }
         wgmma_commit();
-#pragma unroll
-        for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
+        fence_acc(acc);
         // Keep this stage's group in flight; the previous one is done: release its stage.
         wgmma_wait<1>();
-        if (prev >= 0) release_stage<CM>(&empty[prev], lane);
+        if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
-      // Every wait of this tile is done: the other warpgroup may start the next one (a
-      // signal only when there is one, so that none is left unmatched).
-      if (Cfg::PINGPONG && tile + clusters < total) turn_signal(c);
       wgmma_wait<0>();
-#pragma unroll
-      for (int h = 0; h < Cfg::MH; ++h) fence_acc(acc[h]);
-      if (prev >= 0) release_stage<CM>(&empty[prev], lane);
-      if constexpr (Cfg::PINGPONG) it += k_tiles;  // the other warpgroup's tile
+      fence_acc(acc);
+      if (prev >= 0) mbar_arrive(&empty[prev]);
       // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
       // epilogue reads ahead of it, the one after makes the whole row visible.
       float* wg_bias = bias_s + c * BN;
@@ -526,6 +408,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
       // whole-line stores (the pre-activation first when the backward pass wants it).
       T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
+      const int row0 = tm * BM + c * 64 + warp * 16;
       T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
       const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(out_c) % 16 == 0 &&
@@ -533,37 +416,30 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
 #pragma unroll
-        for (int h = 0; h < Cfg::MH; ++h) {
-          const int row0 = tm * BM + row_base + h * 64 + warp * 16;
+        for (int jc = 0; jc < BN / 64; ++jc) {
+          const int col0 = tn * BN + 64 * jc;
+          float bias[16];
 #pragma unroll
-          for (int jc = 0; jc < BN / 64; ++jc) {
-            const int col0 = tn * BN + 64 * jc;
-            float bias[16];
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-              const float2 bv =
-                  *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
-              bias[2 * jj] = bv.x;
-              bias[2 * jj + 1] = bv.y;
-            }
-            if (out_z != nullptr) {
-              __syncwarp();  // the previous piece's reads are done
-              write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc[h], jc, bias, lane);
-              __syncwarp();
-              scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok,
-                                                   lane);
-            }
-            __syncwarp();
-            write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc[h], jc, bias, lane);
-            __syncwarp();
-            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
+          for (int jj = 0; jj < 8; ++jj) {
+            const float2 bv =
+                *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
+            bias[2 * jj] = bv.x;
+            bias[2 * jj + 1] = bv.y;
           }
+          if (out_z != nullptr) {
+            __syncwarp();  // the previous piece's reads are done
+            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+            __syncwarp();
+            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
+          }
+          __syncwarp();
+          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+          __syncwarp();
+          scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
         }
       });
     }
   }
-  // No block leaves while its peer may still multicast into it or arrive on its barriers.
-  if constexpr (Cfg::CM > 1) cluster_sync_all();
 #endif  // FUSED_SM90A
 }
 
@@ -627,101 +503,35 @@ template <typename T, typename Cfg, bool AK, bool BK>
 Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   auto kernel = hopper_gemm_kernel<T, Cfg, AK, BK>;
   if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
-  constexpr int CM = Cfg::CM;
-  const int64_t tiles_m = (p.M + Cfg::BM - 1) / Cfg::BM;
-  const int64_t tiles = (tiles_m + CM - 1) / CM * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
+  const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
   if (tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
   CUtensorMap map_a, map_b;
   if (!make_map(&map_a, p.a, AK, p.K, p.M, p.batch, p.lda, p.batch_stride_a, Cfg::BM, dtype) ||
-      !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::B_ROWS,
-                dtype)) {
+      !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::BN, dtype)) {
     return Sm90Result::kNotApplicable;  // TMA refused these strides
   }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  if constexpr (CM == 1) {
-    const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-    kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
-  } else {
-    // Persistent clusters: as many as are resident at once (a GPC with an odd number of free
-    // SMs leaves one idle), no more than there are cluster tiles.
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = CM;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(CM);
-    cfg.blockDim = dim3(Cfg::THREADS);
-    cfg.dynamicSmemBytes = Cfg::SMEM;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const int active = cached_launch_query(reinterpret_cast<const void*>(kernel), CM, Cfg::SMEM,
-                                           [&] { return max_active_clusters(kernel, cfg, CM); });
-    if (active < 1) return Sm90Result::kNotApplicable;
-    cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, active) * CM));
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, p));
-  }
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
 }
 
-// FUSED_OPS_MATMUL_SCHEDULE: "cooperative" or "pingpong" forces that schedule (ping-pong
-// then runs at any size and layout, so the tests can check it on every edge case); "auto"
-// (the default) picks by shape. FUSED_OPS_MATMUL_CLUSTER: "1" turns the B multicast off
-// (for comparisons); "2" or "auto" (the default) keeps it.
-enum class Schedule { kAuto, kCooperative, kPingpong };
-
-Schedule schedule_choice() {
-  const char* v = std::getenv("FUSED_OPS_MATMUL_SCHEDULE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return Schedule::kAuto;
-  if (std::strcmp(v, "cooperative") == 0) return Schedule::kCooperative;
-  if (std::strcmp(v, "pingpong") == 0) return Schedule::kPingpong;
-  TORCH_CHECK(false, "FUSED_OPS_MATMUL_SCHEDULE must be 'auto', 'cooperative' or 'pingpong', "
-              "but is '", v, "'");
-}
-
-int cluster_choice() {
-  const char* v = std::getenv("FUSED_OPS_MATMUL_CLUSTER");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "2") == 0) {
-    return 2;
-  }
-  if (std::strcmp(v, "1") == 0) return 1;
-  TORCH_CHECK(false, "FUSED_OPS_MATMUL_CLUSTER must be 'auto', '1' or '2', but is '", v, "'");
-}
-
-// The kernel of tile width BN and schedule PP, with clusters of cm blocks.
-template <typename T, int BN, bool PP, bool AK, bool BK>
-Sm90Result launch_cm(int cm, const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  return cm == 2 ? launch<T, HopperConfig<BN, PP, 2>, AK, BK>(p, dtype, stream)
-                 : launch<T, HopperConfig<BN, PP, 1>, AK, BK>(p, dtype, stream);
-}
-
 template <typename T>
 Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  // Cooperative tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128
-  // without clusters (both operands K-major only: the other layouts come from the backward
-  // pass of large layers).
+  // Tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128 (both
+  // operands K-major only: the other layouts come from the backward pass of large layers).
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   const bool wide = wide_tiles >= sms;
-  const bool pingpong = schedule_choice() == Schedule::kPingpong;
-  const int cm = cluster_choice();
   if (p.a_kmajor && p.b_kmajor) {
-    if (pingpong) return launch_cm<T, 128, true, true, true>(cm, p, dtype, stream);
-    if (!wide) return launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
-    return launch_cm<T, 256, false, true, true>(cm, p, dtype, stream);
+    return wide ? launch<T, HopperConfig<256>, true, true>(p, dtype, stream)
+                : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
   }
-  if (!wide && !pingpong) return Sm90Result::kNotApplicable;
-  if (p.a_kmajor) {  // dX = dZ W
-    return pingpong ? launch_cm<T, 128, true, true, false>(cm, p, dtype, stream)
-                    : launch_cm<T, 256, false, true, false>(cm, p, dtype, stream);
-  }
-  if (!p.b_kmajor) {  // dW = dZ^T X
-    return pingpong ? launch_cm<T, 128, true, false, false>(cm, p, dtype, stream)
-                    : launch_cm<T, 256, false, false, false>(cm, p, dtype, stream);
-  }
+  if (!wide) return Sm90Result::kNotApplicable;
+  if (p.a_kmajor) return launch<T, HopperConfig<256>, true, false>(p, dtype, stream);   // dX = dZ W
+  if (!p.b_kmajor) return launch<T, HopperConfig<256>, false, false>(p, dtype, stream); // dW = dZ^T X
   return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
 }
 
