@@ -15,10 +15,11 @@
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
-//     reductions) for short rows, whole warps (one row per block) for long ones. Mean,
-//     then the centered sum of squares over the registers (two passes, no E[x^2] - E[x]^2
-//     cancellation). Layer norm sums x - x0 (x0 = the row's first element), so a constant
-//     row gets mean = x0 and xhat = 0 exactly. At most 64 registers (launch bound 1024):
+//     reductions) for short rows, whole warps (one row per block) for long ones. Layer
+//     norm: each thread's count, mean and centered sum of squares over its registers (two
+//     passes, no E[x^2] - E[x]^2 cancellation; the mean of x - x0 for the thread's first
+//     x0, so a constant row gets mean = x0 and xhat = 0 exactly), merged across the group
+//     in one reduction (Chan's formula); rms: one sum of squares. At most 64 registers (launch bound 1024):
 //     >= 32 warps per SM whatever the block size, so other blocks' loads cover a block's
 //     reductions. Layer / residual are compile-time flags on the 16-byte path.
 //     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
@@ -268,6 +269,85 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
   if (sync_after) __syncthreads();
 }
 
+// Welford's running (count, mean, sum of squared deviations), merged with Chan's formula.
+struct Welford {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float d = b.mean - a.mean, wb = b.n / n;
+  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
+}
+
+// Merges over `width` lanes (a power of two <= 32) by xor butterfly; the lower lane's value
+// goes first in every merge, so all lanes end with bit-identical results.
+__device__ __forceinline__ Welford lane_welford(Welford w, int width) {
+  for (int o = 1; o < width; o <<= 1) {
+    const Welford other{__shfl_xor_sync(0xffffffffu, w.n, o),
+                        __shfl_xor_sync(0xffffffffu, w.mean, o),
+                        __shfl_xor_sync(0xffffffffu, w.m2, o)};
+    w = (threadIdx.x & o) ? welford_merge(other, w) : welford_merge(w, other);
+  }
+  return w;
+}
+
+// The layer norm statistics of each row group in one reduction (group_sum's shape, one
+// barrier): each thread passes (its count, its mean, its sum of squared deviations from
+// it), computed in two passes over its registers. One reduction instead of group_sum for
+// the mean and again for the variance: the second barrier round per row was what kept the
+// layer norm forward ~8 points under rms at 32768 columns (KERNEL_LOG norm v9). A constant
+// row stays exact: each thread's mean is x0 and every merge adds d = 0.
+__device__ __forceinline__ Welford group_welford(Welford w, int tpr, float (*scratch)[32]) {
+  if (tpr <= 32) return lane_welford(w, tpr);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wpg = tpr / 32, first = warp - warp % wpg;
+  w = lane_welford(w, 32);
+  if (lane == 0) {
+    scratch[0][warp] = w.n;
+    scratch[1][warp] = w.mean;
+    scratch[2][warp] = w.m2;
+  }
+  __syncthreads();
+  w = lane < wpg ? Welford{scratch[0][first + lane], scratch[1][first + lane],
+                           scratch[2][first + lane]}
+                 : Welford{0.f, 0.f, 0.f};
+  return lane_welford(w, 32);
+}
+
+// One thread's share of a row, vectors get(i) for the i < VPT with live(i) (live(0) when
+// any is): its count, its mean (its first value x0 plus the mean of x - x0, so that a large
+// common offset costs no digits) and its squared deviations from that mean.
+template <int VEC, int VPT, typename Get, typename Live>
+__device__ __forceinline__ Welford thread_welford(Get get, Live live) {
+  float x0 = 0.f, sum = 0.f, n = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live(i)) {
+      const FVec<VEC> f = get(i);
+      if (i == 0) x0 = f.v[0];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += f.v[j] - x0;
+      n += VEC;
+    }
+  }
+  const float mean = n > 0.f ? x0 + __fdividef(sum, n) : 0.f;
+  float m2 = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (live(i)) {
+      const FVec<VEC> f = get(i);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = f.v[j] - mean;
+        m2 += d * d;
+      }
+    }
+  }
+  return {n, mean, m2};
+}
+
 // ---- forward ------------------------------------------------------------------------------
 
 // norm_fwd_regs' launch bound: any block size up to 1024 threads, hence at most 64
@@ -303,10 +383,10 @@ template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int R
 __global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
                                   kFwdMaxThreads / fwd_max_threads<VPT, fwd_vpt<R, VEC>()>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
-  // Two scratch slots, alternated by consecutive reductions (mean, variance, next row's
-  // ...), so each reduction needs one barrier: a slot is written again only after the
-  // other slot's barrier, which every thread reaches after reading this one.
-  __shared__ float scratch[2][1][32];
+  // Two scratch slots, alternated by consecutive rows' reductions, so each reduction needs
+  // one barrier: a slot is written again only after the other slot's barrier, which every
+  // thread reaches after reading this one.
+  __shared__ float scratch[2][3][32];
   int slot = 0;
   const bool layer = LAYER == kRuntime ? p.layer : LAYER == 1;
   const bool res = RES == kRuntime ? p.residual != nullptr : RES == 1;
@@ -323,7 +403,6 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     auto col = [&](int i) { return i * tpr + g.lane; };
     auto live = [&](int i) { return valid && col(i) < nvec; };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
-    const float shift = layer && valid ? row_first(p, off, res) : 0.f;
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
     // packed words. When T == R, x is loaded straight into v (no second copy of the row).
     constexpr bool kSame = std::is_same_v<T, R>;
@@ -343,46 +422,43 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
         if (res) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
       }
     }
-    float sum = 0.f;
+    if (res || !kSame) {
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live(i)) {
-        FVec<VEC> f = to_float(xv(i));
-        if (res || !kSame) {
+      for (int i = 0; i < VPT; ++i) {
+        if (live(i)) {
+          FVec<VEC> f = to_float(xv(i));
           if (res) {
             const FVec<VEC> r = to_float(rv[i]);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
           }
           v[i] = from_float<R, VEC>(f);
-          f = to_float(v[i]);
         }
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
       }
     }
-    float mean = 0.f;
+    // One reduction per row: (count, mean, squared deviations) for layer norm, the sum of
+    // squares for rms norm.
+    auto get = [&](int i) { return to_float(v[i]); };
+    float mean = 0.f, q;
     if (layer) {
-      float t[1] = {sum};
-      group_sum<1>(t, tpr, scratch[slot], false);
-      slot ^= 1;
-      mean = shift + t[0] * inv_n;
-    }
-    float t[1] = {0.f};
+      const Welford w = group_welford(thread_welford<VEC, VPT>(get, live), tpr, scratch[slot]);
+      mean = w.mean;
+      q = w.m2;
+    } else {
+      float t[1] = {0.f};
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (live(i)) {
-        const FVec<VEC> f = to_float(v[i]);
+      for (int i = 0; i < VPT; ++i) {
+        if (live(i)) {
+          const FVec<VEC> f = get(i);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = f.v[j] - mean;
-          t[0] += d * d;
+          for (int j = 0; j < VEC; ++j) t[0] += f.v[j] * f.v[j];
         }
       }
+      group_sum<1>(t, tpr, scratch[slot], false);
+      q = t[0];
     }
-    group_sum<1>(t, tpr, scratch[slot], false);
     slot ^= 1;
-    const float rstd = rsqrtf(t[0] * inv_n + p.eps);
+    const float rstd = rsqrtf(q * inv_n + p.eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
@@ -406,18 +482,6 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
       p.rstd[row] = rstd;
     }
   }
-}
-
-// Welford's running (count, mean, sum of squared deviations), merged with Chan's formula.
-struct Welford {
-  float n, mean, m2;
-};
-
-__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
-  const float n = a.n + b.n;
-  if (n == 0.f) return a;
-  const float d = b.mean - a.mean, wb = b.n / n;
-  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
 }
 
 __device__ __forceinline__ Welford warp_welford(Welford w) {
@@ -523,12 +587,8 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 // reductions (they are L1/L2 hits; loaded with the row they would need 32 more registers
 // and spill 56-256 bytes). A standalone sweep (KERNEL_LOG, norm forward, session 3) put
 // this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
-//
-// Exact constant rows without norm_fwd_regs' x0 shift: every partial sum of a constant
-// 16-bit row is k * x0 with k a product of two factors < 64 and a power of two, which
-// float32 holds exactly (x0 has <= 11 significant bits; and the sum does not overflow, i.e.
-// |x0| < FLT_MAX / cols), and the mean is a correctly rounded division by the length (not
-// a multiplication by its inexact reciprocal), so mean == x0 and every x - mean is 0.
+// Layer norm's mean and variance come from one reduction (group_welford), which keeps
+// constant rows exact.
 constexpr int kFixedVpt = 4;
 // (tests/test_norm.py FIXED_COLS lists the same lengths.)
 using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
@@ -550,7 +610,7 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
   constexpr int RPB = fixed_block(TPR) / TPR;  // rows per block
   static_assert(RPB * TPR == fixed_block(TPR) && (TPR <= 32 || TPR % 32 == 0), "row group shape");
-  __shared__ float scratch[2][1][32];
+  __shared__ float scratch[3][32];
   const int lane = threadIdx.x % TPR;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / TPR;
   // A group past the last row (the last block only) reads the last row and stores nothing,
@@ -567,7 +627,6 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
     if constexpr (RES) res[i] = load_raw<T, VEC>(p.residual + at(i));
   }
   FVec<VEC> v[VPT];
-  float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     v[i] = to_float(in[i]);
@@ -579,26 +638,25 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
       if (valid) store_raw<T, VEC>(p.sum + at(i), rounded);
       v[i] = to_float(rounded);
     }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) sum += v[i].v[j];
   }
-  float mean = 0.f;
+  float mean = 0.f, q;
   if constexpr (LAYER) {
-    float t[1] = {sum};
-    group_sum<1>(t, TPR, scratch[0], false);
-    mean = __fdiv_rn(t[0], static_cast<float>(COLS));
-  }
-  float q[1] = {0.f};
+    const Welford w = group_welford(
+        thread_welford<VEC, VPT>([&](int i) { return v[i]; }, [](int) { return true; }), TPR,
+        scratch);
+    mean = w.mean;
+    q = w.m2;
+  } else {
+    float t[1] = {0.f};
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
+    for (int i = 0; i < VPT; ++i) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = v[i].v[j] - mean;
-      q[0] += d * d;
+      for (int j = 0; j < VEC; ++j) t[0] += v[i].v[j] * v[i].v[j];
     }
+    group_sum<1>(t, TPR, scratch, false);
+    q = t[0];
   }
-  group_sum<1>(q, TPR, scratch[1], false);  // the other slot: no barrier between the two
-  const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
+  const float rstd = rsqrtf(q * (1.f / COLS) + p.eps);
   if (!valid) return;
   // w / b two vectors at a time: the empty asm keeps the compiler from hoisting all of
   // them above the stores (32 more live registers: spills at the 64-register bound).
