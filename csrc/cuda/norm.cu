@@ -275,8 +275,9 @@ struct Welford {
 };
 
 __device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
+  if (b.n == 0.f) return a;  // an empty side changes nothing (not even an inf mean)
+  if (a.n == 0.f) return b;
   const float n = a.n + b.n;
-  if (n == 0.f) return a;
   const float d = b.mean - a.mean, wb = b.n / n;
   return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
 }
