@@ -15,11 +15,11 @@
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
-//     reductions) for short rows, whole warps (one row per block) for long ones. Layer
-//     norm: each thread's count, mean and centered sum of squares over its registers (two
-//     passes, no E[x^2] - E[x]^2 cancellation; the mean of x - x0 for the thread's first
-//     x0, so a constant row gets mean = x0 and xhat = 0 exactly), merged across the group
-//     in one reduction (Chan's formula); rms: one sum of squares. At most 64 registers (launch bound 1024):
+//     reductions) for short rows, whole warps (one row per block) for long ones. One
+//     reduction per row: rms norm's sum of squares; layer norm's sum of x - x0 (x0 = the
+//     row's first element, so a constant row gets mean = x0 and xhat = 0 exactly) merged
+//     with each thread's squared deviations from its own mean (group_layer_stats: two
+//     passes over the registers, no E[x^2] - E[x]^2 cancellation). At most 64 registers (launch bound 1024):
 //     >= 32 warps per SM whatever the block size, so other blocks' loads cover a block's
 //     reductions. Layer / residual are compile-time flags on the 16-byte path.
 //     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
@@ -269,84 +269,85 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
   if (sync_after) __syncthreads();
 }
 
-// Welford's running (count, mean, sum of squared deviations), merged with Chan's formula.
-struct Welford {
-  float n, mean, m2;
-};
-
-__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
-  if (b.n == 0.f) return a;  // an empty side changes nothing (not even an inf mean)
-  if (a.n == 0.f) return b;
-  const float n = a.n + b.n;
-  const float d = b.mean - a.mean, wb = b.n / n;
-  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
-}
-
-// Merges over `width` lanes (a power of two <= 32) by xor butterfly; the lower lane's value
-// goes first in every merge, so all lanes end with bit-identical results.
-__device__ __forceinline__ Welford lane_welford(Welford w, int width) {
+// Layer norm's row statistics in one reduction (one barrier round per row, as rms norm's
+// sum of squares) instead of a sum for the mean, then a sum of squared deviations from it.
+// Each thread passes its count n, its sum s of x - c (c: a value common to the row group,
+// e.g. the row's first element, so a large common offset costs no digits and a constant
+// row sums to exactly 0) and its sum q of squared deviations from its own mean s / n (two
+// passes over its registers). Members are merged a level at a time (the warp, then the
+// group's warps), Chan's formula with sums only: S = sum s, N = sum n, and
+// Q = sum (q + n (s / n - S / N)^2), every term a square (no cancellation). Sums in xor
+// butterflies are bit-identical on every lane. EQUAL: every thread has the same count
+// (n need not be reduced). Returns {S, Q} over the group (N: the row length).
+template <bool EQUAL>
+__device__ __forceinline__ void stats_merge(float& n, float& s, float& q, int width,
+                                            int members) {
+  float S = s, N = n;
   for (int o = 1; o < width; o <<= 1) {
-    const Welford other{__shfl_xor_sync(0xffffffffu, w.n, o),
-                        __shfl_xor_sync(0xffffffffu, w.mean, o),
-                        __shfl_xor_sync(0xffffffffu, w.m2, o)};
-    w = (threadIdx.x & o) ? welford_merge(other, w) : welford_merge(w, other);
+    S += __shfl_xor_sync(0xffffffffu, S, o);
+    if constexpr (!EQUAL) N += __shfl_xor_sync(0xffffffffu, N, o);
   }
-  return w;
+  if constexpr (EQUAL) N = n * members;
+  const float d = n > 0.f ? __fdividef(s, n) - __fdividef(S, N) : 0.f;
+  float Q = fmaf(n * d, d, q);
+  for (int o = 1; o < width; o <<= 1) Q += __shfl_xor_sync(0xffffffffu, Q, o);
+  n = N;
+  s = S;
+  q = Q;
 }
 
-// The layer norm statistics of each row group in one reduction (group_sum's shape, one
-// barrier): each thread passes (its count, its mean, its sum of squared deviations from
-// it), computed in two passes over its registers. One reduction instead of group_sum for
-// the mean and again for the variance: the second barrier round per row was what kept the
-// layer norm forward ~8 points under rms at 32768 columns (KERNEL_LOG norm v9). A constant
-// row stays exact: each thread's mean is x0 and every merge adds d = 0.
-__device__ __forceinline__ Welford group_welford(Welford w, int tpr, float (*scratch)[32]) {
-  if (tpr <= 32) return lane_welford(w, tpr);
+template <bool EQUAL>
+__device__ __forceinline__ float2 group_layer_stats(float n, float s, float q, int tpr,
+                                                    float (*scratch)[32]) {
+  if (tpr <= 32) {
+    stats_merge<EQUAL>(n, s, q, tpr, tpr);
+    return {s, q};
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wpg = tpr / 32, first = warp - warp % wpg;
-  w = lane_welford(w, 32);
+  stats_merge<EQUAL>(n, s, q, 32, 32);
   if (lane == 0) {
-    scratch[0][warp] = w.n;
-    scratch[1][warp] = w.mean;
-    scratch[2][warp] = w.m2;
+    scratch[0][warp] = n;
+    scratch[1][warp] = s;
+    scratch[2][warp] = q;
   }
   __syncthreads();
-  w = lane < wpg ? Welford{scratch[0][first + lane], scratch[1][first + lane],
-                           scratch[2][first + lane]}
-                 : Welford{0.f, 0.f, 0.f};
-  return lane_welford(w, 32);
+  const bool have = lane < wpg;
+  n = have ? scratch[0][first + lane] : 0.f;
+  s = have ? scratch[1][first + lane] : 0.f;
+  q = have ? scratch[2][first + lane] : 0.f;
+  stats_merge<EQUAL>(n, s, q, 32, wpg);
+  return {s, q};
 }
 
-// One thread's share of a row, vectors get(i) for the i < VPT with live(i) (live(0) when
-// any is): its count, its mean (its first value x0 plus the mean of x - x0, so that a large
-// common offset costs no digits) and its squared deviations from that mean.
+// One thread's (n, s, q) for group_layer_stats: vectors get(i) for the i < VPT with
+// live(i), shifted by c.
 template <int VEC, int VPT, typename Get, typename Live>
-__device__ __forceinline__ Welford thread_welford(Get get, Live live) {
-  float x0 = 0.f, sum = 0.f, n = 0.f;
+__device__ __forceinline__ float3 thread_layer_stats(Get get, Live live, float c) {
+  float n = 0.f, s = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (live(i)) {
       const FVec<VEC> f = get(i);
-      if (i == 0) x0 = f.v[0];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += f.v[j] - x0;
+      for (int j = 0; j < VEC; ++j) s += f.v[j] - c;
       n += VEC;
     }
   }
-  const float mean = n > 0.f ? x0 + __fdividef(sum, n) : 0.f;
-  float m2 = 0.f;
+  const float m = n > 0.f ? c + __fdividef(s, n) : c;
+  float q = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (live(i)) {
       const FVec<VEC> f = get(i);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = f.v[j] - mean;
-        m2 += d * d;
+        const float d = f.v[j] - m;
+        q = fmaf(d, d, q);
       }
     }
   }
-  return {n, mean, m2};
+  return {n, s, q};
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -404,6 +405,7 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
     auto col = [&](int i) { return i * tpr + g.lane; };
     auto live = [&](int i) { return valid && col(i) < nvec; };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
+    const float shift = layer && valid ? row_first(p, off, res) : 0.f;
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
     // packed words. When T == R, x is loaded straight into v (no second copy of the row).
     constexpr bool kSame = std::is_same_v<T, R>;
@@ -437,14 +439,15 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
         }
       }
     }
-    // One reduction per row: (count, mean, squared deviations) for layer norm, the sum of
-    // squares for rms norm.
+    // One reduction per row: layer norm's (sum of x - shift, squared deviations), or rms
+    // norm's sum of squares.
     auto get = [&](int i) { return to_float(v[i]); };
     float mean = 0.f, q;
     if (layer) {
-      const Welford w = group_welford(thread_welford<VEC, VPT>(get, live), tpr, scratch[slot]);
-      mean = w.mean;
-      q = w.m2;
+      const float3 t = thread_layer_stats<VEC, VPT>(get, live, shift);
+      const float2 g = group_layer_stats<false>(t.x, t.y, t.z, tpr, scratch[slot]);
+      mean = shift + g.x * inv_n;
+      q = g.y;
     } else {
       float t[1] = {0.f};
 #pragma unroll
@@ -452,7 +455,7 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
         if (live(i)) {
           const FVec<VEC> f = get(i);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) t[0] += f.v[j] * f.v[j];
+          for (int j = 0; j < VEC; ++j) t[0] = fmaf(f.v[j], f.v[j], t[0]);
         }
       }
       group_sum<1>(t, tpr, scratch[slot], false);
@@ -483,6 +486,18 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
       p.rstd[row] = rstd;
     }
   }
+}
+
+// Welford's running (count, mean, sum of squared deviations), merged with Chan's formula.
+struct Welford {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float d = b.mean - a.mean, wb = b.n / n;
+  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
 }
 
 __device__ __forceinline__ Welford warp_welford(Welford w) {
@@ -588,8 +603,8 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 // reductions (they are L1/L2 hits; loaded with the row they would need 32 more registers
 // and spill 56-256 bytes). A standalone sweep (KERNEL_LOG, norm forward, session 3) put
 // this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
-// Layer norm's mean and variance come from one reduction (group_welford), which keeps
-// constant rows exact.
+// Layer norm's statistics in one reduction (group_layer_stats, shifted by the row's first
+// element as in norm_fwd_regs: constant rows exact).
 constexpr int kFixedVpt = 4;
 // (tests/test_norm.py FIXED_COLS lists the same lengths.)
 using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
@@ -619,6 +634,7 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   const bool valid = row < p.rows;
   const int64_t base = (valid ? row : p.rows - 1) * COLS + lane * VEC;
   auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
+  const float shift = LAYER ? row_first(p, (valid ? row : p.rows - 1) * COLS, RES == 1) : 0.f;
   // Every load of the row first; then the row as floats (the sum of the add forms is
   // stored as soon as it is formed: no load is left to overtake).
   Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
@@ -642,17 +658,17 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   }
   float mean = 0.f, q;
   if constexpr (LAYER) {
-    const Welford w = group_welford(
-        thread_welford<VEC, VPT>([&](int i) { return v[i]; }, [](int) { return true; }), TPR,
-        scratch);
-    mean = w.mean;
-    q = w.m2;
+    const float3 t = thread_layer_stats<VEC, VPT>([&](int i) { return v[i]; },
+                                                  [](int) { return true; }, shift);
+    const float2 g = group_layer_stats<true>(t.x, t.y, t.z, TPR, scratch);
+    mean = shift + g.x * (1.f / COLS);
+    q = g.y;
   } else {
     float t[1] = {0.f};
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) t[0] += v[i].v[j] * v[i].v[j];
+      for (int j = 0; j < VEC; ++j) t[0] = fmaf(v[i].v[j], v[i].v[j], t[0]);
     }
     group_sum<1>(t, TPR, scratch, false);
     q = t[0];
