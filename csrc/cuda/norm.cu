@@ -15,11 +15,10 @@
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
-//     reductions) for short rows, whole warps (one row per block) for long ones. One
-//     reduction per row: rms norm's sum of squares; layer norm's sum of x - x0 (x0 = the
-//     row's first element, so a constant row gets mean = x0 and xhat = 0 exactly) merged
-//     with each thread's squared deviations from its own mean (group_layer_stats: two
-//     passes over the registers, no E[x^2] - E[x]^2 cancellation). At most 64 registers (launch bound 1024):
+//     reductions) for short rows, whole warps (one row per block) for long ones. Mean,
+//     then the centered sum of squares over the registers (two passes, no E[x^2] - E[x]^2
+//     cancellation). Layer norm sums x - x0 (x0 = the row's first element), so a constant
+//     row gets mean = x0 and xhat = 0 exactly. At most 64 registers (launch bound 1024):
 //     >= 32 warps per SM whatever the block size, so other blocks' loads cover a block's
 //     reductions. Layer / residual are compile-time flags on the 16-byte path.
 //     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
@@ -269,87 +268,6 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
   if (sync_after) __syncthreads();
 }
 
-// Layer norm's row statistics in one reduction (one barrier round per row, as rms norm's
-// sum of squares) instead of a sum for the mean, then a sum of squared deviations from it.
-// Each thread passes its count n, its sum s of x - c (c: a value common to the row group,
-// e.g. the row's first element, so a large common offset costs no digits and a constant
-// row sums to exactly 0) and its sum q of squared deviations from its own mean s / n (two
-// passes over its registers). Members are merged a level at a time (the warp, then the
-// group's warps), Chan's formula with sums only: S = sum s, N = sum n, and
-// Q = sum (q + n (s / n - S / N)^2), every term a square (no cancellation). Sums in xor
-// butterflies are bit-identical on every lane. EQUAL: every thread has the same count
-// (n need not be reduced). Returns {S, Q} over the group (N: the row length).
-template <bool EQUAL>
-__device__ __forceinline__ void stats_merge(float& n, float& s, float& q, int width,
-                                            int members) {
-  float S = s, N = n;
-  for (int o = 1; o < width; o <<= 1) {
-    S += __shfl_xor_sync(0xffffffffu, S, o);
-    if constexpr (!EQUAL) N += __shfl_xor_sync(0xffffffffu, N, o);
-  }
-  if constexpr (EQUAL) N = n * members;
-  const float d = n > 0.f ? __fdividef(s, n) - __fdividef(S, N) : 0.f;
-  float Q = fmaf(n * d, d, q);
-  for (int o = 1; o < width; o <<= 1) Q += __shfl_xor_sync(0xffffffffu, Q, o);
-  n = N;
-  s = S;
-  q = Q;
-}
-
-template <bool EQUAL>
-__device__ __forceinline__ float2 group_layer_stats(float n, float s, float q, int tpr,
-                                                    float (*scratch)[32]) {
-  if (tpr <= 32) {
-    stats_merge<EQUAL>(n, s, q, tpr, tpr);
-    return {s, q};
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wpg = tpr / 32, first = warp - warp % wpg;
-  stats_merge<EQUAL>(n, s, q, 32, 32);
-  if (lane == 0) {
-    scratch[0][warp] = n;
-    scratch[1][warp] = s;
-    scratch[2][warp] = q;
-  }
-  __syncthreads();
-  const bool have = lane < wpg;
-  n = have ? scratch[0][first + lane] : 0.f;
-  s = have ? scratch[1][first + lane] : 0.f;
-  q = have ? scratch[2][first + lane] : 0.f;
-  stats_merge<EQUAL>(n, s, q, 32, wpg);
-  return {s, q};
-}
-
-// One thread's (n, s, q) for group_layer_stats: vectors get(i) for the i < VPT with
-// live(i), shifted by c.
-template <int VEC, int VPT, typename Get, typename Live>
-__device__ __forceinline__ float3 thread_layer_stats(Get get, Live live, float c) {
-  float n = 0.f, s = 0.f;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (live(i)) {
-      const FVec<VEC> f = get(i);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) s += f.v[j] - c;
-      n += VEC;
-    }
-  }
-  const float m = n > 0.f ? c + __fdividef(s, n) : c;
-  float q = 0.f;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (live(i)) {
-      const FVec<VEC> f = get(i);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = f.v[j] - m;
-        q = fmaf(d, d, q);
-      }
-    }
-  }
-  return {n, s, q};
-}
-
 // ---- forward ------------------------------------------------------------------------------
 
 // norm_fwd_regs' launch bound: any block size up to 1024 threads, hence at most 64
@@ -385,10 +303,10 @@ template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int R
 __global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
                                   kFwdMaxThreads / fwd_max_threads<VPT, fwd_vpt<R, VEC>()>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
-  // Two scratch slots, alternated by consecutive rows' reductions, so each reduction needs
-  // one barrier: a slot is written again only after the other slot's barrier, which every
-  // thread reaches after reading this one.
-  __shared__ float scratch[2][3][32];
+  // Two scratch slots, alternated by consecutive reductions (mean, variance, next row's
+  // ...), so each reduction needs one barrier: a slot is written again only after the
+  // other slot's barrier, which every thread reaches after reading this one.
+  __shared__ float scratch[2][1][32];
   int slot = 0;
   const bool layer = LAYER == kRuntime ? p.layer : LAYER == 1;
   const bool res = RES == kRuntime ? p.residual != nullptr : RES == 1;
@@ -425,44 +343,46 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
         if (res) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
       }
     }
-    if (res || !kSame) {
+    float sum = 0.f;
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (live(i)) {
-          FVec<VEC> f = to_float(xv(i));
+    for (int i = 0; i < VPT; ++i) {
+      if (live(i)) {
+        FVec<VEC> f = to_float(xv(i));
+        if (res || !kSame) {
           if (res) {
             const FVec<VEC> r = to_float(rv[i]);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
           }
           v[i] = from_float<R, VEC>(f);
+          f = to_float(v[i]);
         }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
       }
     }
-    // One reduction per row: layer norm's (sum of x - shift, squared deviations), or rms
-    // norm's sum of squares.
-    auto get = [&](int i) { return to_float(v[i]); };
-    float mean = 0.f, q;
+    float mean = 0.f;
     if (layer) {
-      const float3 t = thread_layer_stats<VEC, VPT>(get, live, shift);
-      const float2 g = group_layer_stats<false>(t.x, t.y, t.z, tpr, scratch[slot]);
-      mean = shift + g.x * inv_n;
-      q = g.y;
-    } else {
-      float t[1] = {0.f};
+      float t[1] = {sum};
+      group_sum<1>(t, tpr, scratch[slot], false);
+      slot ^= 1;
+      mean = shift + t[0] * inv_n;
+    }
+    float t[1] = {0.f};
 #pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (live(i)) {
-          const FVec<VEC> f = get(i);
+    for (int i = 0; i < VPT; ++i) {
+      if (live(i)) {
+        const FVec<VEC> f = to_float(v[i]);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) t[0] = fmaf(f.v[j], f.v[j], t[0]);
+        for (int j = 0; j < VEC; ++j) {
+          const float d = f.v[j] - mean;
+          t[0] += d * d;
         }
       }
-      group_sum<1>(t, tpr, scratch[slot], false);
-      q = t[0];
     }
+    group_sum<1>(t, tpr, scratch[slot], false);
     slot ^= 1;
-    const float rstd = rsqrtf(q * inv_n + p.eps);
+    const float rstd = rsqrtf(t[0] * inv_n + p.eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
@@ -603,8 +523,12 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 // reductions (they are L1/L2 hits; loaded with the row they would need 32 more registers
 // and spill 56-256 bytes). A standalone sweep (KERNEL_LOG, norm forward, session 3) put
 // this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
-// Layer norm's statistics in one reduction (group_layer_stats, shifted by the row's first
-// element as in norm_fwd_regs: constant rows exact).
+//
+// Exact constant rows without norm_fwd_regs' x0 shift: every partial sum of a constant
+// 16-bit row is k * x0 with k a product of two factors < 64 and a power of two, which
+// float32 holds exactly (x0 has <= 11 significant bits; and the sum does not overflow, i.e.
+// |x0| < FLT_MAX / cols), and the mean is a correctly rounded division by the length (not
+// a multiplication by its inexact reciprocal), so mean == x0 and every x - mean is 0.
 constexpr int kFixedVpt = 4;
 // (tests/test_norm.py FIXED_COLS lists the same lengths.)
 using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
@@ -626,7 +550,7 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
   constexpr int RPB = fixed_block(TPR) / TPR;  // rows per block
   static_assert(RPB * TPR == fixed_block(TPR) && (TPR <= 32 || TPR % 32 == 0), "row group shape");
-  __shared__ float scratch[3][32];
+  __shared__ float scratch[2][1][32];
   const int lane = threadIdx.x % TPR;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / TPR;
   // A group past the last row (the last block only) reads the last row and stores nothing,
@@ -634,7 +558,6 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   const bool valid = row < p.rows;
   const int64_t base = (valid ? row : p.rows - 1) * COLS + lane * VEC;
   auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
-  const float shift = LAYER ? row_first(p, (valid ? row : p.rows - 1) * COLS, RES == 1) : 0.f;
   // Every load of the row first; then the row as floats (the sum of the add forms is
   // stored as soon as it is formed: no load is left to overtake).
   Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
@@ -644,6 +567,7 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
     if constexpr (RES) res[i] = load_raw<T, VEC>(p.residual + at(i));
   }
   FVec<VEC> v[VPT];
+  float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     v[i] = to_float(in[i]);
@@ -655,25 +579,26 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
       if (valid) store_raw<T, VEC>(p.sum + at(i), rounded);
       v[i] = to_float(rounded);
     }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum += v[i].v[j];
   }
-  float mean = 0.f, q;
+  float mean = 0.f;
   if constexpr (LAYER) {
-    const float3 t = thread_layer_stats<VEC, VPT>([&](int i) { return v[i]; },
-                                                  [](int) { return true; }, shift);
-    const float2 g = group_layer_stats<true>(t.x, t.y, t.z, TPR, scratch);
-    mean = shift + g.x * (1.f / COLS);
-    q = g.y;
-  } else {
-    float t[1] = {0.f};
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) t[0] = fmaf(v[i].v[j], v[i].v[j], t[0]);
-    }
-    group_sum<1>(t, TPR, scratch, false);
-    q = t[0];
+    float t[1] = {sum};
+    group_sum<1>(t, TPR, scratch[0], false);
+    mean = __fdiv_rn(t[0], static_cast<float>(COLS));
   }
-  const float rstd = rsqrtf(q * (1.f / COLS) + p.eps);
+  float q[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = v[i].v[j] - mean;
+      q[0] += d * d;
+    }
+  }
+  group_sum<1>(q, TPR, scratch[1], false);  // the other slot: no barrier between the two
+  const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
   if (!valid) return;
   // w / b two vectors at a time: the empty asm keeps the compiler from hoisting all of
   // them above the stores (32 more live registers: spills at the 64-register bound).
