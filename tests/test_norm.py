@@ -594,6 +594,9 @@ def test_cuda_cluster_backward_many_rows(kind, cols):
 # rows of 1024 or 2 of 2048 columns) partly empty; rows of one random (non-dyadic) value
 # each, which must normalize to exactly 0 (layer norm: y == b); a row at mean 1e4.
 FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
+# 32768: the wide norm_fwd_regs shaped at compile time (plain norms; the add forms check the
+# run-time kernel there).
+FIXED_COLS_ALL = FIXED_COLS + [32768]
 
 
 def _fixed_params(kind, cols, dtype, weight, bias):
@@ -606,10 +609,10 @@ def _fixed_params(kind, cols, dtype, weight, bias):
 @pytest.mark.parametrize("fixed", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols", FIXED_COLS)
+@pytest.mark.parametrize("cols", FIXED_COLS_ALL)
 def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
     monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
-    rows = (1 << 20) // cols + 1  # 1025 rows of 1024, ..., 65 of 16384
+    rows = (1 << 20) // cols + 1  # 1025 rows of 1024, ..., 65 of 16384, 33 of 32768
     x = torch.randn(rows, cols, device="cuda")
     const = [3, rows - 1]  # the last row sits in a partly empty block
     x[const] = torch.randn(len(const), 1, device="cuda") * 3
@@ -688,6 +691,22 @@ def test_cuda_fixed_lengths_dispatch(kind, monkeypatch):
             names = _cuda_kernel_names(call)
             assert any("norm_fwd" in n for n in names), names
             assert any("norm_fwd_fixed" in n for n in names) == want, (w_dtype, fixed, names)
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_fixed_wide_dispatch(kind, monkeypatch):
+    # 32768 columns reach the compile-time-shaped wide kernel (norm_fwd_regs<..., 512>) with
+    # 16-bit parameters and FUSED_NORM_FIXED unset, the run-time one otherwise.
+    x = torch.randn(8, 32768, device="cuda", dtype=torch.bfloat16)
+    for w_dtype, fixed, want in [(torch.bfloat16, "1", True), (torch.float32, "1", False),
+                                 (torch.bfloat16, "0", False)]:
+        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+        w = torch.randn(32768, device="cuda", dtype=w_dtype)
+        names = [n for n in _cuda_kernel_names(
+            lambda: fused_forward(kind, x, [32768], w, None, 1e-5)) if "norm_fwd_regs" in n]
+        assert names, names
+        assert any(", 512>" in n for n in names) == want, (w_dtype, fixed, names)
 
 
 @CUDA

@@ -299,10 +299,17 @@ constexpr int fwd_max_threads() {
   return VPT > DEFAULT_VPT ? kFwdWideThreads : kFwdMaxThreads;
 }
 
-template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES>
+// FIXED_TPR > 0: the row length is FIXED_TPR * VPT * VEC and tpr == FIXED_TPR, both known at
+// compile time (no per-vector bounds checks, constant index math), as norm_fwd_fixed does
+// for shorter rows; used for the wide variant at 32768 16-bit elements.
+template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
+          int FIXED_TPR = 0>
 __global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
                                   kFwdMaxThreads / fwd_max_threads<VPT, fwd_vpt<R, VEC>()>())
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
+  constexpr bool kFixed = FIXED_TPR > 0;
+  constexpr int kFixedCols = FIXED_TPR * VPT * VEC;
+  if constexpr (kFixed) tpr = FIXED_TPR;
   // Two scratch slots, alternated by consecutive reductions (mean, variance, next row's
   // ...), so each reduction needs one barrier: a slot is written again only after the
   // other slot's barrier, which every thread reaches after reading this one.
@@ -311,17 +318,18 @@ norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   const bool layer = LAYER == kRuntime ? p.layer : LAYER == 1;
   const bool res = RES == kRuntime ? p.residual != nullptr : RES == 1;
   const RowGroup g(tpr);
-  const int nvec = p.cols / VEC;
-  const float inv_n = 1.f / static_cast<float>(p.cols);
+  const int64_t cols = kFixed ? kFixedCols : p.cols;
+  const int nvec = static_cast<int>(cols / VEC);
+  const float inv_n = 1.f / static_cast<float>(cols);
   const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
        first += step) {
     const int64_t row = first + g.group;
     const bool valid = row < p.rows;
-    const int64_t off = row * p.cols;
+    const int64_t off = row * cols;
     // Vector i of the row, if this thread holds it, sits at off + col(i) * VEC.
     auto col = [&](int i) { return i * tpr + g.lane; };
-    auto live = [&](int i) { return valid && col(i) < nvec; };
+    auto live = [&](int i) { return valid && (kFixed || col(i) < nvec); };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
     const float shift = layer && valid ? row_first(p, off, res) : 0.f;
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
@@ -1264,8 +1272,17 @@ void forward_with(const FwdParams<T, W, R>& p) {
       need_wide <= kFwdWideThreads) {
     if constexpr (kFwdHasWide<T, R, VEC>) {  // 16K-32K elements: one row per block
       const int tpr = round_up(need_wide, 32);
+      // 32768 elements (every thread's 8 vectors whole): the compile-time-shaped variant,
+      // with parameters in x's dtype (FUSED_NORM_FIXED=0 turns it off, as norm_fwd_fixed).
       auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
                             : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
+      if constexpr (std::is_same_v<T, W>) {
+        constexpr int kW = kFwdWideThreads;
+        if (fixed_enabled() && nvec == kW * kFwdWideVpt) {
+          kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, kW>
+                           : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, kW>;
+        }
+      }
       kernel<<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
     }
   } else if (need <= kFwdMaxThreads) {
