@@ -10,8 +10,9 @@
 // Forward, by row length (nvec = 16-byte vectors per row, or elements on the scalar path):
 //   * norm_fwd_fixed: 16-bit rows of 1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288 or
 //     16384 elements with parameters in x's dtype: norm_fwd_regs with the whole launch
-//     shape a compile-time constant (faster: see its comment). FUSED_NORM_FIXED=0 turns it
-//     off. Everything else:
+//     shape a compile-time constant (faster: see its comment); plain 16-bit rows of 32768
+//     take norm_fwd_regs' wide variant shaped at compile time (FIXED_TPR).
+//     FUSED_NORM_FIXED=0 turns both off. Everything else:
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
