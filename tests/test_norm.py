@@ -671,42 +671,38 @@ def _cuda_kernel_names(fn):
     return [e.name for e in prof.events()]  # CPU ops are named fused::..., kernels by function
 
 
+# Which forward kernel the compile-time-shaped lengths reach (a dispatch slip would fall
+# back to the run-time kernels silently: every result would still be right): per (columns,
+# add form), a predicate on the kernel names. Only with 16-bit x, parameters in x's dtype
+# and FUSED_NORM_FIXED unset.
+FWD_FIXED_KERNELS = [
+    (4096, False, lambda n: "norm_fwd_fixed" in n),
+    (4096, True, lambda n: "norm_fwd_fixed" in n),
+    (32768, False, lambda n: "norm_fwd_regs" in n and ", 512>" in n),   # the wide variant
+    (32768, True, lambda n: "norm_fwd_regs" in n and ", 1024>" in n),  # the add forms
+]
+
+
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
-def test_cuda_fixed_lengths_dispatch(kind, monkeypatch):
-    # The fixed lengths must reach norm_fwd_fixed (a dispatch slip would fall back to
-    # norm_fwd_regs silently: every result would still be right), and only with 16-bit x
-    # and parameters in x's dtype.
-    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("cols,add,is_fixed", FWD_FIXED_KERNELS,
+                         ids=[f"{c}-{'add' if a else 'plain'}" for c, a, _ in FWD_FIXED_KERNELS])
+def test_cuda_fixed_forward_dispatch(kind, cols, add, is_fixed, monkeypatch):
+    x = torch.randn(8, cols, device="cuda", dtype=torch.bfloat16)
     r = torch.randn_like(x)
     for w_dtype, fixed, want in [(torch.bfloat16, "1", True), (torch.float32, "1", False),
                                  (torch.bfloat16, "0", False)]:
         monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
-        w = torch.randn(4096, device="cuda", dtype=w_dtype)
-        if kind == "layer":
-            add = lambda: ops.add_layer_norm(x, r, [4096], w, None, 1e-5, False)  # noqa: E731
+        w = torch.randn(cols, device="cuda", dtype=w_dtype)
+        if not add:
+            call = lambda: fused_forward(kind, x, [cols], w, None, 1e-5)  # noqa: E731
+        elif kind == "layer":
+            call = lambda: ops.add_layer_norm(x, r, [cols], w, None, 1e-5, False)  # noqa: E731
         else:
-            add = lambda: ops.add_rms_norm(x, r, [4096], w, 1e-5, False)  # noqa: E731
-        for call in [lambda: fused_forward(kind, x, [4096], w, None, 1e-5), add]:
-            names = _cuda_kernel_names(call)
-            assert any("norm_fwd" in n for n in names), names
-            assert any("norm_fwd_fixed" in n for n in names) == want, (w_dtype, fixed, names)
-
-
-@CUDA
-@pytest.mark.parametrize("kind", KINDS)
-def test_cuda_fixed_wide_dispatch(kind, monkeypatch):
-    # 32768 columns reach the compile-time-shaped wide kernel (norm_fwd_regs<..., 512>) with
-    # 16-bit parameters and FUSED_NORM_FIXED unset, the run-time one otherwise.
-    x = torch.randn(8, 32768, device="cuda", dtype=torch.bfloat16)
-    for w_dtype, fixed, want in [(torch.bfloat16, "1", True), (torch.float32, "1", False),
-                                 (torch.bfloat16, "0", False)]:
-        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
-        w = torch.randn(32768, device="cuda", dtype=w_dtype)
-        names = [n for n in _cuda_kernel_names(
-            lambda: fused_forward(kind, x, [32768], w, None, 1e-5)) if "norm_fwd_regs" in n]
-        assert names, names
-        assert any(", 512>" in n for n in names) == want, (w_dtype, fixed, names)
+            call = lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, False)  # noqa: E731
+        names = [n for n in _cuda_kernel_names(call) if "norm_fwd" in n]
+        assert names, (w_dtype, fixed)
+        assert any(is_fixed(n) for n in names) == want, (w_dtype, fixed, names)
 
 
 @CUDA

@@ -178,6 +178,67 @@ def test_cuda_long_rows_persistent(dtype, length):
         check_backward(y, scale=scale, msg=f"scale={scale}")
 
 
+# softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns (scale > 0, no
+# mask), shaped at compile time; FUSED_SOFTMAX_FIXED=0 sends the same rows to the general
+# path (a 2-block cluster on sm_90). Rows of different spreads and offsets (a row mixed
+# with another's max or sum would show), a constant row (exactly 1 / 32768 each), a row at
+# +-1e4 (only the max subtraction keeps exp finite), the special rows, scales either side
+# of 1 and a negative one (which takes the general path).
+@CUDA
+@pytest.mark.parametrize("fixed", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_fixed_rows(dtype, fixed, monkeypatch):
+    monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
+    length, rows = 32768, 301
+    spread = torch.rand(rows, 1, device="cuda") * 6 + 0.5
+    x = torch.randn(rows, length, device="cuda") * spread + torch.randn(rows, 1, device="cuda") * 4
+    x[3] = 2.5
+    x[7] = (torch.rand(length, device="cuda") * 2 - 1) * 1e4
+    x = x.to(dtype)
+    for log in (False, True):
+        y = check_forward(x, log=log, msg=f"log={log} FUSED_SOFTMAX_FIXED={fixed}")
+        check_backward(y, log=log, msg=f"log={log}")
+        if not log:
+            assert torch.equal(y[3], torch.full_like(y[3], 1 / length)), "constant row"
+    for scale in (0.125, 3.0, -0.7):
+        check_forward(x, scale=scale, msg=f"scale={scale} FUSED_SOFTMAX_FIXED={fixed}")
+    special = special_rows(length, "cuda", dtype)
+    for log in (False, True):
+        y = check_forward(special, log=log, msg=f"special log={log}")
+        native = torch.log_softmax(special, -1) if log else torch.softmax(special, -1)
+        torch.testing.assert_close(y.isnan(), native.isnan())
+
+
+@CUDA
+def test_cuda_fixed_dispatch(monkeypatch):
+    # Which rows reach softmax_fwd_fixed (a dispatch slip would fall back silently: every
+    # result would still be right): 16-bit, 32768 columns, aligned, scale > 0, no mask,
+    # FUSED_SOFTMAX_FIXED unset; the backward never.
+    def kernels(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if "softmax" in e.name and "fused::" not in e.name]
+
+    x = torch.randn(4, 32768, device="cuda", dtype=torch.bfloat16)
+    cases = [
+        ("bf16", lambda: fused_ops.softmax(x), "1", True),
+        ("fp16 log", lambda: fused_ops.log_softmax(x.half()), "1", True),
+        ("scale 0.5", lambda: fused_ops.softmax(x, scale=0.5), "1", True),
+        ("negative scale", lambda: fused_ops.softmax(x, scale=-0.5), "1", False),
+        ("causal", lambda: fused_ops.softmax(x.view(1, 4, 32768), causal=True), "1", False),
+        ("float32", lambda: fused_ops.softmax(x.float()), "1", False),
+        ("32767", lambda: fused_ops.softmax(x[:, :32767]), "1", False),
+        ("backward", lambda: ops.softmax_backward(x, x, -1), "1", False),
+        ("FUSED_SOFTMAX_FIXED=0", lambda: fused_ops.softmax(x), "0", False),
+    ]
+    for name, call, fixed, want in cases:
+        monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
+        names = kernels(call)
+        assert names, name
+        assert any("softmax_fwd_fixed" in n for n in names) == want, (name, names)
+
+
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [262144, 300000, 524288])

@@ -10,9 +10,10 @@
 // Forward, by row length (nvec = 16-byte vectors per row, or elements on the scalar path):
 //   * norm_fwd_fixed: 16-bit rows of 1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288 or
 //     16384 elements with parameters in x's dtype: norm_fwd_regs with the whole launch
-//     shape a compile-time constant (faster: see its comment); plain 16-bit rows of 32768
-//     take norm_fwd_regs' wide variant shaped at compile time (FIXED_TPR).
-//     FUSED_NORM_FIXED=0 turns both off. Everything else:
+//     shape a compile-time constant (faster: see its comment); 16-bit rows of 32768 take
+//     norm_fwd_regs shaped at compile time (FIXED_TPR): its wide variant (512 threads)
+//     for the plain norms, 1024 threads for the add forms.
+//     FUSED_NORM_FIXED=0 turns these off. Everything else:
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
@@ -60,6 +61,7 @@
 #include "common/checks.h"
 #include "common/cluster.cuh"
 #include "common/dispatch.h"
+#include "common/half_bits.cuh"
 #include "common/launch.cuh"
 #include "common/norm.h"
 #include "common/reduce.cuh"
@@ -151,24 +153,6 @@ __device__ __forceinline__ Raw<T, N> load_raw(const T* p) {
 template <typename T, int N>
 __device__ __forceinline__ void store_raw(T* p, const Raw<T, N>& r) {
   *reinterpret_cast<Raw<T, N>*>(p) = r;
-}
-
-template <typename T>
-__device__ __forceinline__ float half_bits_to_float(uint32_t b) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return __uint_as_float(b << 16);
-  } else {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t float_to_half_bits(float f) {  // nearest even
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  } else {
-    return __half_as_ushort(__float2half_rn(f));
-  }
 }
 
 template <typename T, int N>
@@ -310,7 +294,7 @@ __global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
 norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   constexpr bool kFixed = FIXED_TPR > 0;
   constexpr int kFixedCols = FIXED_TPR * VPT * VEC;
-  if constexpr (kFixed) tpr = FIXED_TPR;
+  if constexpr (kFixed) tpr = FIXED_TPR;  // the launcher passes the same: a constant here
   // Two scratch slots, alternated by consecutive reductions (mean, variance, next row's
   // ...), so each reduction needs one barrier: a slot is written again only after the
   // other slot's barrier, which every thread reaches after reading this one.
@@ -1242,7 +1226,6 @@ bool fixed_enabled() {
 // norm_fwd_fixed for p if its row length is one of the fixed ones; false otherwise.
 template <typename T, int... TPRS>
 bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS...>) {
-  if (!fixed_enabled()) return false;
   auto launch = [&](auto tpr) {
     constexpr int TPR = decltype(tpr)::value, RPB = fixed_block(TPR) / TPR;
     const int64_t blocks = ceil_div(p.rows, RPB);  // a row group per row, no row loop
@@ -1258,8 +1241,13 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
 
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
-  if constexpr (VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>) {
-    if (launch_fixed(p, FixedTprs{})) {
+  // The compile-time-shaped kernels take 16-bit rows with parameters (and the sum) in x's
+  // dtype on the 16-byte path.
+  constexpr bool kFixedTypes =
+      VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>;
+  const bool fixed = kFixedTypes && fixed_enabled();
+  if constexpr (kFixedTypes) {
+    if (fixed && launch_fixed(p, FixedTprs{})) {
       FUSED_LAUNCH_CHECK();
       return;
     }
@@ -1273,18 +1261,26 @@ void forward_with(const FwdParams<T, W, R>& p) {
       need_wide <= kFwdWideThreads) {
     if constexpr (kFwdHasWide<T, R, VEC>) {  // 16K-32K elements: one row per block
       const int tpr = round_up(need_wide, 32);
-      // 32768 elements (every thread's 8 vectors whole): the compile-time-shaped variant,
-      // with parameters in x's dtype (FUSED_NORM_FIXED=0 turns it off, as norm_fwd_fixed).
+      // 32768 elements (every thread's 8 vectors whole): the compile-time-shaped variant.
+      constexpr int kW = kFwdWideThreads;
       auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
                             : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
-      if constexpr (std::is_same_v<T, W>) {
-        constexpr int kW = kFwdWideThreads;
-        if (fixed_enabled() && nvec == kW * kFwdWideVpt) {
+      if constexpr (kFixedTypes) {
+        if (fixed && nvec == kW * kFwdWideVpt) {
           kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, kW>
                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, kW>;
         }
       }
       kernel<<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
+    }
+  } else if (kFixedTypes && fixed && p.residual != nullptr && nvec == kFwdMaxThreads * VPT) {
+    if constexpr (kFixedTypes) {
+      // The add forms at 32768 16-bit elements: one row per 1024-thread block, the
+      // compile-time-shaped variant (the wide one would spill with the residual).
+      constexpr int kM = kFwdMaxThreads;
+      auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1, kM>
+                            : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1, kM>;
+      kernel<<<grid_for(p.rows), kM, 0, stream>>>(p, kM);
     }
   } else if (need <= kFwdMaxThreads) {
     // A power-of-two group of <= 32 threads per row, several rows per 128-thread block; or

@@ -28,6 +28,9 @@
 //                          the row's partials and writes. x is read twice (3 passes of the
 //                          row instead of 2); no block ever waits for another.
 //
+// Plain 16-bit forward rows of exactly 32768 (scale > 0, no mask) take softmax_fwd_fixed
+// instead: one row per 512-thread block, shaped at compile time, two blocks per SM.
+//
 // The shape is a compile-time choice per launch (P, BLOCK), with bounds checked at run time
 // per vector, not per element: the lean code is what reaches the copy bandwidth. A generic
 // kernel with runtime tile loops and cluster reductions, which this file held before,
@@ -56,6 +59,7 @@
 #include "common/cluster.cuh"
 #include "common/dispatch.h"
 #include "common/fast_math.cuh"
+#include "common/half_bits.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
 #include "common/softmax.h"
@@ -635,6 +639,98 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // ---------------------------------------------------------------------------------------
+// softmax_fwd_fixed: the forward of plain 16-bit rows of exactly kFixedLen = 32768
+// columns (scale > 0, no mask), shaped at compile time as norm.cu's wide forward is for
+// the same width: one row per 512-thread block, 8 vectors per thread kept as raw bits (32
+// registers) and converted in each pass, the exps recomputed for the output, no bounds
+// checks. At <= 64 registers two blocks share an SM, so one block's loads are in flight
+// while the other reduces; the general path for these rows (a 2-block cluster holding the
+// row as floats, ~125 registers) has one block per SM (KERNEL_LOG softmax v8).
+constexpr int kFixedBlock = 512, kFixedVectors = 8;
+constexpr int kFixedLen = kFixedBlock * kFixedVectors * 8;  // 16-bit T: 8 elements a vector
+
+// max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
+template <typename T>
+__device__ __forceinline__ uint32_t max_pair(uint32_t a, uint32_t b) {
+  using T2 = std::conditional_t<std::is_same_v<T, c10::BFloat16>, __nv_bfloat162, __half2>;
+  T2 x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  const T2 m = __hmax2(x, y);
+  uint32_t r;
+  memcpy(&r, &m, 4);
+  return r;
+}
+
+// Element e (a constant once unrolled) of a 16-byte vector of 16-bit T, as float.
+template <typename T>
+__device__ __forceinline__ float half_elem(const uint4& v, int e) {
+  const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+  return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kFixedBlock, 2)
+    softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
+  constexpr int K = kFixedVectors, kStride = kFixedBlock * 8;  // 8 elements a vector
+  __shared__ float buf[2][kFixedBlock / 32];
+  const Group<kFixedBlock> g{kFixedBlock};
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * kFixedLen + threadIdx.x * 8;
+  uint4 raw[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) raw[k] = *reinterpret_cast<const uint4*>(x + off + k * kStride);
+  // M = max(scale x) = scale max(x) for scale > 0 (rounding is monotonic), on packed pairs.
+  uint4 m4 = raw[0];
+#pragma unroll
+  for (int k = 1; k < K; ++k) {
+    m4.x = max_pair<T>(m4.x, raw[k].x);
+    m4.y = max_pair<T>(m4.y, raw[k].y);
+    m4.z = max_pair<T>(m4.z, raw[k].z);
+    m4.w = max_pair<T>(m4.w, raw[k].w);
+  }
+  m4.x = max_pair<T>(max_pair<T>(m4.x, m4.y), max_pair<T>(m4.z, m4.w));
+  const float m =
+      g.reduce(fmaxf(half_elem<T>(m4, 0), half_elem<T>(m4, 1)), buf[0], MaxOp{}) * scale;
+  const float o = exp_offset(m);
+  // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two).
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += exp_elem<T>(fmaf(half_elem<T>(raw[k], e), scale, -o));
+  }
+  s = g.reduce(s, buf[1], SumOp{});
+  // The write pass converts the words again. Without this (empty) asm the compiler keeps
+  // the sum pass's 64 values of x * scale - M live across the reduction instead, and
+  // spills them (ptxas: 328 bytes for bf16).
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
+  }
+  // The flag is uniform: each case its own loop (no element pays for the other's work).
+  auto write = [&](auto elem) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = elem(fmaf(half_elem<T>(raw[k], 2 * j), scale, -o));
+        const float hi = elem(fmaf(half_elem<T>(raw[k], 2 * j + 1), scale, -o));
+        w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
+      }
+      *reinterpret_cast<uint4*>(y + off + k * kStride) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  };
+  if (log) {
+    const float f = logf(s);
+    write([&](float d) { return d - f; });
+  } else {
+    const float f = 1.f / s;
+    write([&](float d) { return exp_elem<T>(d) * f; });
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Host: choosing the shape and launching
 
 // Vectors per thread: 4 x 16 bytes in flight per input (bf16: 32 elements), 8 scalar
@@ -809,6 +905,26 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
   launch<T, Op, VEC, kSplitBlock>(a, op);
 }
 
+// softmax_fwd_fixed for the rows it is shaped for (16-byte aligned, checked by the
+// caller); false otherwise. FUSED_SOFTMAX_FIXED=0 turns it off (read on every call, so a
+// test or a comparison can switch it).
+template <typename T, typename Op>
+bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
+  if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
+    const char* env = std::getenv("FUSED_SOFTMAX_FIXED");
+    if ((env != nullptr && env[0] == '0') || a.len != kFixedLen || a.causal_q != 0 ||
+        !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) || a.rows <= 0 ||
+        a.rows > std::numeric_limits<int>::max()) {
+      return false;
+    }
+    softmax_fwd_fixed<T><<<static_cast<unsigned>(a.rows), kFixedBlock, 0, current_stream()>>>(
+        a.in[0], a.out, op.scale, op.log);
+    FUSED_LAUNCH_CHECK();
+    return true;
+  }
+  return false;
+}
+
 template <typename T, typename Op>
 void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t causal_q,
          const Op& op, const at::TensorOptions& opts) {
@@ -820,6 +936,7 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
   const bool vec = len % V == 0 && is_aligned(in0) && (in1 == nullptr || is_aligned(in1)) &&
                    is_aligned(out);
   if (vec) {
+    if (launch_fixed(a, op)) return;
     launch_rows<T, Op, V>(a, op, opts);
   } else {
     launch_rows<T, Op, 1>(a, op, opts);
