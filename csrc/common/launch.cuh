@@ -59,21 +59,52 @@ bool runs_sm90_code(Kernel kernel) {
   }) != 0;
 }
 
-// How many clusters of cfg's shape (cfg.attrs: the cluster dimension, csize blocks) fit on
-// the GPU at once; 0 when they cannot run (a size over 8 that this GPU does not allow, or a
-// failed query: an answer, not an error to keep). Sets the non-portable-size attribute
-// first where csize > 8. Callers cache it (cached_launch_query).
-template <typename Kernel>
-int max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& cfg, int csize) {
-  int n = 0;
-  const bool ok =
-      (csize <= 8 ||
-       cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-           cudaSuccess) &&
-      cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess;
-  (void)cudaGetLastError();
-  return ok ? n : 0;
-}
+// A launch of thread-block clusters: `cluster` blocks per cluster, `threads` per block,
+// `smem` bytes of dynamic shared memory, on the current stream. cfg.attrs points into the
+// object, so it is not copied.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t cfg{};
+  int blocks;  // per cluster
+
+  ClusterLaunch(dim3 cluster, int threads, int smem)
+      : blocks(static_cast<int>(cluster.x * cluster.y * cluster.z)) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster.x;
+    attr.val.clusterDim.y = cluster.y;
+    attr.val.clusterDim.z = cluster.z;
+    cfg.gridDim = cluster;
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = current_stream();
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+
+  // How many such clusters of `kernel` fit on the GPU at once; 0 when they cannot run (a
+  // size over 8 that this GPU does not allow, or a failed query: an answer, not an error
+  // to keep). Sets the non-portable-size attribute first where a cluster is over 8 blocks.
+  // Callers cache it (cached_launch_query).
+  template <typename Kernel>
+  int max_active(Kernel kernel) {
+    int n = 0;
+    const bool ok =
+        (blocks <= 8 ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+             cudaSuccess) &&
+        cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess;
+    (void)cudaGetLastError();
+    return ok ? n : 0;
+  }
+
+  template <typename Kernel, typename... Args>
+  void launch(dim3 grid, Kernel kernel, const Args&... args) {
+    cfg.gridDim = grid;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+  }
+};
 
 }  // namespace fused
 

@@ -1362,29 +1362,17 @@ template <typename Kernel, typename T, typename W, typename R>
 bool launch_cluster_backward(Kernel kernel, int csize, int threads, BwdParams<T, W, R> p,
                              NormBackward& nb) {
   if (!runs_sm90_code(kernel)) return false;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(csize);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(csize));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = current_stream();
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  ClusterLaunch cl(dim3(static_cast<unsigned>(csize)), threads, 0);
   // Clusters resident at once on the whole GPU: the persistent grid.
   const void* key = reinterpret_cast<const void*>(kernel);
-  const int active = cached_launch_query(
-      key, csize, threads, [&] { return max_active_clusters(kernel, cfg, csize); });
+  const int active =
+      cached_launch_query(key, csize, threads, [&] { return cl.max_active(kernel); });
   if (active < 1) return false;
   // No more clusters than rows: an idle cluster would still add a partial row.
   const int64_t clusters = std::min<int64_t>(p.rows, active);
   at::Tensor part = alloc_partials(nb, clusters);
   point_partials(p, part, clusters, nb);
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters * csize));
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  cl.launch(dim3(static_cast<unsigned>(clusters * csize)), kernel, p);
   FUSED_LAUNCH_CHECK();
   if (part.defined()) reduce_partials<T>(part, clusters, p.cols, nb);
   return true;

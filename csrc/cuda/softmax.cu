@@ -745,15 +745,6 @@ int next_pow2(int64_t n) {
   return p;
 }
 
-cudaLaunchAttribute cluster_attr(int n) {
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1;
-  attr.val.clusterDim.y = n;  // the chunks of one row: blockIdx.y = the rank
-  attr.val.clusterDim.z = 1;
-  return attr;
-}
-
 // How many clusters of n blocks of `block` threads of `kernel`, each with `smem` bytes of
 // dynamic shared memory, run at once here; 0 when it cannot run as clusters: the GPU is
 // older than sm_90, the kernel's code was not compiled for sm_90 (the 8.0 pass, or its PTX
@@ -774,14 +765,8 @@ int cluster_fit(Kernel kernel, int block, int n, int smem) {
       (void)cudaGetLastError();  // an answer (no room here), not an error to keep
       return 0;
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, n);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr = cluster_attr(n);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const int active = max_active_clusters(kernel, cfg, n);
+    ClusterLaunch cl(dim3(1, n), block, smem);  // the chunks of one row: blockIdx.y = rank
+    const int active = cl.max_active(kernel);
     return active * n >= num_sms() / 2 ? active : 0;
   });
 }
@@ -824,16 +809,10 @@ bool launch_cluster(Args<T, typename Op::State> a, const Op& op, int n) {
   a.tpr = kSplitBlock;
   a.nchunks = n;
   a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
-                     static_cast<unsigned>(n));
-  cfg.blockDim = dim3(kSplitBlock);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = current_stream();
-  cudaLaunchAttribute attr = cluster_attr(n);
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, op));
+  ClusterLaunch(dim3(1, n), kSplitBlock, smem)
+      .launch(dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
+                   static_cast<unsigned>(n)),
+              kernel, a, op);
   return true;
 }
 
