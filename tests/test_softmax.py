@@ -178,18 +178,21 @@ def test_cuda_long_rows_persistent(dtype, length):
         check_backward(y, scale=scale, msg=f"scale={scale}")
 
 
-# softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns (scale > 0, no
-# mask), shaped at compile time; FUSED_SOFTMAX_FIXED=0 sends the same rows to the general
-# path (a 2-block cluster on sm_90). Rows of different spreads and offsets (a row mixed
-# with another's max or sum would show), a constant row (exactly 1 / 32768 each), a row at
-# +-1e4 (only the max subtraction keeps exp finite), the special rows, scales either side
+# softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns, or (sm_90) 2, 4
+# or 8 times that in a cluster (scale > 0, no mask), shaped at compile time;
+# FUSED_SOFTMAX_FIXED=0 sends the same rows to the general path (persistent clusters on
+# sm_90). More rows than clusters fit at once; rows of different spreads and offsets (a row
+# mixed with another's max or sum would show), a constant row (exactly 1 / length each), a
+# row at +-1e4 (only the max subtraction keeps exp finite), the special rows (one with its
+# first half -inf: whole blocks of a cluster without a finite entry), scales either side
 # of 1 and a negative one (which takes the general path).
 @CUDA
 @pytest.mark.parametrize("fixed", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_fixed_rows(dtype, fixed, monkeypatch):
+@pytest.mark.parametrize("length", [32768, 65536, 131072, 262144])
+def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
     monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
-    length, rows = 32768, 301
+    rows = (1 << 23) // length + 45  # 301 rows of 32768, ..., 77 of 262144
     spread = torch.rand(rows, 1, device="cuda") * 6 + 0.5
     x = torch.randn(rows, length, device="cuda") * spread + torch.randn(rows, 1, device="cuda") * 4
     x[3] = 2.5
@@ -218,11 +221,17 @@ def test_cuda_fixed_dispatch(monkeypatch):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        return [e.name for e in prof.events() if "softmax" in e.name and "fused::" not in e.name]
+        names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_fixed")
+        return [e.name for e in prof.events() if any(k in e.name for k in names)]
 
     x = torch.randn(4, 32768, device="cuda", dtype=torch.bfloat16)
+    sm90 = torch.cuda.get_device_capability() >= (9, 0)
     cases = [
         ("bf16", lambda: fused_ops.softmax(x), "1", True),
+        ("65536", lambda: fused_ops.softmax(x.view(2, 65536)), "1", sm90),
+        ("262144", lambda: fused_ops.softmax(x.view(1, 4, 32768).expand(2, 4, 32768)
+                                              .reshape(1, 262144)), "1", sm90),
+        ("98304 (3 blocks)", lambda: fused_ops.softmax(x[:3].reshape(1, 98304)), "1", False),
         ("fp16 log", lambda: fused_ops.log_softmax(x.half()), "1", True),
         ("scale 0.5", lambda: fused_ops.softmax(x, scale=0.5), "1", True),
         ("negative scale", lambda: fused_ops.softmax(x, scale=-0.5), "1", False),

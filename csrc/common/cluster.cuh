@@ -79,6 +79,17 @@ __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t
       : "memory");
 }
 
+// The halves of a cluster barrier with no memory ordering (.relaxed): an arrive that does
+// not wait for the thread's outstanding loads. For "every block of the cluster has started"
+// (its shared memory may be written by a peer): arrive early, wait just before the first
+// access to a peer's shared memory.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
 // v (4 or 8 bytes) into block `rank`'s copy of *slot, counted on its copy of *bar.
 template <typename S>
 __device__ __forceinline__ void push_to_peer(S* slot, uint64_t* bar, int rank, const S& v) {

@@ -28,8 +28,9 @@
 //                          the row's partials and writes. x is read twice (3 passes of the
 //                          row instead of 2); no block ever waits for another.
 //
-// Plain 16-bit forward rows of exactly 32768 (scale > 0, no mask) take softmax_fwd_fixed
-// instead: one row per 512-thread block, shaped at compile time, two blocks per SM.
+// Plain 16-bit forward rows of exactly 32768, 65536, 131072 or 262144 (scale > 0, no mask)
+// take softmax_fwd_fixed instead: a 512-thread block (a cluster of them past 32768) per
+// row, shaped at compile time, two blocks per SM.
 //
 // The shape is a compile-time choice per launch (P, BLOCK), with bounds checked at run time
 // per vector, not per element: the lean code is what reaches the copy bandwidth. A generic
@@ -639,14 +640,19 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// softmax_fwd_fixed: the forward of plain 16-bit rows of exactly kFixedLen = 32768
-// columns (scale > 0, no mask), shaped at compile time as norm.cu's wide forward is for
-// the same width: one row per 512-thread block, 8 vectors per thread kept as raw bits (32
-// registers) and converted in each pass, the exps recomputed for the output, no bounds
-// checks. At <= 64 registers two blocks share an SM, so one block's loads are in flight
-// while the other reduces; the general path for these rows (a 2-block cluster holding the
-// row as floats, ~125 registers) has one block per SM (KERNEL_LOG softmax v8).
-constexpr int kFixedBlock = 512, kFixedVectors = 8;
+// softmax_fwd_fixed: the forward of plain 16-bit rows of exactly N x 32768 columns (N = 1,
+// 2, 4, 8; scale > 0, no mask), shaped at compile time as norm.cu's wide forward is for
+// 32768: blocks of 512 threads, each a 32768-column share of a row, 8 vectors per thread
+// kept as raw bits (32 registers) and converted in each pass, the exps recomputed for the
+// output, no bounds checks. At <= 64 registers two blocks share an SM, so one block's loads
+// are in flight while the other reduces; the general path for these rows (persistent
+// clusters holding the row as floats, ~125 registers) has one block per SM (KERNEL_LOG
+// softmax v8). N > 1 (sm_90): the row's N blocks form a cluster (grid (rows, N), cluster
+// (1, N)), each reduces its share to (max, sum relative to that max), pushes the pair into
+// every peer's shared memory and, after one cluster barrier, combines the N pairs in rank
+// order (the same bits in every block). One row per cluster, not persistent: the other
+// block on the SM covers the exchange.
+constexpr int kFixedBlock = 512, kFixedVectors = 8, kFixedMaxN = 8;
 constexpr int kFixedLen = kFixedBlock * kFixedVectors * 8;  // 16-bit T: 8 elements a vector
 
 // max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
@@ -669,17 +675,24 @@ __device__ __forceinline__ float half_elem(const uint4& v, int e) {
   return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void __launch_bounds__(kFixedBlock, 2)
     softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
   constexpr int K = kFixedVectors, kStride = kFixedBlock * 8;  // 8 elements a vector
   __shared__ float buf[2][kFixedBlock / 32];
+  __shared__ MaxSum slots[N];
   const Group<kFixedBlock> g{kFixedBlock};
-  const int64_t off = static_cast<int64_t>(blockIdx.x) * kFixedLen + threadIdx.x * 8;
+  // Block (row, rank): the rank-th share of the row, N shares a row.
+  const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
+  const int64_t off = share * kFixedLen + threadIdx.x * 8;
   uint4 raw[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) raw[k] = *reinterpret_cast<const uint4*>(x + off + k * kStride);
-  // M = max(scale x) = scale max(x) for scale > 0 (rounding is monotonic), on packed pairs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (N > 1) cluster_arrive_relaxed();  // this block has started (waited for below)
+#endif
+  // The share's max: max(scale x) = scale max(x) for scale > 0 (rounding is monotonic), on
+  // packed pairs.
   uint4 m4 = raw[0];
 #pragma unroll
   for (int k = 1; k < K; ++k) {
@@ -689,9 +702,9 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
     m4.w = max_pair<T>(m4.w, raw[k].w);
   }
   m4.x = max_pair<T>(max_pair<T>(m4.x, m4.y), max_pair<T>(m4.z, m4.w));
-  const float m =
+  float m =
       g.reduce(fmaxf(half_elem<T>(m4, 0), half_elem<T>(m4, 1)), buf[0], MaxOp{}) * scale;
-  const float o = exp_offset(m);
+  float o = exp_offset(m);
   // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two).
   float s = 0.f;
 #pragma unroll
@@ -700,6 +713,21 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
     for (int e = 0; e < 8; ++e) s += exp_elem<T>(fmaf(half_elem<T>(raw[k], e), scale, -o));
   }
   s = g.reduce(s, buf[1], SumOp{});
+  if constexpr (N > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cluster_wait();  // every block of the cluster has started: its slots may be written
+    if (threadIdx.x < N) *cl.map_shared_rank(&slots[blockIdx.y], threadIdx.x) = MaxSum{m, s};
+    cl.sync();  // release / acquire: every block has its N pairs; none is written again
+    const MaxSum row = Fwd{}.combine_lanes(slots, N);
+    m = row.m;
+    s = row.s;
+    o = exp_offset(m);
+#else
+    __trap();  // the host launches clusters only where sm_90 code runs (cluster_fit)
+#endif
+  }
   // The write pass converts the words again. Without this (empty) asm the compiler keeps
   // the sum pass's 64 values of x * scale - M live across the reduction instead, and
   // spills them (ptxas: 328 bytes for bf16).
@@ -885,21 +913,41 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
 }
 
 // softmax_fwd_fixed for the rows it is shaped for (16-byte aligned, checked by the
-// caller); false otherwise. FUSED_SOFTMAX_FIXED=0 turns it off (read on every call, so a
-// test or a comparison can switch it).
+// caller; N > 1 where such clusters run: cluster_fit); false otherwise.
+// FUSED_SOFTMAX_FIXED=0 turns it off (read on every call, so a test or a comparison can
+// switch it).
 template <typename T, typename Op>
 bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
   if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
     const char* env = std::getenv("FUSED_SOFTMAX_FIXED");
-    if ((env != nullptr && env[0] == '0') || a.len != kFixedLen || a.causal_q != 0 ||
+    const int n = a.len / kFixedLen;
+    if ((env != nullptr && env[0] == '0') || a.len % kFixedLen != 0 || n > kFixedMaxN ||
+        (n & (n - 1)) != 0 || a.causal_q != 0 ||
         !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) || a.rows <= 0 ||
         a.rows > std::numeric_limits<int>::max()) {
       return false;
     }
-    softmax_fwd_fixed<T><<<static_cast<unsigned>(a.rows), kFixedBlock, 0, current_stream()>>>(
-        a.in[0], a.out, op.scale, op.log);
-    FUSED_LAUNCH_CHECK();
-    return true;
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(n));
+    auto go = [&](auto kn) {
+      constexpr int N = decltype(kn)::value;
+      constexpr auto kernel = softmax_fwd_fixed<T, N>;
+      if constexpr (N == 1) {
+        kernel<<<grid, kFixedBlock, 0, current_stream()>>>(a.in[0], a.out, op.scale, op.log);
+        FUSED_LAUNCH_CHECK();
+        return true;
+      } else {
+        if (cluster_fit(kernel, kFixedBlock, N, 0) == 0) return false;
+        ClusterLaunch(dim3(1, N), kFixedBlock, 0).launch(grid, kernel, a.in[0], a.out, op.scale,
+                                                          op.log);
+        return true;
+      }
+    };
+    switch (n) {
+      case 1: return go(std::integral_constant<int, 1>{});
+      case 2: return go(std::integral_constant<int, 2>{});
+      case 4: return go(std::integral_constant<int, 4>{});
+      case 8: return go(std::integral_constant<int, 8>{});
+    }
   }
   return false;
 }
