@@ -178,8 +178,8 @@ def test_cuda_long_rows_persistent(dtype, length):
         check_backward(y, scale=scale, msg=f"scale={scale}")
 
 
-# softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns, or (sm_90) 2, 4
-# or 8 times that in a cluster (scale > 0, no mask), shaped at compile time;
+# softmax_fwd_fixed: the forward of rows of exactly 32768 columns (16-bit; float32 16384), or
+# (sm_90) 2, 4 or 8 times that in a cluster (scale > 0, no mask), shaped at compile time;
 # FUSED_SOFTMAX_FIXED=0 sends the same rows to the general path (persistent clusters on
 # sm_90). More rows than clusters fit at once; rows of different spreads and offsets (a row
 # mixed with another's max or sum would show), a constant row (exactly 1 / length each), a
@@ -188,8 +188,8 @@ def test_cuda_long_rows_persistent(dtype, length):
 # of 1 and a negative one (which takes the general path).
 @CUDA
 @pytest.mark.parametrize("fixed", ["1", "0"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("length", [32768, 65536, 131072, 262144])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [16384, 32768, 65536, 131072, 262144])
 def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
     monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
     rows = (1 << 23) // length + 45  # 301 rows of 32768, ..., 77 of 262144
@@ -215,8 +215,8 @@ def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
 @CUDA
 def test_cuda_fixed_dispatch(monkeypatch):
     # Which rows reach softmax_fwd_fixed (a dispatch slip would fall back silently: every
-    # result would still be right): 16-bit, 32768 columns, aligned, scale > 0, no mask,
-    # FUSED_SOFTMAX_FIXED unset; the backward never.
+    # result would still be right): 1, 2, 4 or 8 (sm_90) x 32768 columns (16-bit) or x 16384
+    # (float32), aligned, scale > 0, no mask, FUSED_SOFTMAX_FIXED unset; the backward never.
     def kernels(fn):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fn()
@@ -236,7 +236,10 @@ def test_cuda_fixed_dispatch(monkeypatch):
         ("scale 0.5", lambda: fused_ops.softmax(x, scale=0.5), "1", True),
         ("negative scale", lambda: fused_ops.softmax(x, scale=-0.5), "1", False),
         ("causal", lambda: fused_ops.softmax(x.view(1, 4, 32768), causal=True), "1", False),
-        ("float32", lambda: fused_ops.softmax(x.float()), "1", False),
+        ("float32", lambda: fused_ops.softmax(x.float()), "1", sm90),
+        ("float32 16384", lambda: fused_ops.softmax(x.float().view(8, 16384)), "1", True),
+        ("float32 262144 (16 blocks)", lambda: fused_ops.softmax(
+            x.float().view(1, 4, 32768).expand(2, 4, 32768).reshape(1, 262144)), "1", False),
         ("32767", lambda: fused_ops.softmax(x[:, :32767]), "1", False),
         ("backward", lambda: ops.softmax_backward(x, x, -1), "1", False),
         ("FUSED_SOFTMAX_FIXED=0", lambda: fused_ops.softmax(x), "0", False),

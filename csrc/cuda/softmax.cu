@@ -28,9 +28,9 @@
 //                          the row's partials and writes. x is read twice (3 passes of the
 //                          row instead of 2); no block ever waits for another.
 //
-// Plain 16-bit forward rows of exactly 32768, 65536, 131072 or 262144 (scale > 0, no mask)
-// take softmax_fwd_fixed instead: a 512-thread block (a cluster of them past 32768) per
-// row, shaped at compile time, two blocks per SM.
+// Plain forward rows of exactly 1, 2, 4 or 8 x 32768 (16-bit) or x 16384 (float32)
+// columns (scale > 0, no mask) take softmax_fwd_fixed instead: a 512-thread block (a
+// cluster of them past one share) per row, shaped at compile time, two blocks per SM.
 //
 // The shape is a compile-time choice per launch (P, BLOCK), with bounds checked at run time
 // per vector, not per element: the lean code is what reaches the copy bandwidth. A generic
@@ -640,20 +640,21 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// softmax_fwd_fixed: the forward of plain 16-bit rows of exactly N x 32768 columns (N = 1,
-// 2, 4, 8; scale > 0, no mask), shaped at compile time as norm.cu's wide forward is for
-// 32768: blocks of 512 threads, each a 32768-column share of a row, 8 vectors per thread
-// kept as raw bits (32 registers) and converted in each pass, the exps recomputed for the
-// output, no bounds checks. At <= 64 registers two blocks share an SM, so one block's loads
-// are in flight while the other reduces; the general path for these rows (persistent
-// clusters holding the row as floats, ~125 registers) has one block per SM (KERNEL_LOG
-// softmax v8). N > 1 (sm_90): the row's N blocks form a cluster (grid (rows, N), cluster
-// (1, N)), each reduces its share to (max, sum relative to that max), pushes the pair into
-// every peer's shared memory and, after one cluster barrier, combines the N pairs in rank
-// order (the same bits in every block). One row per cluster, not persistent: the other
-// block on the SM covers the exchange.
+// softmax_fwd_fixed: the forward of plain rows of exactly N x kFixedLen<T> columns (32768
+// for 16-bit T, 16384 for float32; N = 1, 2, 4, 8; scale > 0, no mask), shaped at compile
+// time as norm.cu's wide forward is for 32768: blocks of 512 threads, each a
+// kFixedLen-column share of a row, 8 vectors per thread kept as raw bits (32 registers) and
+// converted in each pass, the exps recomputed for the output, no bounds checks. At <= 64
+// registers two blocks share an SM, so one block's loads are in flight while the other
+// reduces; the general path for these rows (persistent clusters holding the row as floats,
+// ~125 registers) has one block per SM (KERNEL_LOG softmax v8). N > 1 (sm_90): the row's N
+// blocks form a cluster (grid (rows, N), cluster (1, N)), each reduces its share to (max,
+// sum relative to that max), pushes the pair into every peer's shared memory and, after
+// one cluster barrier, combines the N pairs lane-wise (the same bits in every block). One
+// row per cluster, not persistent: the other block on the SM covers the exchange.
 constexpr int kFixedBlock = 512, kFixedVectors = 8, kFixedMaxN = 8;
-constexpr int kFixedLen = kFixedBlock * kFixedVectors * 8;  // 16-bit T: 8 elements a vector
+template <typename T>
+constexpr int kFixedLen = kFixedBlock * kFixedVectors * kVecElems<T>;
 
 // max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
 template <typename T>
@@ -668,49 +669,68 @@ __device__ __forceinline__ uint32_t max_pair(uint32_t a, uint32_t b) {
   return r;
 }
 
-// Element e (a constant once unrolled) of a 16-byte vector of 16-bit T, as float.
+// Element e (a constant once unrolled) of a 16-byte vector of T, as float.
 template <typename T>
-__device__ __forceinline__ float half_elem(const uint4& v, int e) {
-  const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
-  return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
+__device__ __forceinline__ float vec_elem(const uint4& v, int e) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w);
+  } else {
+    const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+    return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
+  }
+}
+
+// The max of a thread's vectors of T, as float (NaN ignored, as fmaxf). 16-bit: on packed
+// pairs (max.bf16x2 / max.f16x2, 3-input in SASS: ~14 instructions for 64 elements).
+template <typename T, int K>
+__device__ __forceinline__ float vec_max(const uint4 (&raw)[K]) {
+  if constexpr (std::is_same_v<T, float>) {
+    float m = vec_elem<T>(raw[0], 0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m = fmaxf(m, vec_elem<T>(raw[k], e));
+    }
+    return m;
+  } else {
+    uint4 m4 = raw[0];
+#pragma unroll
+    for (int k = 1; k < K; ++k) {
+      m4.x = max_pair<T>(m4.x, raw[k].x);
+      m4.y = max_pair<T>(m4.y, raw[k].y);
+      m4.z = max_pair<T>(m4.z, raw[k].z);
+      m4.w = max_pair<T>(m4.w, raw[k].w);
+    }
+    m4.x = max_pair<T>(max_pair<T>(m4.x, m4.y), max_pair<T>(m4.z, m4.w));
+    return fmaxf(vec_elem<T>(m4, 0), vec_elem<T>(m4, 1));
+  }
 }
 
 template <typename T, int N>
 __global__ void __launch_bounds__(kFixedBlock, 2)
     softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
-  constexpr int K = kFixedVectors, kStride = kFixedBlock * 8;  // 8 elements a vector
+  constexpr int K = kFixedVectors, VEC = kVecElems<T>, kStride = kFixedBlock * VEC;
   __shared__ float buf[2][kFixedBlock / 32];
   __shared__ MaxSum slots[N];
   const Group<kFixedBlock> g{kFixedBlock};
   // Block (row, rank): the rank-th share of the row, N shares a row.
   const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
-  const int64_t off = share * kFixedLen + threadIdx.x * 8;
+  const int64_t off = share * kFixedLen<T> + threadIdx.x * VEC;
   uint4 raw[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) raw[k] = *reinterpret_cast<const uint4*>(x + off + k * kStride);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (N > 1) cluster_arrive_relaxed();  // this block has started (waited for below)
 #endif
-  // The share's max: max(scale x) = scale max(x) for scale > 0 (rounding is monotonic), on
-  // packed pairs.
-  uint4 m4 = raw[0];
-#pragma unroll
-  for (int k = 1; k < K; ++k) {
-    m4.x = max_pair<T>(m4.x, raw[k].x);
-    m4.y = max_pair<T>(m4.y, raw[k].y);
-    m4.z = max_pair<T>(m4.z, raw[k].z);
-    m4.w = max_pair<T>(m4.w, raw[k].w);
-  }
-  m4.x = max_pair<T>(max_pair<T>(m4.x, m4.y), max_pair<T>(m4.z, m4.w));
-  float m =
-      g.reduce(fmaxf(half_elem<T>(m4, 0), half_elem<T>(m4, 1)), buf[0], MaxOp{}) * scale;
+  // The share's max: max(scale x) = scale max(x) for scale > 0 (rounding is monotonic).
+  float m = g.reduce(vec_max<T>(raw), buf[0], MaxOp{}) * scale;
   float o = exp_offset(m);
   // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two).
   float s = 0.f;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) s += exp_elem<T>(fmaf(half_elem<T>(raw[k], e), scale, -o));
+    for (int e = 0; e < VEC; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
   }
   s = g.reduce(s, buf[1], SumOp{});
   if constexpr (N > 1) {
@@ -742,9 +762,13 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
       uint32_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float lo = elem(fmaf(half_elem<T>(raw[k], 2 * j), scale, -o));
-        const float hi = elem(fmaf(half_elem<T>(raw[k], 2 * j + 1), scale, -o));
-        w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
+        if constexpr (VEC == 4) {
+          w[j] = __float_as_uint(elem(fmaf(vec_elem<T>(raw[k], j), scale, -o)));
+        } else {
+          const float lo = elem(fmaf(vec_elem<T>(raw[k], 2 * j), scale, -o));
+          const float hi = elem(fmaf(vec_elem<T>(raw[k], 2 * j + 1), scale, -o));
+          w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
+        }
       }
       *reinterpret_cast<uint4*>(y + off + k * kStride) = make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -918,10 +942,10 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
 // switch it).
 template <typename T, typename Op>
 bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
-  if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
+  if constexpr (std::is_same_v<Op, Fwd> && sizeof(Vec<T, kVecElems<T>>) == 16) {
     const char* env = std::getenv("FUSED_SOFTMAX_FIXED");
-    const int n = a.len / kFixedLen;
-    if ((env != nullptr && env[0] == '0') || a.len % kFixedLen != 0 || n > kFixedMaxN ||
+    const int n = a.len / kFixedLen<T>;
+    if ((env != nullptr && env[0] == '0') || a.len % kFixedLen<T> != 0 || n > kFixedMaxN ||
         (n & (n - 1)) != 0 || a.causal_q != 0 ||
         !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) || a.rows <= 0 ||
         a.rows > std::numeric_limits<int>::max()) {
