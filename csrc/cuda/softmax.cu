@@ -262,7 +262,10 @@ struct Fwd {
   __device__ __forceinline__ Coef coef(MaxSum row, MaxSum mine, bool have_exp) const {
     const float o = exp_offset(row.m);
     if (log) return {o, logf(row.s), false};
-    return {o, (have_exp ? exp_elem<float>(exp_offset(mine.m) - o) : 1.f) / row.s, have_exp};
+    // A share without a finite entry (mine.m = -inf) holds only zeros: 0, not exp(0 - M),
+    // which overflows for M < -88 (and 0 * inf is NaN).
+    const float rel = !have_exp ? 1.f : mine.m == kNegInf ? 0.f : exp_elem<float>(mine.m - o);
+    return {o, rel / row.s, have_exp};
   }
 
   // v becomes the output. The flags are uniform: each case is its own loop, so no element
@@ -726,13 +729,32 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
   float m = g.reduce(vec_max<T>(raw), buf[0], MaxOp{}) * scale;
   float o = exp_offset(m);
   // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two).
+  // float32 softmax keeps its exps, each in place of its x's word (no register more): its
+  // accurate expf is ~10 instructions, twice per element made the kernel issue-bound (GPU
+  // call 3: 85% of copy at 4096x32768 against 93% for log_softmax, one expf). 16-bit rows
+  // (2 elements a word) and log_softmax recompute in the write pass.
+  const bool keep = std::is_same_v<T, float> && !log;
   float s = 0.f;
+  if (keep) {
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
+    for (int k = 0; k < K; ++k) {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
+      for (int e = 0; e < 4; ++e) {
+        const float ex = exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
+        s += ex;
+        uint32_t& w = e == 0 ? raw[k].x : e == 1 ? raw[k].y : e == 2 ? raw[k].z : raw[k].w;
+        w = __float_as_uint(ex);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
+    }
   }
   s = g.reduce(s, buf[1], SumOp{});
+  const float m_share = m;  // the max the kept exps are relative to
   if constexpr (N > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
@@ -755,7 +777,8 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
   for (int k = 0; k < K; ++k) {
     asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
   }
-  // The flag is uniform: each case its own loop (no element pays for the other's work).
+  // elem(v): the output of the element whose word holds v (x, or a kept exp). The flags
+  // are uniform: each case its own loop (no element pays for the other's work).
   auto write = [&](auto elem) {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -763,10 +786,10 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (VEC == 4) {
-          w[j] = __float_as_uint(elem(fmaf(vec_elem<T>(raw[k], j), scale, -o)));
+          w[j] = __float_as_uint(elem(vec_elem<T>(raw[k], j)));
         } else {
-          const float lo = elem(fmaf(vec_elem<T>(raw[k], 2 * j), scale, -o));
-          const float hi = elem(fmaf(vec_elem<T>(raw[k], 2 * j + 1), scale, -o));
+          const float lo = elem(vec_elem<T>(raw[k], 2 * j));
+          const float hi = elem(vec_elem<T>(raw[k], 2 * j + 1));
           w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
         }
       }
@@ -775,10 +798,15 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
   };
   if (log) {
     const float f = logf(s);
-    write([&](float d) { return d - f; });
+    write([&](float v) { return fmaf(v, scale, -o) - f; });
+  } else if (keep) {
+    // exp(v - m_share) * exp(m_share - M) / S; a share without a finite entry kept only
+    // zeros (and exp(0 - M) could overflow).
+    const float f = (m_share == kNegInf ? 0.f : exp_elem<T>(m_share - o)) / s;
+    write([&](float ex) { return ex * f; });
   } else {
     const float f = 1.f / s;
-    write([&](float d) { return exp_elem<T>(d) * f; });
+    write([&](float v) { return exp_elem<T>(fmaf(v, scale, -o)) * f; });
   }
 }
 
