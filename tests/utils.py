@@ -21,7 +21,8 @@ def assert_close(actual, ref, dtype=None, rtol=None, atol=None, msg=""):
     r, a = TOL[dtype]
     torch.testing.assert_close(
         actual.double().cpu(), ref.double().cpu(), rtol=rtol if rtol is not None else r,
-        atol=atol if atol is not None else a, equal_nan=True, msg=msg or None,
+        atol=atol if atol is not None else a, equal_nan=True,
+        msg=(lambda default: f"{msg}\n{default}") if msg else None,  # keep torch's details
     )
 
 

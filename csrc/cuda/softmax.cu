@@ -28,9 +28,9 @@
 //                          the row's partials and writes. x is read twice (3 passes of the
 //                          row instead of 2); no block ever waits for another.
 //
-// Plain forward rows of exactly 1, 2, 4 or 8 x 32768 (16-bit) or x 16384 (float32)
-// columns (scale > 0, no mask) take softmax_fwd_fixed instead: a 512-thread block (a
-// cluster of them past one share) per row, shaped at compile time, two blocks per SM.
+// Plain 16-bit forward rows of exactly 1, 2, 4 or 8 x 32768 columns (scale > 0, no mask)
+// take softmax_fwd_fixed instead: a 512-thread block (a cluster of them past 32768) per
+// row, shaped at compile time, two blocks per SM.
 //
 // The shape is a compile-time choice per launch (P, BLOCK), with bounds checked at run time
 // per vector, not per element: the lean code is what reaches the copy bandwidth. A generic
@@ -643,10 +643,10 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// softmax_fwd_fixed: the forward of plain rows of exactly N x kFixedLen<T> columns (32768
-// for 16-bit T, 16384 for float32; N = 1, 2, 4, 8; scale > 0, no mask), shaped at compile
-// time as norm.cu's wide forward is for 32768: blocks of 512 threads, each a
-// kFixedLen-column share of a row, 8 vectors per thread kept as raw bits (32 registers) and
+// softmax_fwd_fixed: the forward of plain 16-bit rows of exactly N x 32768 columns (N = 1,
+// 2, 4, 8; scale > 0, no mask), shaped at compile time as norm.cu's wide forward is for
+// 32768: blocks of 512 threads, each a 32768-column share of a row, 8 vectors per thread
+// kept as raw bits (32 registers) and
 // converted in each pass, the exps recomputed for the output, no bounds checks. At <= 64
 // registers two blocks share an SM, so one block's loads are in flight while the other
 // reduces; the general path for these rows (persistent clusters holding the row as floats,
@@ -655,9 +655,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
 // sum relative to that max), pushes the pair into every peer's shared memory and, after
 // one cluster barrier, combines the N pairs lane-wise (the same bits in every block). One
 // row per cluster, not persistent: the other block on the SM covers the exchange.
+// (float32 rows of N x 16384 on the same kernel were measured and dropped: KERNEL_LOG v8d.)
 constexpr int kFixedBlock = 512, kFixedVectors = 8, kFixedMaxN = 8;
-template <typename T>
-constexpr int kFixedLen = kFixedBlock * kFixedVectors * kVecElems<T>;
+constexpr int kFixedLen = kFixedBlock * kFixedVectors * 8;  // 16-bit T: 8 elements a vector
 
 // max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
 template <typename T>
@@ -672,53 +672,39 @@ __device__ __forceinline__ uint32_t max_pair(uint32_t a, uint32_t b) {
   return r;
 }
 
-// Element e (a constant once unrolled) of a 16-byte vector of T, as float.
+// Element e (a constant once unrolled) of a 16-byte vector of 16-bit T, as float.
 template <typename T>
 __device__ __forceinline__ float vec_elem(const uint4& v, int e) {
-  if constexpr (std::is_same_v<T, float>) {
-    return __uint_as_float(e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w);
-  } else {
-    const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
-    return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
-  }
+  const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+  return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
 }
 
-// The max of a thread's vectors of T, as float (NaN ignored, as fmaxf). 16-bit: on packed
+// The max of a thread's vectors of 16-bit T, as float (NaN ignored, as fmaxf), on packed
 // pairs (max.bf16x2 / max.f16x2, 3-input in SASS: ~14 instructions for 64 elements).
 template <typename T, int K>
 __device__ __forceinline__ float vec_max(const uint4 (&raw)[K]) {
-  if constexpr (std::is_same_v<T, float>) {
-    float m = vec_elem<T>(raw[0], 0);
+  uint4 m4 = raw[0];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) m = fmaxf(m, vec_elem<T>(raw[k], e));
-    }
-    return m;
-  } else {
-    uint4 m4 = raw[0];
-#pragma unroll
-    for (int k = 1; k < K; ++k) {
-      m4.x = max_pair<T>(m4.x, raw[k].x);
-      m4.y = max_pair<T>(m4.y, raw[k].y);
-      m4.z = max_pair<T>(m4.z, raw[k].z);
-      m4.w = max_pair<T>(m4.w, raw[k].w);
-    }
-    m4.x = max_pair<T>(max_pair<T>(m4.x, m4.y), max_pair<T>(m4.z, m4.w));
-    return fmaxf(vec_elem<T>(m4, 0), vec_elem<T>(m4, 1));
+  for (int k = 1; k < K; ++k) {
+    m4.x = max_pair<T>(m4.x, raw[k].x);
+    m4.y = max_pair<T>(m4.y, raw[k].y);
+    m4.z = max_pair<T>(m4.z, raw[k].z);
+    m4.w = max_pair<T>(m4.w, raw[k].w);
   }
+  m4.x = max_pair<T>(max_pair<T>(m4.x, m4.y), max_pair<T>(m4.z, m4.w));
+  return fmaxf(vec_elem<T>(m4, 0), vec_elem<T>(m4, 1));
 }
 
 template <typename T, int N>
 __global__ void __launch_bounds__(kFixedBlock, 2)
     softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
-  constexpr int K = kFixedVectors, VEC = kVecElems<T>, kStride = kFixedBlock * VEC;
+  constexpr int K = kFixedVectors, VEC = 8, kStride = kFixedBlock * VEC;
   __shared__ float buf[2][kFixedBlock / 32];
   __shared__ MaxSum slots[N];
   const Group<kFixedBlock> g{kFixedBlock};
   // Block (row, rank): the rank-th share of the row, N shares a row.
   const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
-  const int64_t off = share * kFixedLen<T> + threadIdx.x * VEC;
+  const int64_t off = share * kFixedLen + threadIdx.x * VEC;
   uint4 raw[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) raw[k] = *reinterpret_cast<const uint4*>(x + off + k * kStride);
@@ -729,32 +715,13 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
   float m = g.reduce(vec_max<T>(raw), buf[0], MaxOp{}) * scale;
   float o = exp_offset(m);
   // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two).
-  // float32 softmax keeps its exps, each in place of its x's word (no register more): its
-  // accurate expf is ~10 instructions, twice per element made the kernel issue-bound (GPU
-  // call 3: 85% of copy at 4096x32768 against 93% for log_softmax, one expf). 16-bit rows
-  // (2 elements a word) and log_softmax recompute in the write pass.
-  const bool keep = std::is_same_v<T, float> && !log;
   float s = 0.f;
-  if (keep) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
+  for (int k = 0; k < K; ++k) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float ex = exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
-        s += ex;
-        uint32_t& w = e == 0 ? raw[k].x : e == 1 ? raw[k].y : e == 2 ? raw[k].z : raw[k].w;
-        w = __float_as_uint(ex);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
-    }
+    for (int e = 0; e < VEC; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
   }
   s = g.reduce(s, buf[1], SumOp{});
-  const float m_share = m;  // the max the kept exps are relative to
   if constexpr (N > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
@@ -777,21 +744,17 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
   for (int k = 0; k < K; ++k) {
     asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
   }
-  // elem(v): the output of the element whose word holds v (x, or a kept exp). The flags
-  // are uniform: each case its own loop (no element pays for the other's work).
+  // elem(x): the output of the element x. The flag is uniform: each case its own loop (no
+  // element pays for the other's work).
   auto write = [&](auto elem) {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       uint32_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if constexpr (VEC == 4) {
-          w[j] = __float_as_uint(elem(vec_elem<T>(raw[k], j)));
-        } else {
-          const float lo = elem(vec_elem<T>(raw[k], 2 * j));
-          const float hi = elem(vec_elem<T>(raw[k], 2 * j + 1));
-          w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
-        }
+        const float lo = elem(vec_elem<T>(raw[k], 2 * j));
+        const float hi = elem(vec_elem<T>(raw[k], 2 * j + 1));
+        w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
       }
       *reinterpret_cast<uint4*>(y + off + k * kStride) = make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -799,11 +762,6 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
   if (log) {
     const float f = logf(s);
     write([&](float v) { return fmaf(v, scale, -o) - f; });
-  } else if (keep) {
-    // exp(v - m_share) * exp(m_share - M) / S; a share without a finite entry kept only
-    // zeros (and exp(0 - M) could overflow).
-    const float f = (m_share == kNegInf ? 0.f : exp_elem<T>(m_share - o)) / s;
-    write([&](float ex) { return ex * f; });
   } else {
     const float f = 1.f / s;
     write([&](float v) { return exp_elem<T>(fmaf(v, scale, -o)) * f; });
@@ -970,10 +928,10 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
 // switch it).
 template <typename T, typename Op>
 bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
-  if constexpr (std::is_same_v<Op, Fwd> && sizeof(Vec<T, kVecElems<T>>) == 16) {
+  if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
     const char* env = std::getenv("FUSED_SOFTMAX_FIXED");
-    const int n = a.len / kFixedLen<T>;
-    if ((env != nullptr && env[0] == '0') || a.len % kFixedLen<T> != 0 || n > kFixedMaxN ||
+    const int n = a.len / kFixedLen;
+    if ((env != nullptr && env[0] == '0') || a.len % kFixedLen != 0 || n > kFixedMaxN ||
         (n & (n - 1)) != 0 || a.causal_q != 0 ||
         !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) || a.rows <= 0 ||
         a.rows > std::numeric_limits<int>::max()) {
