@@ -646,15 +646,15 @@ __global__ void __launch_bounds__(BLOCK, 1)
 // softmax_fwd_fixed: the forward of plain 16-bit rows of exactly N x 32768 columns (N = 1,
 // 2, 4, 8; scale > 0, no mask), shaped at compile time as norm.cu's wide forward is for
 // 32768: blocks of 512 threads, each a 32768-column share of a row, 8 vectors per thread
-// kept as raw bits (32 registers) and
-// converted in each pass, the exps recomputed for the output, no bounds checks. At <= 64
-// registers two blocks share an SM, so one block's loads are in flight while the other
-// reduces; the general path for these rows (persistent clusters holding the row as floats,
-// ~125 registers) has one block per SM (KERNEL_LOG softmax v8). N > 1 (sm_90): the row's N
-// blocks form a cluster (grid (rows, N), cluster (1, N)), each reduces its share to (max,
-// sum relative to that max), pushes the pair into every peer's shared memory and, after
-// one cluster barrier, combines the N pairs lane-wise (the same bits in every block). One
-// row per cluster, not persistent: the other block on the SM covers the exchange.
+// kept as raw bits (32 registers) and converted in each pass, the exps recomputed for the
+// output, no bounds checks. At <= 64 registers two blocks share an SM, so one block's
+// loads are in flight while the other reduces; the general path for these rows
+// (persistent clusters holding the row as floats, ~125 registers) has one block per SM
+// (KERNEL_LOG softmax v8). N > 1 (sm_90): the row's N blocks form a cluster (grid (rows,
+// N), cluster (1, N)), each reduces its share to (max, sum relative to that max), pushes
+// the pair into every peer's shared memory and, after one cluster barrier, combines the N
+// pairs lane-wise (the same bits in every block). One row per cluster, not persistent:
+// the other block on the SM covers the exchange.
 // (float32 rows of N x 16384 on the same kernel were measured and dropped: KERNEL_LOG v8d.)
 constexpr int kFixedBlock = 512, kFixedVectors = 8, kFixedMaxN = 8;
 constexpr int kFixedLen = kFixedBlock * kFixedVectors * 8;  // 16-bit T: 8 elements a vector
