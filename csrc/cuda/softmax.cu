@@ -700,7 +700,8 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
     softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
   constexpr int K = kFixedVectors, VEC = 8, kStride = kFixedBlock * VEC;
   __shared__ float buf[2][kFixedBlock / 32];
-  __shared__ MaxSum slots[N];
+  __shared__ MaxSum slots[N];  // the cluster's (max, sum) pairs, N > 1 on sm_90 only
+  (void)slots;                  // (the sm_80 pass has no use for it)
   const Group<kFixedBlock> g{kFixedBlock};
   // Block (row, rank): the rank-th share of the row, N shares a row.
   const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
