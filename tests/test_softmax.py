@@ -181,11 +181,12 @@ def test_cuda_long_rows_persistent(dtype, length):
 # softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns, or (sm_90) 2, 4
 # or 8 times that in a cluster (scale > 0, no mask), shaped at compile time;
 # FUSED_SOFTMAX_FIXED=0 sends the same rows to the general path (persistent clusters on
-# sm_90), which float32 rows and 16384 take either way. More rows than clusters fit at once; rows of different spreads and offsets (a row
-# mixed with another's max or sum would show), a constant row (exactly 1 / length each), a
-# row at +-1e4 (only the max subtraction keeps exp finite), the special rows (one with its
-# first half -inf: whole blocks of a cluster without a finite entry), scales either side
-# of 1 and a negative one (which takes the general path).
+# sm_90), which float32 rows and 16384 take either way. More rows than clusters fit at
+# once; rows of different spreads and offsets (a row mixed with another's max or sum would
+# show), a constant row (exactly 1 / length each), a row at +-1e4 (only the max
+# subtraction keeps exp finite), a row whose first half is -inf and the rest near -100,
+# the special rows, scales either side of 1 and a negative one (which takes the general
+# path).
 @CUDA
 @pytest.mark.parametrize("fixed", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES)
