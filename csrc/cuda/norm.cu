@@ -286,7 +286,8 @@ constexpr int fwd_max_threads() {
 
 // FIXED_TPR > 0: the row length is FIXED_TPR * VPT * VEC and tpr == FIXED_TPR, both known at
 // compile time (no per-vector bounds checks, constant index math), as norm_fwd_fixed does
-// for shorter rows; used for the wide variant at 32768 16-bit elements.
+// for shorter rows; used at 32768 16-bit elements: the wide variant (VPT 8, 512 threads) for
+// the plain norms, VPT 4 with 1024 threads for the add forms.
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
           int FIXED_TPR = 0>
 __global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),

@@ -924,9 +924,9 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
 }
 
 // softmax_fwd_fixed for the rows it is shaped for (16-byte aligned, checked by the
-// caller; N > 1 where such clusters run: cluster_fit); false otherwise.
-// FUSED_SOFTMAX_FIXED=0 turns it off (read on every call, so a test or a comparison can
-// switch it).
+// caller; N > 1 where such clusters run: cluster_fit, so FUSED_SOFTMAX_CLUSTER=0 turns those
+// off too); false otherwise. FUSED_SOFTMAX_FIXED=0 turns it off (read on every call, so a
+// test or a comparison can switch it).
 template <typename T, typename Op>
 bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
   if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
