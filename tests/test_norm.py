@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, input_views, offset_copy,
-                   poison_next_alloc)
+from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, cuda_kernel_names, input_views,
+                   offset_copy, poison_next_alloc)
 
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
@@ -664,13 +664,6 @@ def test_cuda_fixed_backward(cols, kind, dtype):
     check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add")
 
 
-def _cuda_kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events()]  # CPU ops are named fused::..., kernels by function
-
-
 # Which forward kernel the compile-time-shaped lengths reach (a dispatch slip would fall
 # back to the run-time kernels silently: every result would still be right): per (columns,
 # add form), a predicate on the kernel names. Only with 16-bit x, parameters in x's dtype
@@ -700,7 +693,7 @@ def test_cuda_fixed_forward_dispatch(kind, cols, add, is_fixed, monkeypatch):
             call = lambda: ops.add_layer_norm(x, r, [cols], w, None, 1e-5, False)  # noqa: E731
         else:
             call = lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, False)  # noqa: E731
-        names = [n for n in _cuda_kernel_names(call) if "norm_fwd" in n]
+        names = [n for n in cuda_kernel_names(call) if "norm_fwd" in n]
         assert names, (w_dtype, fixed)
         assert any(is_fixed(n) for n in names) == want, (w_dtype, fixed, names)
 
@@ -729,7 +722,7 @@ def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
                 dy, ds, x, [cols], mean, rstd, w, None, [True, False])
         else:
             call = lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)  # noqa: E731
-        names = _cuda_kernel_names(call)
+        names = cuda_kernel_names(call)
         assert any("norm_bwd_cluster" in n or "norm_bwd_fixed" in n for n in names), names
         assert any("norm_bwd_fixed" in n for n in names) == want, (w_dtype, fixed, dsum, names)
 

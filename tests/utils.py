@@ -58,3 +58,12 @@ def poison_next_alloc(nbytes, device):
         return
     block = torch.full(((nbytes + 1) // 2,), float("nan"), dtype=torch.float16, device=device)
     del block
+
+
+def cuda_kernel_names(fn):
+    """The names of the events fn() records under the CUDA profiler (kernels are named by
+    their function, CPU-side ops fused::...): for tests of which kernel a dispatch took."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()]

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -25,6 +26,13 @@ inline unsigned elementwise_grid(int64_t work_items, int threads, int blocks_per
   int64_t want = ceil_div(std::max<int64_t>(work_items, 1), threads);
   int64_t cap = static_cast<int64_t>(num_sms()) * blocks_per_sm;
   return static_cast<unsigned>(std::min(want, cap));
+}
+
+// Whether the environment variable `name` switches a kernel variant off ("0..."): the
+// FUSED_* knobs that send rows to another kernel, for comparisons and tests.
+inline bool env_switched_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && e[0] == '0';
 }
 
 // compute() for (current device, kernel, a, b), remembered: launch-shape queries such as

@@ -1216,13 +1216,16 @@ void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
 template <typename T, typename R, int VEC>
 constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R> && sizeof(R) == 2;
 
+// The compile-time-shaped kernels (forward and backward) take 16-bit rows with parameters
+// (and the add forms' sum) in x's dtype, on the 16-byte path.
+template <typename T, typename W, typename R, int VEC>
+constexpr bool kFixedTypes =
+    VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>;
+
 // FUSED_NORM_FIXED=0 turns the fixed kernels off, forward and backward (norm_fwd_regs /
 // norm_bwd_cluster then take those rows: for comparisons and tests; read on every call, so
 // a test can switch it).
-bool fixed_enabled() {
-  const char* env = std::getenv("FUSED_NORM_FIXED");
-  return env == nullptr || env[0] != '0';
-}
+bool fixed_enabled() { return !env_switched_off("FUSED_NORM_FIXED"); }
 
 // norm_fwd_fixed for p if its row length is one of the fixed ones; false otherwise.
 template <typename T, int... TPRS>
@@ -1242,12 +1245,9 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
 
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
-  // The compile-time-shaped kernels take 16-bit rows with parameters (and the sum) in x's
-  // dtype on the 16-byte path.
-  constexpr bool kFixedTypes =
-      VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>;
-  const bool fixed = kFixedTypes && fixed_enabled();
-  if constexpr (kFixedTypes) {
+  constexpr bool kFixed = kFixedTypes<T, W, R, VEC>;
+  const bool fixed = kFixed && fixed_enabled();
+  if constexpr (kFixed) {
     if (fixed && launch_fixed(p, FixedTprs{})) {
       FUSED_LAUNCH_CHECK();
       return;
@@ -1266,7 +1266,7 @@ void forward_with(const FwdParams<T, W, R>& p) {
       constexpr int kW = kFwdWideThreads;
       auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
                             : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
-      if constexpr (kFixedTypes) {
+      if constexpr (kFixed) {
         if (fixed && nvec == kW * kFwdWideVpt) {
           kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, kW>
                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, kW>;
@@ -1274,8 +1274,8 @@ void forward_with(const FwdParams<T, W, R>& p) {
       }
       kernel<<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
     }
-  } else if (kFixedTypes && fixed && p.residual != nullptr && nvec == kFwdMaxThreads * VPT) {
-    if constexpr (kFixedTypes) {
+  } else if (fixed && p.residual != nullptr && nvec == kFwdMaxThreads * VPT) {
+    if constexpr (kFixed) {
       // The add forms at 32768 16-bit elements: one row per 1024-thread block, the
       // compile-time-shaped variant (the wide one would spill with the residual).
       constexpr int kM = kFwdMaxThreads;
@@ -1480,7 +1480,7 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
       return;
     }
   }
-  if constexpr (VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>) {
+  if constexpr (kFixedTypes<T, W, R, VEC>) {
     if (backward_fixed(p, nb)) return;
   }
   if (backward_cluster<T, W, R, VEC>(p, nb)) return;

@@ -793,10 +793,7 @@ int next_pow2(int64_t n) {
 // those rows: for comparisons).
 template <typename Kernel>
 int cluster_fit(Kernel kernel, int block, int n, int smem) {
-  static const bool disabled = [] {
-    const char* e = std::getenv("FUSED_SOFTMAX_CLUSTER");
-    return e != nullptr && e[0] == '0';
-  }();
+  static const bool disabled = env_switched_off("FUSED_SOFTMAX_CLUSTER");
   if (disabled || !runs_sm90_code(kernel)) return 0;
   return cached_launch_query(reinterpret_cast<const void*>(kernel), block, n, [&] {
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
@@ -930,9 +927,8 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
 template <typename T, typename Op>
 bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
   if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
-    const char* env = std::getenv("FUSED_SOFTMAX_FIXED");
     const int n = a.len / kFixedLen;
-    if ((env != nullptr && env[0] == '0') || a.len % kFixedLen != 0 || n > kFixedMaxN ||
+    if (env_switched_off("FUSED_SOFTMAX_FIXED") || a.len % kFixedLen != 0 || n > kFixedMaxN ||
         (n & (n - 1)) != 0 || a.causal_q != 0 ||
         !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) || a.rows <= 0 ||
         a.rows > std::numeric_limits<int>::max()) {
