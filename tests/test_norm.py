@@ -594,8 +594,8 @@ def test_cuda_cluster_backward_many_rows(kind, cols):
 # rows of 1024 or 2 of 2048 columns) partly empty; rows of one random (non-dyadic) value
 # each, which must normalize to exactly 0 (layer norm: y == b); a row at mean 1e4.
 FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
-# 32768: the wide norm_fwd_regs shaped at compile time (plain norms; the add forms check the
-# run-time kernel there).
+# 32768: norm_fwd_regs shaped at compile time (the wide variant for the plain norms, 1024
+# threads for the add forms).
 FIXED_COLS_ALL = FIXED_COLS + [32768]
 
 
@@ -703,12 +703,16 @@ def test_cuda_fixed_forward_dispatch(kind, cols, add, is_fixed, monkeypatch):
 def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
     # 16384 columns reach norm_bwd_fixed only with parameters in x's dtype and
     # FUSED_NORM_FIXED unset (with or without the add forms' d_sum); float32 parameters
-    # and FUSED_NORM_FIXED=0 take norm_bwd_cluster. On sm_90 (clusters) only.
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("clusters need sm_90")
+    # and FUSED_NORM_FIXED=0 take norm_bwd_cluster. Where clusters run only (sm_90 code on
+    # an sm_90 GPU): skipped where the rms backward takes the two-pass path instead.
     cols = 16384
     x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
+    monkeypatch.setenv("FUSED_NORM_FIXED", "0")
+    _, _, rstd0 = fused_forward("rms", x, [cols], None, None, 1e-5)
+    if not any("norm_bwd_cluster" in n for n in cuda_kernel_names(
+            lambda: ops.add_rms_norm_backward(dy, None, x, [cols], rstd0, None, False))):
+        pytest.skip("no thread-block clusters here")
     for w_dtype, fixed, dsum, want in [(torch.bfloat16, "1", False, True),
                                        (torch.float32, "1", False, False),
                                        (torch.bfloat16, "1", True, True),
