@@ -160,7 +160,29 @@ __device__ __forceinline__ float raw_elem(const Raw<T, VEC>& r, int e) {
 // past `limit` are masked or missing.
 struct Cols {
   int c0, stride, limit;
+
+  // How many of the thread's P vectors start before the limit (the live ones).
+  template <int P>
+  __device__ __forceinline__ int live() const {
+    return limit <= c0 ? 0 : std::min(P, (limit - c0 + stride - 1) / stride);
+  }
 };
+
+// f(k) for the live vectors k < live of a thread's P: a causal row's vectors past its
+// limit (half of them, on average) cost no conversions, exps or sums (KERNEL_LOG softmax
+// v9). When all P are live, the common case, the loop has no test.
+template <int P, typename F>
+__device__ __forceinline__ void for_live(int live, F f) {
+  if (live >= P) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) f(k);
+  } else {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      if (k < live) f(k);
+    }
+  }
+}
 
 // Forward: y = softmax(scale * x) (log: log_softmax). Regs: v = scale * x as float, -inf
 // where masked or missing; softmax overwrites v with exp(v - M) in partial.
@@ -172,7 +194,8 @@ struct Fwd {
 
   template <typename T, int VEC, int P>
   struct Regs {
-    float v[P][VEC];
+    float v[P][VEC];  // the live vectors' (Cols::live); the others are never read
+    int live;
   };
   struct Coef {
     float o, f;
@@ -182,54 +205,45 @@ struct Fwd {
   template <typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[1][P],
                                        Cols c) const {
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
+    r.live = c.live<P>();
+    for_live<P>(r.live, [&](int k) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) r.v[k][e] = raw_elem<T, VEC>(raw[0][k], e) * scale;
-    }
-    // Vectors ascend in column: if the last one is whole, all are (the common case, no
-    // per-element test). Else mask what lies past the limit.
-    if (c.c0 + (P - 1) * c.stride + VEC > c.limit) {
+      // The one live vector that may straddle a causal limit: masked past it.
+      const int left = c.limit - (c.c0 + k * c.stride);  // valid elements of vector k
+      if (left < VEC) {
 #pragma unroll
-      for (int k = 0; k < P; ++k) {
-        const int left = c.limit - (c.c0 + k * c.stride);  // valid elements of vector k
-        if (left < VEC) {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            if (e >= left) r.v[k][e] = kNegInf;
-          }
+        for (int e = 0; e < VEC; ++e) {
+          if (e >= left) r.v[k][e] = kNegInf;
         }
       }
-    }
+    });
   }
 
   template <typename T, int VEC, int P, typename G>
   __device__ __forceinline__ MaxSum partial(Regs<T, VEC, P>& r, const G& g, double* buf0,
                                             double* buf1) const {
     float m = kNegInf;
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
+    for_live<P>(r.live, [&](int k) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) m = fmaxf(m, r.v[k][e]);
-    }
+    });
     m = g.reduce(m, reinterpret_cast<float*>(buf0), MaxOp{});
     const float o = exp_offset(m);
     float s = 0.f;
     if (log) {
-#pragma unroll
-      for (int k = 0; k < P; ++k) {
+      for_live<P>(r.live, [&](int k) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) s += exp_elem<T>(r.v[k][e] - o);
-      }
+      });
     } else {
-#pragma unroll
-      for (int k = 0; k < P; ++k) {
+      for_live<P>(r.live, [&](int k) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           r.v[k][e] = exp_elem<T>(r.v[k][e] - o);
           s += r.v[k][e];
         }
-      }
+      });
     }
     return {m, g.reduce(s, reinterpret_cast<float*>(buf1), SumOp{})};
   }
@@ -274,23 +288,20 @@ struct Fwd {
   __device__ __forceinline__ void finish(Regs<T, VEC, P>& r, const Coef& c) const {
     if (log) {
       // (v - M) - log S, in that order: v - M is exact near the max.
-#pragma unroll
-      for (int k = 0; k < P; ++k) {
+      for_live<P>(r.live, [&](int k) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) r.v[k][e] = (r.v[k][e] - c.o) - c.f;
-      }
+      });
     } else if (c.have_exp) {
-#pragma unroll
-      for (int k = 0; k < P; ++k) {
+      for_live<P>(r.live, [&](int k) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) r.v[k][e] *= c.f;
-      }
+      });
     } else {
-#pragma unroll
-      for (int k = 0; k < P; ++k) {
+      for_live<P>(r.live, [&](int k) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) r.v[k][e] = exp_elem<T>(r.v[k][e] - c.o) * c.f;
-      }
+      });
     }
   }
 
@@ -322,6 +333,7 @@ struct Bwd {
   template <typename T, int VEC, int P>
   struct Regs {
     Raw<T, VEC> raw[2][P];
+    int live;  // Cols::live: the vectors past it are zero and not summed
     __device__ __forceinline__ float dy(int k, int e) const { return raw_elem<T, VEC>(raw[0][k], e); }
     __device__ __forceinline__ float y(int k, int e) const { return raw_elem<T, VEC>(raw[1][k], e); }
   };
@@ -330,6 +342,7 @@ struct Bwd {
   template <typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[2][P],
                                        Cols c) const {
+    r.live = c.live<P>();
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       r.raw[0][k] = raw[0][k];
@@ -371,14 +384,13 @@ struct Bwd {
   __device__ __forceinline__ Acc partial(const Regs<T, VEC, P>& r, const G& g, double* buf0,
                                          double* /*buf1*/) const {
     Acc s = 0;
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
+    for_live<P>(r.live, [&](int k) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         // dy * y rounded once in float (relative 6e-8 per term, no cancellation there)
         s += static_cast<Acc>(log ? r.dy(k, e) : r.dy(k, e) * r.y(k, e));
       }
-    }
+    });
     return g.reduce(s, reinterpret_cast<Acc*>(buf0), SumOp{});
   }
 
@@ -468,7 +480,8 @@ __device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)
   }
 }
 
-// The outputs of a thread's vectors of `row` that lie before `end`.
+// The outputs of a thread's vectors of `row` that lie before `end`: zeros (every op's
+// output for a masked key) for the vectors past the live ones (Cols::live).
 template <typename T, int VEC, int P, typename Op, typename Regs, typename Coef>
 __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const Coef& coef,
                                           T* out, int c0, int stride, int end) {
@@ -477,8 +490,13 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
     const int col = c0 + k * stride;
     if (col < end) {
       Vec<T, VEC> o;
+      if (k < regs.live) {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) o.v[e] = static_cast<T>(op.out(regs, coef, k, e));
+        for (int e = 0; e < VEC; ++e) o.v[e] = static_cast<T>(op.out(regs, coef, k, e));
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o.v[e] = static_cast<T>(0.f);
+      }
       store_vec<T, VEC>(out + col, o);
     }
   }
