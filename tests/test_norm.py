@@ -6,6 +6,8 @@ Gradients are checked against a bound built from the magnitudes of the summed te
 bound allows, whatever the summation order, so this is the honest tolerance for dx, dweight
 and dbias (outputs use the plain per-dtype tolerance).
 """
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -527,9 +529,11 @@ def test_cuda_device_mismatch():
 # dtype take the fixed-length kernel (the "same" weight config below; tested on its own
 # further down); otherwise 4 vectors per thread (2 for a float32 residual stream with
 # 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads (1024 / 512 /
-# 256 columns), whole warps up to 1024 threads (32768 / 16384 / 16384 columns; plain 16-bit
-# norms over 16384: 8 vectors per thread in 512-thread blocks; the scalar path: 8192), then
-# the long-row kernel. Backward: prefetching register kernel, 16 elements per thread for
+# 256 columns), whole warps up to 1024 threads (32768 / 16384 / 16384 columns; the scalar
+# path: 8192), then
+# the long-row kernel; plain norms that would take more than 512 threads there (16-bit rows
+# over 16384, float32 over 8192) take 8 vectors per thread instead, in blocks of up to 1024
+# threads (16-bit 65536, float32 32768: the dispatch test below). Backward: prefetching register kernel, 16 elements per thread for
 # 16-bit rows (up to 8192 columns), 8 for float32 x or a float32 residual stream (up to
 # 4096; then 16 elements without prefetch up to 8192), row groups under 128 threads sharing
 # a block (16-bit rows under 2048 columns); then on sm_90 a cluster of 2-16 blocks per row
@@ -633,6 +637,33 @@ def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
     r = torch.randn(rows, cols, device="cuda").to(dtype)
     w, b = _fixed_params(kind, cols, dtype, True, True)
     check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add FUSED_NORM_FIXED={fixed}")
+
+
+# The forward's wide variant (norm_fwd_regs at 8 vectors per thread) for plain norms whose
+# rows need more than 512 threads at 4 (float32 over 8192 columns, 16-bit over 16384 where
+# no fixed kernel takes them), up to 1024 threads; past that norm_fwd_long (two reads).
+# Parameters in float32, so no fixed kernel intervenes.
+WIDE_CASES = [(torch.float32, 8200, True), (torch.float32, 12288, True),
+              (torch.float32, 32768, True), (torch.float32, 32776, False),
+              (torch.bfloat16, 65536, True), (torch.bfloat16, 65544, False),
+              (torch.float32, 8192, False)]  # 512 threads at 4 vectors: the default shape
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,cols,wide", WIDE_CASES)
+def test_cuda_wide_forward_dispatch(kind, dtype, cols, wide):
+    x = torch.randn(4, cols, device="cuda", dtype=dtype)
+    w = torch.randn(cols, device="cuda", dtype=torch.float32)
+    names = [n for n in cuda_kernel_names(lambda: fused_forward(kind, x, [cols], w, None, 1e-5))
+             if "norm_fwd" in n]
+    vpt = [int(m.group(1)) for n in names
+           for m in [re.search(r"norm_fwd_regs<[^,]+, [^,]+, [^,]+, \d+, (\d+),", n)] if m]
+    assert names, (dtype, cols)
+    if wide:
+        assert vpt == [8], names
+    else:
+        assert 8 not in vpt, names
 
 
 # The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 12288 /

@@ -24,7 +24,8 @@
 //     >= 32 warps per SM whatever the block size, so other blocks' loads cover a block's
 //     reductions. Layer / residual are compile-time flags on the 16-byte path.
 //     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
-//     residual stream, 8K scalar.
+//     residual stream, 8K scalar; plain norms twice that (the wide variant, 8 vectors a
+//     thread: 64K 16-bit, 32K float32).
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
@@ -273,16 +274,14 @@ template <typename R, int VEC>
 constexpr int fwd_vpt() {
   return VEC == 1 ? 8 : 64 / (VEC * static_cast<int>(sizeof(R)));
 }
-// The wide variant for plain 16-bit rows of 16K-32K: 8 vectors per thread in blocks of up
-// to 512 threads, two blocks per SM (still 64 registers, 8 bytes spilled), so one block's
-// loads cover the other's reductions (one 1024-thread block per SM would idle in them).
+// The wide variant for plain rows the default would give more than 512 threads (16-bit
+// rows of 16K-32K, float32 rows of 8K-16K): 8 vectors per thread (still 64 registers), so
+// blocks of up to 512 threads, two per SM, and one block's loads cover the other's
+// reductions (one 1024-thread block per SM would idle in them). Up to 1024 threads (one
+// block per SM) for the rows of up to twice that: float32 16K-32K, 16-bit 32K-64K, which
+// would otherwise take norm_fwd_long's two reads.
 constexpr int kFwdWideVpt = 8;
 constexpr int kFwdWideThreads = 512;
-
-template <int VPT, int DEFAULT_VPT>
-constexpr int fwd_max_threads() {
-  return VPT > DEFAULT_VPT ? kFwdWideThreads : kFwdMaxThreads;
-}
 
 // FIXED_TPR > 0: the row length is FIXED_TPR * VPT * VEC and tpr == FIXED_TPR, both known at
 // compile time (no per-vector bounds checks, constant index math), as norm_fwd_fixed does
@@ -290,9 +289,7 @@ constexpr int fwd_max_threads() {
 // the plain norms, VPT 4 with 1024 threads for the add forms.
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
           int FIXED_TPR = 0>
-__global__ void __launch_bounds__(fwd_max_threads<VPT, fwd_vpt<R, VEC>()>(),
-                                  kFwdMaxThreads / fwd_max_threads<VPT, fwd_vpt<R, VEC>()>())
-norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
+__global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   constexpr bool kFixed = FIXED_TPR > 0;
   constexpr int kFixedCols = FIXED_TPR * VPT * VEC;
   if constexpr (kFixed) tpr = FIXED_TPR;  // the launcher passes the same: a constant here
@@ -1212,9 +1209,10 @@ void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
 }
 
 // Whether the wide variant (kFwdWideVpt vectors per thread) exists for these types: plain
-// norms of 16-bit rows on the 16-byte path (with a residual it would spill ~200 bytes).
+// norms (16-bit or float32 rows) on the 16-byte path (with a residual it would spill ~200
+// bytes).
 template <typename T, typename R, int VEC>
-constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R> && sizeof(R) == 2;
+constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R>;
 
 // The compile-time-shaped kernels (forward and backward) take 16-bit rows with parameters
 // (and the add forms' sum) in x's dtype, on the 16-byte path.
@@ -1259,8 +1257,8 @@ void forward_with(const FwdParams<T, W, R>& p) {
   cudaStream_t stream = current_stream();
   const int need_wide = static_cast<int>(ceil_div(nvec, kFwdWideVpt));
   if (kFwdHasWide<T, R, VEC> && p.residual == nullptr && need > kFwdWideThreads &&
-      need_wide <= kFwdWideThreads) {
-    if constexpr (kFwdHasWide<T, R, VEC>) {  // 16K-32K elements: one row per block
+      need_wide <= kFwdMaxThreads) {
+    if constexpr (kFwdHasWide<T, R, VEC>) {  // one row per block
       const int tpr = round_up(need_wide, 32);
       // 32768 elements (every thread's 8 vectors whole): the compile-time-shaped variant.
       constexpr int kW = kFwdWideThreads;

@@ -157,20 +157,22 @@ __device__ __forceinline__ float raw_elem(const Raw<T, VEC>& r, int e) {
 }
 
 // Where a thread's vectors are: vector k starts at column c0 + k * stride; columns at and
-// past `limit` are masked or missing.
+// past `limit` are masked or missing. live: the vectors worked on (for_live); the kernel
+// passes P (a constant: every vector, the ones past the limit masked element by element)
+// except in its causal variant, where it passes the vectors that start before the limit.
 struct Cols {
-  int c0, stride, limit;
-
-  // How many of the thread's P vectors start before the limit (the live ones).
-  template <int P>
-  __device__ __forceinline__ int live() const {
-    return limit <= c0 ? 0 : std::min(P, (limit - c0 + stride - 1) / stride);
-  }
+  int c0, stride, limit, live;
 };
 
-// f(k) for the live vectors k < live of a thread's P: a causal row's vectors past its
-// limit (half of them, on average) cost no conversions, exps or sums (KERNEL_LOG softmax
-// v9). When all P are live, the common case, the loop has no test.
+template <int P>
+__device__ __forceinline__ int live_vectors(int c0, int stride, int limit) {
+  return limit <= c0 ? 0 : std::min(P, (limit - c0 + stride - 1) / stride);
+}
+
+// f(k) for the vectors k < live of a thread's P: in the causal variant a row's vectors
+// past its limit (half of them, on average) cost no conversions, exps or sums, only their
+// zero stores (KERNEL_LOG softmax v9). When all P are live the loop has no test, and with
+// live = P as a constant it is the plain loop.
 template <int P, typename F>
 __device__ __forceinline__ void for_live(int live, F f) {
   if (live >= P) {
@@ -205,19 +207,24 @@ struct Fwd {
   template <typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[1][P],
                                        Cols c) const {
-    r.live = c.live<P>();
+    r.live = c.live;
     for_live<P>(r.live, [&](int k) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) r.v[k][e] = raw_elem<T, VEC>(raw[0][k], e) * scale;
-      // The one live vector that may straddle a causal limit: masked past it.
-      const int left = c.limit - (c.c0 + k * c.stride);  // valid elements of vector k
-      if (left < VEC) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          if (e >= left) r.v[k][e] = kNegInf;
-        }
-      }
     });
+    // Vectors ascend in column: if the last one is whole, all are (the common case, no
+    // per-element test). Else mask what lies past the limit.
+    if (c.c0 + (P - 1) * c.stride + VEC > c.limit) {
+      for_live<P>(r.live, [&](int k) {
+        const int left = c.limit - (c.c0 + k * c.stride);  // valid elements of vector k
+        if (left < VEC) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            if (e >= left) r.v[k][e] = kNegInf;
+          }
+        }
+      });
+    }
   }
 
   template <typename T, int VEC, int P, typename G>
@@ -342,7 +349,7 @@ struct Bwd {
   template <typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[2][P],
                                        Cols c) const {
-    r.live = c.live<P>();
+    r.live = c.live;
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       r.raw[0][k] = raw[0][k];
@@ -504,7 +511,9 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
 
 // Thread `lane` of a row group owns vectors k < P at columns
 // begin + (k * tpr + lane) * VEC, begin = the chunk's first column.
-template <typename T, typename Op, int VEC, int P, int BLOCK>
+// CAUSAL (a launch with a causal mask): the vectors past a row's limit skip the op's work
+// (Cols::live); otherwise every vector takes it, as a compile-time constant.
+template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL>
 __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::State> a, Op op) {
   using State = typename Op::State;
   static_assert(VEC == 1 || sizeof(Vec<T, VEC>) == 16, "vectors are 16 bytes");
@@ -529,7 +538,8 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   Raw<T, VEC> raw[Op::kIn][P];
   load_tile<false>(raw, a.in, a.len, row, c0, stride, limit);
   typename Op::template Regs<T, VEC, P> regs;
-  op.init(regs, raw, Cols{c0, stride, limit});
+  op.init(regs, raw,
+          Cols{c0, stride, limit, CAUSAL ? live_vectors<P>(c0, stride, limit) : P});
 
   State total, mine;
   if (a.phase == kFinish) {
@@ -641,7 +651,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
       if (threadIdx.x == 0 && row + STAGES * step < a.rows) stage(row + STAGES * step, s);
     }
     typename Op::template Regs<T, VEC, P> regs;
-    op.init(regs, raw, Cols{c0, stride, limit});
+    op.init(regs, raw, Cols{c0, stride, limit, P});
     if constexpr (STAGES == 0) {
       load_tile<true>(raw, a.in, a.len, row + step, c0, stride, limit_of(row + step));
     }
@@ -870,12 +880,10 @@ bool launch_cluster(Args<T, typename Op::State> a, const Op& op, int n) {
   return true;
 }
 
-template <typename T, typename Op, int VEC, int BLOCK>
-constexpr auto kernel_for() {
-  return softmax_kernel<T, Op, VEC, kVectorsPerThread<VEC>, BLOCK>;
-}
-
-// Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row.
+// Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row. With a
+// causal mask, blocks of up to 512 threads take the causal variant (causal rows of up to
+// 16384 16-bit / 8192 float32 columns, and split rows' chunks); 1024-thread blocks the
+// plain one (masked element by element: as right, with one kernel fewer per type).
 template <typename T, typename Op, int VEC, int BLOCK>
 void launch(Args<T, typename Op::State> a, const Op& op) {
   a.tpr_shift = 0;
@@ -885,7 +893,12 @@ void launch(Args<T, typename Op::State> a, const Op& op) {
               "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks,
               " x ", a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
-  kernel_for<T, Op, VEC, BLOCK>()<<<grid, BLOCK, 0, current_stream()>>>(a, op);
+  constexpr int P = kVectorsPerThread<VEC>;
+  auto kernel = softmax_kernel<T, Op, VEC, P, BLOCK, false>;
+  if constexpr (BLOCK <= 512) {
+    if (a.causal_q != 0) kernel = softmax_kernel<T, Op, VEC, P, BLOCK, true>;
+  }
+  kernel<<<grid, BLOCK, 0, current_stream()>>>(a, op);
   FUSED_LAUNCH_CHECK();
 }
 
