@@ -407,11 +407,13 @@ def test_causal(device, shape, dtype, scale):
 
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 1, 64, 20000), (1, 1, 3, 70000),
-                                   (2, 1, 257, 40000)])
+@pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 2, 300, 8192), (1, 1, 200, 16384),
+                                   (1, 1, 64, 20000), (1, 1, 3, 70000), (2, 1, 257, 40000)])
 def test_cuda_causal_large(dtype, shape):
-    # Attention scores at the benchmarked row length; rows long enough to be split, or to
-    # take clusters (the last: more rows than clusters, whole blocks past the causal limit).
+    # Attention scores at the benchmarked row length; the causal kernel variant in blocks of
+    # 128 / 256 / 512 threads (2048, 8192, 16384 columns; float32 8192 at 512); rows long
+    # enough to be split, or to take clusters (the last: more rows than clusters, whole
+    # blocks past the causal limit).
     x = torch.randn(shape, device="cuda").to(dtype) * 3
     y = check_forward(x, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8, causal=True)
