@@ -530,13 +530,13 @@ def test_cuda_device_mismatch():
 # further down); otherwise 4 vectors per thread (2 for a float32 residual stream with
 # 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads (1024 / 512 /
 # 256 columns), whole warps up to 1024 threads (32768 / 16384 / 16384 columns; the scalar
-# path: 8192), then
-# the long-row kernel; plain norms that would take more than 512 threads there (16-bit rows
-# over 16384, float32 over 8192) take 8 vectors per thread instead, in blocks of up to 1024
-# threads (16-bit 65536, float32 32768: the dispatch test below). Backward: prefetching register kernel, 16 elements per thread for
-# 16-bit rows (up to 8192 columns), 8 for float32 x or a float32 residual stream (up to
-# 4096; then 16 elements without prefetch up to 8192), row groups under 128 threads sharing
-# a block (16-bit rows under 2048 columns); then on sm_90 a cluster of 2-16 blocks per row
+# path: 8192), then the long-row kernel; plain norms that would take more than 512 threads
+# there (16-bit rows over 16384, float32 over 8192) take 8 vectors per thread instead, in
+# blocks of up to 1024 threads (16-bit 65536, float32 32768: the dispatch test below).
+# Backward: prefetching register kernel, 16 elements per thread for 16-bit rows (up to 8192
+# columns), 8 for float32 x or a float32 residual stream (up to 4096; then 16 elements
+# without prefetch up to 8192), row groups under 128 threads sharing a block (16-bit rows
+# under 2048 columns); then on sm_90 a cluster of 2-16 blocks per row
 # (8 elements per thread) up to 65536 columns (256-thread blocks up to 16384, 512 beyond;
 # many rows per cluster: the test after this one), beyond that (and before sm_90) row sums
 # + tiles.

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 import torch
@@ -403,6 +404,29 @@ def test_causal(device, shape, dtype, scale):
     # dim=-1 spelled as a positive dim is accepted.
     x = torch.randn(shape, device=device).to(dtype)
     assert_close(fused_ops.softmax(x, len(shape) - 1, causal=True), fwd_ref(x, causal=True))
+
+
+@CUDA
+def test_cuda_causal_dispatch():
+    # Which launches take softmax_kernel's causal variant (CAUSAL = true: a row's masked
+    # vectors skip the work): 16-bit rows with a causal mask, forward and backward, in
+    # blocks of up to 512 threads (up to 16384 columns); float32 and unmasked rows never.
+    def variants(fn):
+        return {m.group(1) for n in cuda_kernel_names(fn)
+                for m in [re.search(r"softmax_kernel<.*?, (true|false)>", n)] if m}
+
+    x = torch.randn(2, 4, 64, 2048, device="cuda", dtype=torch.bfloat16)
+    cases = [
+        ("bf16 causal", lambda: fused_ops.softmax(x, causal=True), {"true"}),
+        ("fp16 causal 16384", lambda: fused_ops.softmax(x.half().view(1, 1, 64, 16384),
+                                                        causal=True), {"true"}),
+        ("bf16 causal backward", lambda: ops.softmax_backward(x, x, -1, scale=1.0, causal=True),
+         {"true"}),
+        ("float32 causal", lambda: fused_ops.softmax(x.float(), causal=True), {"false"}),
+        ("bf16 unmasked", lambda: fused_ops.softmax(x), {"false"}),
+    ]
+    for name, call, want in cases:
+        assert variants(call) == want, name
 
 
 @CUDA
