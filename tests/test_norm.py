@@ -643,27 +643,26 @@ def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
 # rows need more than 512 threads at 4 (float32 over 8192 columns, 16-bit over 16384 where
 # no fixed kernel takes them), up to 1024 threads; past that norm_fwd_long (two reads).
 # Parameters in float32, so no fixed kernel intervenes.
-WIDE_CASES = [(torch.float32, 8200, True), (torch.float32, 12288, True),
-              (torch.float32, 32768, True), (torch.float32, 32776, False),
-              (torch.bfloat16, 65536, True), (torch.bfloat16, 65544, False),
-              (torch.float32, 8192, False)]  # 512 threads at 4 vectors: the default shape
+# (dtype, columns, kernel): "wide" (8 vectors a thread), "regs" (the default 4), "long".
+WIDE_CASES = [(torch.float32, 8200, "wide"), (torch.float32, 12288, "wide"),
+              (torch.float32, 32768, "wide"), (torch.float32, 32776, "long"),
+              (torch.bfloat16, 65536, "wide"), (torch.bfloat16, 65544, "long"),
+              (torch.float32, 8192, "regs")]  # 512 threads at 4 vectors
 
 
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype,cols,wide", WIDE_CASES)
-def test_cuda_wide_forward_dispatch(kind, dtype, cols, wide):
+@pytest.mark.parametrize("dtype,cols,want", WIDE_CASES)
+def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
     x = torch.randn(4, cols, device="cuda", dtype=dtype)
     w = torch.randn(cols, device="cuda", dtype=torch.float32)
     names = [n for n in cuda_kernel_names(lambda: fused_forward(kind, x, [cols], w, None, 1e-5))
              if "norm_fwd" in n]
     vpt = [int(m.group(1)) for n in names
            for m in [re.search(r"norm_fwd_regs<[^,]+, [^,]+, [^,]+, \d+, (\d+),", n)] if m]
-    assert names, (dtype, cols)
-    if wide:
-        assert vpt == [8], names
-    else:
-        assert 8 not in vpt, names
+    got = ("long" if any("norm_fwd_long" in n for n in names) and not vpt
+           else {(8,): "wide", (4,): "regs"}.get(tuple(vpt), f"? {names}"))
+    assert got == want, names
 
 
 # The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 12288 /

@@ -406,11 +406,39 @@ def test_causal(device, shape, dtype, scale):
     assert_close(fused_ops.softmax(x, len(shape) - 1, causal=True), fwd_ref(x, causal=True))
 
 
+@pytest.mark.parametrize("device,length", per_device([33], [33, 2048, 16384]))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_special_values_as_torch(device, length, dtype):
+    # A query whose unmasked keys hold a NaN or a +inf, or only -inf, gives a row of NaN,
+    # its masked keys too (torch: masked_fill with -inf, then softmax), forward and
+    # backward. On CUDA 16-bit rows of 2048 / 16384 take the causal variant, which writes
+    # the masked vectors it skips from the row's state (Op::masked).
+    x = torch.randn(1, 2, 64, length, device=device) * 3
+    x[0, 0, 0, 0] = -INF                  # query 0: its one key -inf
+    x[0, 0, 1, 1] = float("nan")          # query 1: a NaN
+    x[0, 0, 2, 0] = INF                   # query 2: +inf
+    x[0, 0, 40, :41] = -INF               # query 40: every unmasked key -inf
+    x[0, 1, 50, 7] = INF                  # query 50 of the second head: +inf
+    x[0, 1, 60, :30] = -INF               # query 60: half its keys -inf (finite row)
+    x = x.to(dtype)
+    y = check_forward(x, scale=0.5, causal=True)
+    mask = reference.causal_mask(64, length, device).expand(x.shape)
+    native = torch.softmax(x.float().masked_fill(mask, -INF) * 0.5, -1)
+    torch.testing.assert_close(y.isnan(), native.isnan())
+    assert y.isnan().all(-1).sum() == 5   # the five rows above, whole
+    assert (y[~y.isnan().all(-1, keepdim=True).expand_as(y) & mask] == 0).all()
+    dy = torch.randn_like(x)
+    dx = bwd(dy, y, scale=0.5, causal=True)
+    torch.testing.assert_close(dx.isnan(), bwd(dy, y, scale=0.5).isnan())
+    assert dx.isnan().all(-1).sum() == 5
+
+
 @CUDA
 def test_cuda_causal_dispatch():
-    # Which launches take softmax_kernel's causal variant (CAUSAL = true: a row's masked
-    # vectors skip the work): 16-bit rows with a causal mask, forward and backward, in
-    # blocks of up to 512 threads (up to 16384 columns); float32 and unmasked rows never.
+    # Which launches take softmax_kernel's causal variant (CAUSAL = true: a row's vectors
+    # past its causal limit skip the forward's math and their outputs'): 16-bit rows with a
+    # causal mask, forward and backward, in blocks of up to 512 threads (up to 16384
+    # columns); float32 and unmasked rows never.
     def variants(fn):
         return {m.group(1) for n in cuda_kernel_names(fn)
                 for m in [re.search(r"softmax_kernel<.*?, (true|false)>", n)] if m}
@@ -434,10 +462,11 @@ def test_cuda_causal_dispatch():
 @pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 2, 300, 8192), (1, 1, 200, 16384),
                                    (1, 1, 64, 20000), (1, 1, 3, 70000), (2, 1, 257, 40000)])
 def test_cuda_causal_large(dtype, shape):
-    # Attention scores at the benchmarked row length; the causal kernel variant in blocks of
-    # 128 / 256 / 512 threads (2048, 8192, 16384 columns; float32 8192 at 512); rows long
-    # enough to be split, or to take clusters (the last: more rows than clusters, whole
-    # blocks past the causal limit).
+    # Attention scores at the benchmarked row length; 16-bit rows take the causal kernel
+    # variant in blocks of 128 / 256 / 512 threads (2048, 8192, 16384 columns), float32 rows
+    # the plain kernel; rows long enough to take clusters or 1024-thread blocks (the last:
+    # more rows than clusters, whole blocks past the causal limit); split rows only where
+    # clusters do not run (before sm_90).
     x = torch.randn(shape, device="cuda").to(dtype) * 3
     y = check_forward(x, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8, causal=True)

@@ -170,9 +170,9 @@ __device__ __forceinline__ int live_vectors(int c0, int stride, int limit) {
 }
 
 // f(k) for the vectors k < live of a thread's P: in the causal variant a row's vectors
-// past its limit (half of them, on average) cost no conversions, exps or sums, only their
-// zero stores (KERNEL_LOG softmax v9). When all P are live the loop has no test, and with
-// live = P as a constant it is the plain loop.
+// past its limit (half of them, on average) cost the forward no conversions, exps or sums,
+// only their stores (KERNEL_LOG softmax v9). When all P are live the loop has no test, and
+// with live = P as a constant it is the plain loop.
 template <int P, typename F>
 __device__ __forceinline__ void for_live(int live, F f) {
   if (live >= P) {
@@ -187,7 +187,8 @@ __device__ __forceinline__ void for_live(int live, F f) {
 }
 
 // Forward: y = softmax(scale * x) (log: log_softmax). Regs: v = scale * x as float, -inf
-// where masked or missing; softmax overwrites v with exp(v - M) in partial.
+// where masked or missing (of the live vectors; the others are never touched); softmax
+// overwrites v with exp(v - M) in partial.
 struct Fwd {
   static constexpr int kIn = 1;
   using State = MaxSum;
@@ -196,8 +197,8 @@ struct Fwd {
 
   template <typename T, int VEC, int P>
   struct Regs {
-    float v[P][VEC];  // the live vectors' (Cols::live); the others are never read
-    int live;
+    float v[P][VEC];
+    int live;  // Cols::live
   };
   struct Coef {
     float o, f;
@@ -317,6 +318,14 @@ struct Fwd {
                                        int e) const {
     return r.v[k][e];
   }
+
+  // out() of a masked key (v = -inf), from the row's coefficients alone: 0, or NaN where
+  // the whole row is NaN (a NaN or +inf in it, or no finite entry), as torch's masked_fill
+  // then softmax gives. The causal variant stores it for the vectors it skips.
+  template <typename T>
+  __device__ __forceinline__ float masked(const Coef& c) const {
+    return log ? (kNegInf - c.o) - c.f : exp_elem<T>(kNegInf - c.o) * c.f;
+  }
 };
 
 // Backward from the forward's output y: softmax dx = scale * y * (dy - sum(dy * y)),
@@ -423,6 +432,12 @@ struct Bwd {
     return log ? r.dy(k, e) - exp_elem<T>(r.y(k, e)) * row
                : scale * r.y(k, e) * (r.dy(k, e) - row);
   }
+
+  // out() of an entry not read (dy = y = 0): 0, or NaN where the row's sum is not finite.
+  template <typename T>
+  __device__ __forceinline__ float masked(float row) const {
+    return log ? 0.f - exp_elem<T>(0.f) * row : scale * 0.f * (0.f - row);
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -486,11 +501,13 @@ __device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)
   }
 }
 
-// The outputs of a thread's vectors of `row` that lie before `end`: zeros (every op's
-// output for a masked key) for the vectors past the live ones (Cols::live).
+// The outputs of a thread's vectors of `row` that lie before `end`; for the vectors past
+// the live ones (Cols::live), the op's output for a masked entry (Op::masked: 0, or NaN in a
+// NaN row), once per thread.
 template <typename T, int VEC, int P, typename Op, typename Regs, typename Coef>
 __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const Coef& coef,
                                           T* out, int c0, int stride, int end, int live) {
+  const T dead = static_cast<T>(op.template masked<T>(coef));
 #pragma unroll
   for (int k = 0; k < P; ++k) {
     const int col = c0 + k * stride;
@@ -501,7 +518,7 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
         for (int e = 0; e < VEC; ++e) o.v[e] = static_cast<T>(op.out(regs, coef, k, e));
       } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) o.v[e] = static_cast<T>(0.f);
+        for (int e = 0; e < VEC; ++e) o.v[e] = dead;
       }
       store_vec<T, VEC>(out + col, o);
     }
@@ -510,8 +527,9 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
 
 // Thread `lane` of a row group owns vectors k < P at columns
 // begin + (k * tpr + lane) * VEC, begin = the chunk's first column.
-// CAUSAL (a launch with a causal mask): the vectors past a row's limit skip the op's work
-// (Cols::live); otherwise every vector takes it, as a compile-time constant.
+// CAUSAL (a launch with a causal mask): the vectors past a row's limit (Cols::live) skip the
+// forward's conversions, exps and sums and, both ways, their outputs' math (store_tile);
+// otherwise every vector takes it, as a compile-time constant.
 template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL>
 __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::State> a, Op op) {
   using State = typename Op::State;
@@ -880,10 +898,11 @@ bool launch_cluster(Args<T, typename Op::State> a, const Op& op, int n) {
 }
 
 // Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row. With a
-// causal mask, 16-bit rows in blocks of up to 512 threads take the causal variant (causal
-// rows of up to 16384 columns, and split rows' chunks); the others the plain one, masked
-// element by element (as right; float32 causal 2048-column rows measured 90.2% of copy
-// with it, 86.8% with the variant: KERNEL_LOG softmax v9).
+// causal mask, 16-bit rows in blocks of up to 512 threads take the causal variant (rows of
+// up to 16384 columns on the 16-byte path, 4096 on the scalar one, and split rows'
+// chunks). The others take the plain kernel, which masks element by element: float32 causal
+// rows of 2048 measured 90.2% of copy with it, 86.8% with the variant (KERNEL_LOG softmax
+// v9).
 template <typename T, typename Op, int VEC, int BLOCK>
 void launch(Args<T, typename Op::State> a, const Op& op) {
   a.tpr_shift = 0;
