@@ -23,6 +23,8 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_rows.cuh"
+
 #define CK(x)                                                               \
   do {                                                                      \
     cudaError_t e_ = (x);                                                   \
@@ -36,15 +38,9 @@ constexpr int kL = 2048, kHeads = 8 * 16, kVec = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 enum Form { ALL = 0, LIVE = 1, RAW = 2 };
 
-__device__ __forceinline__ float lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 __device__ __forceinline__ float elem(const uint4& r, int e) {
   const uint32_t w = e < 2 ? r.x : e < 4 ? r.y : e < 6 ? r.z : r.w;
   return e % 2 ? hi(w) : lo(w);
-}
-__device__ __forceinline__ uint32_t pack(float a, float b) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&h);
 }
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -57,22 +53,24 @@ __device__ __forceinline__ uint32_t hmax2(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t*>(&m);
 }
 
-// All-reduce over a row's TPR threads; buf: BLOCK / 32 floats (each call its own buffer).
-template <int TPR, bool MAX>
-__device__ __forceinline__ float row_reduce(float v, float* buf) {
-  auto op = [](float a, float b) { return MAX ? fmaxf(a, b) : a + b; };
-  constexpr int W = TPR < 32 ? TPR : 32;
+// A thread's outputs: value(k, e) for its live vectors, `dead` (0, or NaN in a NaN row)
+// for the others.
+template <int TPR, int VPT, typename Value>
+__device__ __forceinline__ void store_row(uint4* py, int live, float dead, Value value) {
 #pragma unroll
-  for (int o = W / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if constexpr (TPR > 32) {
-    const int warp = threadIdx.x / 32, first = warp / (TPR / 32) * (TPR / 32);
-    if (threadIdx.x % 32 == 0) buf[warp] = v;
-    __syncthreads();
-    v = buf[first];
+  for (int k = 0; k < VPT; ++k) {
+    uint4 out;
+    if (k < live) {
+      float f[kVec];
 #pragma unroll
-    for (int i = 1; i < TPR / 32; ++i) v = op(v, buf[first + i]);
+      for (int e = 0; e < kVec; ++e) f[e] = value(k, e);
+      out = make_uint4(pack(f[0], f[1]), pack(f[2], f[3]), pack(f[4], f[5]), pack(f[6], f[7]));
+    } else {
+      const uint32_t d = pack(dead, dead);
+      out = make_uint4(d, d, d, d);
+    }
+    py[k * TPR] = out;
   }
-  return v;
 }
 
 template <int FORM, int TPR, int VPT, int BLOCK>
@@ -131,21 +129,10 @@ __global__ void __launch_bounds__(BLOCK) causal_fwd(const uint4* __restrict__ x,
       }
     }
     s = row_reduce<TPR, false>(s, buf[1]);
-    const float inv = 1.f / s, dead = 0.f * inv;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      uint4 out;
-      if (k < live) {
-        float f[kVec];
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) f[e] = ex2(fmaf(elem(raw[k], e), scale, -o) * kLog2e) * inv;
-        out = make_uint4(pack(f[0], f[1]), pack(f[2], f[3]), pack(f[4], f[5]), pack(f[6], f[7]));
-      } else {
-        const uint32_t d = pack(dead, dead);
-        out = make_uint4(d, d, d, d);
-      }
-      py[k * TPR] = out;
-    }
+    const float inv = 1.f / s;
+    store_row<TPR, VPT>(py, live, 0.f * inv, [&](int k, int e) {
+      return ex2(fmaf(elem(raw[k], e), scale, -o) * kLog2e) * inv;
+    });
   } else {
     float v[VPT][kVec];
     m = -INFINITY;
@@ -173,19 +160,8 @@ __global__ void __launch_bounds__(BLOCK) causal_fwd(const uint4* __restrict__ x,
       }
     }
     s = row_reduce<TPR, false>(s, buf[1]);
-    const float inv = 1.f / s, dead = 0.f * inv;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      uint4 out;
-      if (k < live) {
-        out = make_uint4(pack(v[k][0] * inv, v[k][1] * inv), pack(v[k][2] * inv, v[k][3] * inv),
-                         pack(v[k][4] * inv, v[k][5] * inv), pack(v[k][6] * inv, v[k][7] * inv));
-      } else {
-        const uint32_t d = pack(dead, dead);
-        out = make_uint4(d, d, d, d);
-      }
-      py[k * TPR] = out;
-    }
+    const float inv = 1.f / s;
+    store_row<TPR, VPT>(py, live, 0.f * inv, [&](int k, int e) { return v[k][e] * inv; });
   }
 }
 

@@ -940,8 +940,8 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 // and the add forms' sum and its gradient d_sum, in x's dtype): 12288, 16384 and 32768
 // columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
 // (16 elements) per thread, no bounds checks, the thread's columns of w held in registers
-// for every row, x / dy / w unpacked afresh in each half (fresh(): the floats are not kept live across the row
-// exchange, which would cost 32 registers). The standalone sweep
+// for every row, x / dy / w unpacked afresh in each half (fresh(): the floats are not kept
+// live across the row exchange, which would cost 32 registers). The standalone sweep
 // (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
 // (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
 // shape reaches 43-50%. Exchange, lag and buffer rotation as norm_bwd_cluster.
@@ -1371,8 +1371,7 @@ bool launch_cluster_backward(Kernel kernel, int csize, int threads, BwdParams<T,
   const int64_t clusters = std::min<int64_t>(p.rows, active);
   at::Tensor part = alloc_partials(nb, clusters);
   point_partials(p, part, clusters, nb);
-  cl.launch(dim3(static_cast<unsigned>(clusters * csize)), kernel, p);
-  FUSED_LAUNCH_CHECK();
+  cl.launch(dim3(static_cast<unsigned>(clusters * csize)), kernel, p);  // checked there
   if (part.defined()) reduce_partials<T>(part, clusters, p.cols, nb);
   return true;
 }
