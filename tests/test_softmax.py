@@ -408,11 +408,11 @@ def test_causal(device, shape, dtype, scale):
 
 @pytest.mark.parametrize("device,length", per_device([33], [33, 2048, 16384]))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_causal_special_values_as_torch(device, length, dtype):
+def test_causal_special_values_as_torch(device, length, dtype, monkeypatch):
     # A query whose unmasked keys hold a NaN or a +inf, or only -inf, gives a row of NaN,
     # its masked keys too (torch: masked_fill with -inf, then softmax), forward and
-    # backward. On CUDA 16-bit rows of 2048 / 16384 take the causal variant, which writes
-    # the masked vectors it skips from the row's state (Op::masked).
+    # backward. On CUDA 16-bit rows of 2048 / 16384 take kernels that skip the vectors past
+    # a query's limit and write them from the row's state (Op::masked).
     x = torch.randn(1, 2, 64, length, device=device) * 3
     x[0, 0, 0, 0] = -INF                  # query 0: its one key -inf
     x[0, 0, 1, 1] = float("nan")          # query 1: a NaN
@@ -421,12 +421,16 @@ def test_causal_special_values_as_torch(device, length, dtype):
     x[0, 1, 50, 7] = INF                  # query 50 of the second head: +inf
     x[0, 1, 60, :30] = -INF               # query 60: half its keys -inf (finite row)
     x = x.to(dtype)
-    y = check_forward(x, scale=0.5, causal=True)
     mask = reference.causal_mask(64, length, device).expand(x.shape)
     native = torch.softmax(x.float().masked_fill(mask, -INF) * 0.5, -1)
-    torch.testing.assert_close(y.isnan(), native.isnan())
-    assert y.isnan().all(-1).sum() == 5   # the five rows above, whole
-    assert (y[~y.isnan().all(-1, keepdim=True).expand_as(y) & mask] == 0).all()
+    # On CUDA both forward kernels of 16-bit causal rows: softmax_causal_fwd, and with
+    # FUSED_SOFTMAX_CAUSAL=0 softmax_kernel's causal variant.
+    for env in ("1", "0") if device == "cuda" else ("1",):
+        monkeypatch.setenv("FUSED_SOFTMAX_CAUSAL", env)
+        y = check_forward(x, scale=0.5, causal=True, msg=f"FUSED_SOFTMAX_CAUSAL={env}")
+        torch.testing.assert_close(y.isnan(), native.isnan())
+        assert y.isnan().all(-1).sum() == 5   # the five rows above, whole
+        assert (y[~y.isnan().all(-1, keepdim=True).expand_as(y) & mask] == 0).all()
     dy = torch.randn_like(x)
     dx = bwd(dy, y, scale=0.5, causal=True)
     torch.testing.assert_close(dx.isnan(), bwd(dy, y, scale=0.5).isnan())
@@ -434,39 +438,64 @@ def test_causal_special_values_as_torch(device, length, dtype):
 
 
 @CUDA
-def test_cuda_causal_dispatch():
-    # Which launches take softmax_kernel's causal variant (CAUSAL = true: a row's vectors
-    # past its causal limit skip the forward's math and their outputs'): 16-bit rows with a
-    # causal mask, forward and backward, in blocks of up to 512 threads (up to 16384
-    # columns); float32 and unmasked rows never.
-    def variants(fn):
-        return {m.group(1) for n in cuda_kernel_names(fn)
-                for m in [re.search(r"softmax_kernel<.*?, (true|false)>", n)] if m}
+def test_cuda_causal_dispatch(monkeypatch):
+    # Which launches take which causal kernel (a dispatch slip would fall back silently:
+    # every result would still be right). softmax_causal_fwd: the forward of 16-bit causal
+    # rows on the 16-byte path of 257 to 16384 columns, unless FUSED_SOFTMAX_CAUSAL=0.
+    # softmax_kernel's causal variant (CAUSAL = true: a row's vectors past its causal limit
+    # skip the forward's math and their outputs'): 16-bit rows with a causal mask in blocks
+    # of up to 512 threads, the backward, and the forward rows the first does not take;
+    # float32 and unmasked rows never.
+    def kernels(fn):
+        out = set()
+        for n in cuda_kernel_names(fn):
+            m = re.search(r"softmax_kernel<.*?, (true|false)>", n)
+            if m:
+                out.add(m.group(1))
+            elif "softmax_causal_fwd" in n:
+                out.add("causal_fwd")
+        return out
 
     x = torch.randn(2, 4, 64, 2048, device="cuda", dtype=torch.bfloat16)
     cases = [
-        ("bf16 causal", lambda: fused_ops.softmax(x, causal=True), {"true"}),
-        ("fp16 causal 16384", lambda: fused_ops.softmax(x.half().view(1, 1, 64, 16384),
-                                                        causal=True), {"true"}),
-        ("bf16 causal backward", lambda: ops.softmax_backward(x, x, -1, scale=1.0, causal=True),
+        ("bf16 causal", lambda: fused_ops.softmax(x, causal=True), "1", {"causal_fwd"}),
+        ("bf16 causal, FUSED_SOFTMAX_CAUSAL=0", lambda: fused_ops.softmax(x, causal=True), "0",
          {"true"}),
-        ("float32 causal", lambda: fused_ops.softmax(x.float(), causal=True), {"false"}),
-        ("bf16 unmasked", lambda: fused_ops.softmax(x), {"false"}),
+        ("fp16 causal 16384", lambda: fused_ops.softmax(x.half().view(1, 1, 64, 16384),
+                                                        causal=True), "1", {"causal_fwd"}),
+        ("bf16 causal 264", lambda: fused_ops.softmax(x[..., :264], causal=True), "1",
+         {"causal_fwd"}),
+        ("bf16 causal 256", lambda: fused_ops.softmax(x[..., :256], causal=True), "1",
+         {"true"}),
+        ("bf16 causal, 2 bytes off 16", lambda: fused_ops.softmax(
+            x.flatten()[1:1 + 512 * 2000].view(2, 4, 64, 2000), causal=True), "1", {"true"}),
+        ("bf16 causal backward", lambda: ops.softmax_backward(x, x, -1, scale=1.0, causal=True),
+         "1", {"true"}),
+        ("float32 causal", lambda: fused_ops.softmax(x.float(), causal=True), "1", {"false"}),
+        ("bf16 unmasked", lambda: fused_ops.softmax(x), "1", {"false"}),
     ]
-    for name, call, want in cases:
-        assert variants(call) == want, name
+    for name, call, env, want in cases:
+        monkeypatch.setenv("FUSED_SOFTMAX_CAUSAL", env)
+        assert kernels(call) == want, name
 
 
 @CUDA
+@pytest.mark.parametrize("causal_fwd", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 2, 300, 8192), (1, 1, 200, 16384),
-                                   (1, 1, 64, 20000), (1, 1, 3, 70000), (2, 1, 257, 40000)])
-def test_cuda_causal_large(dtype, shape):
-    # Attention scores at the benchmarked row length; 16-bit rows take the causal kernel
-    # variant in blocks of 128 / 256 / 512 threads (2048, 8192, 16384 columns), float32 rows
-    # the plain kernel; rows long enough to take clusters or 1024-thread blocks (the last:
-    # more rows than clusters, whole blocks past the causal limit); split rows only where
-    # clusters do not run (before sm_90).
+                                   (3, 1, 129, 264), (2, 3, 300, 264), (1, 3, 100, 1000),
+                                   (1, 2, 77, 4096), (1, 1, 64, 20000), (1, 1, 3, 70000),
+                                   (2, 1, 257, 40000)])
+def test_cuda_causal_large(dtype, shape, causal_fwd, monkeypatch):
+    # Attention scores at the benchmarked row length. 16-bit rows of 264 to 16384 columns
+    # take softmax_causal_fwd forward (a row group of 32 to 1024 threads; 387 rows of 264:
+    # the last 128-thread block part idle; queries past the keys, Lq > Lk: whole rows),
+    # with FUSED_SOFTMAX_CAUSAL=0 softmax_kernel's causal variant in blocks of 128 / 256 /
+    # 512 threads, which also takes the backward; float32 rows the plain kernel; rows long
+    # enough to take clusters or 1024-thread blocks (the last: more rows than clusters,
+    # whole blocks past the causal limit); split rows only where clusters do not run
+    # (before sm_90).
+    monkeypatch.setenv("FUSED_SOFTMAX_CAUSAL", causal_fwd)
     x = torch.randn(shape, device="cuda").to(dtype) * 3
     y = check_forward(x, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8, causal=True)

@@ -574,6 +574,44 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, end, live);
 }
 
+// softmax_causal_fwd: the causal forward of 16-bit rows on the 16-byte path, up to
+// 1024 * kCausalVectors * 8 = 16384 columns, whole rows of a TPR-thread group shaped at
+// compile time (TPR = 32 .. 1024, kCausalVectors vectors a thread, max(128, TPR)-thread
+// blocks). The same ops and helpers as softmax_kernel, without what its runtime shape costs
+// (the group size, the chunk and phase, a division by the stride): on 8x16x2048² bf16
+// scores softmax_kernel's causal variant executed ~690 instructions a warp and read 74-79%
+// of copy where this form (128 threads a row, 2 vectors each, 32 registers: 16 blocks an
+// SM) reads 96% in benchmarks/dev/softmax_causal_sweep.cu (KERNEL_LOG softmax v10).
+constexpr int kCausalVectors = 2, kCausalMaxTpr = 1024;
+
+template <typename T, int TPR>
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
+    softmax_causal_fwd(Args<T, MaxSum> a, Fwd op) {
+  constexpr int BLOCK = TPR < 128 ? 128 : TPR, P = kCausalVectors, VEC = kVecElems<T>;
+  constexpr int stride = TPR * VEC;
+  static_assert(sizeof(T) == 2 && VEC == 8, "16-bit rows, 16-byte vectors");
+  __shared__ double buf[2][BLOCK / 32];
+
+  const Group<BLOCK> g{TPR};
+  const int lane = threadIdx.x % TPR;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (BLOCK / TPR) + threadIdx.x / TPR;
+  const bool active = r < a.rows;  // idle groups of the last block still shuffle along
+  const int64_t row = active ? r : 0;
+  const int limit = active ? row_limit(a, row, a.len) : 0;
+  const int c0 = lane * VEC;
+
+  uint4 raw[1][P];
+  load_tile<false>(raw, a.in, a.len, row, c0, stride, limit);
+  Fwd::Regs<T, VEC, P> regs;
+  const int live = live_vectors<P>(c0, stride, limit);
+  op.init(regs, raw, Cols{c0, stride, limit, live});
+  const MaxSum total = op.partial(regs, g, buf[0], buf[1]);
+  if (!active) return;
+  const Fwd::Coef coef = op.coef(total, total, true);
+  op.finish(regs, coef);
+  store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, a.len, live);
+}
+
 // Long rows on sm_90: grid (clusters, n), cluster (1, n): cluster blockIdx.x takes rows
 // blockIdx.x, + gridDim.x, ...; its block blockIdx.y the columns [y * chunk, + chunk).
 // Per row: the block's State (as softmax_kernel's), pushed into slot [rank] of every
@@ -1009,6 +1047,42 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
   return false;
 }
 
+// softmax_causal_fwd for the causal forward rows it is shaped for (16-bit, 16-byte aligned
+// and a multiple of 8 columns, checked by the caller; 257 .. 16384 columns); false
+// otherwise. FUSED_SOFTMAX_CAUSAL=0 turns it off (read on every call, for comparisons and
+// the dispatch test): softmax_kernel's causal variant then takes these rows.
+template <typename T, typename Op>
+bool launch_causal(const Args<T, typename Op::State>& a, const Op& op) {
+  if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
+    constexpr int kVec = kVecElems<T>;
+    const int64_t tpr = next_pow2(ceil_div(a.len / kVec, kCausalVectors));
+    if (a.causal_q == 0 || tpr < 32 || tpr > kCausalMaxTpr ||
+        env_switched_off("FUSED_SOFTMAX_CAUSAL")) {
+      return false;
+    }
+    const int rows_per_block = std::max<int>(1, 128 / static_cast<int>(tpr));
+    const int64_t blocks = ceil_div(a.rows, rows_per_block);
+    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "fused softmax: ", a.rows,
+                " causal rows need ", blocks, " blocks, more than one launch holds (2^31 - 1)");
+    auto go = [&](auto kt) {
+      constexpr int TPR = decltype(kt)::value;
+      softmax_causal_fwd<T, TPR><<<static_cast<unsigned>(blocks), std::max(128, TPR), 0,
+                                   current_stream()>>>(a, op);
+      FUSED_LAUNCH_CHECK();
+      return true;
+    };
+    switch (tpr) {
+      case 32: return go(std::integral_constant<int, 32>{});
+      case 64: return go(std::integral_constant<int, 64>{});
+      case 128: return go(std::integral_constant<int, 128>{});
+      case 256: return go(std::integral_constant<int, 256>{});
+      case 512: return go(std::integral_constant<int, 512>{});
+      case 1024: return go(std::integral_constant<int, 1024>{});
+    }
+  }
+  return false;
+}
+
 template <typename T, typename Op>
 void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t causal_q,
          const Op& op, const at::TensorOptions& opts) {
@@ -1020,7 +1094,7 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
   const bool vec = len % V == 0 && is_aligned(in0) && (in1 == nullptr || is_aligned(in1)) &&
                    is_aligned(out);
   if (vec) {
-    if (launch_fixed(a, op)) return;
+    if (launch_fixed(a, op) || launch_causal(a, op)) return;
     launch_rows<T, Op, V>(a, op, opts);
   } else {
     launch_rows<T, Op, 1>(a, op, opts);
