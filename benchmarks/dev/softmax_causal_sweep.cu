@@ -8,6 +8,7 @@
 // Forms, each with the library's thread layout (lane's vector k at column (k * TPR + lane) * 8):
 //   ALL   floats held, every vector worked on, masked elements -inf (the library before v9)
 //   LIVE  floats held, vectors past the query's limit skipped, stored as 0 * (1 / S) (v9d)
+//   (LIVE, weak loads: plain ld.global as the library's softmax_kernel, not ld.global.nc)
 //   RAW   raw bf16 words held (4 registers a vector, not 8), the max on packed pairs, the exps
 //         recomputed in the output pass as fma(x, scale, -M) * log2(e) (softmax_fwd_fixed's
 //         math, scale > 0), vectors past the limit skipped
@@ -53,6 +54,15 @@ __device__ __forceinline__ uint32_t hmax2(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t*>(&m);
 }
 
+// A plain (weak) ld.global, not the read-only path (ld.global.nc) that a const __restrict__
+// pointer gets: what the library's softmax_kernel issues.
+__device__ __forceinline__ uint4 weak_load(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
 // A thread's outputs: value(k, e) for its live vectors, `dead` (0, or NaN in a NaN row)
 // for the others.
 template <int TPR, int VPT, typename Value>
@@ -73,7 +83,7 @@ __device__ __forceinline__ void store_row(uint4* py, int live, float dead, Value
   }
 }
 
-template <int FORM, int TPR, int VPT, int BLOCK>
+template <int FORM, int TPR, int VPT, int BLOCK, bool WEAK = false>
 __global__ void __launch_bounds__(BLOCK) causal_fwd(const uint4* __restrict__ x,
                                                     uint4* __restrict__ y, float scale) {
   static_assert(TPR * VPT * kVec == kL, "exact rows");
@@ -91,7 +101,10 @@ __global__ void __launch_bounds__(BLOCK) causal_fwd(const uint4* __restrict__ x,
   uint4* py = y + static_cast<size_t>(row) * (kL / kVec) + lane;
   uint4 raw[VPT];
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) raw[k] = k < loaded ? px[k * TPR] : make_uint4(0, 0, 0, 0);
+  for (int k = 0; k < VPT; ++k) {
+    raw[k] = make_uint4(0, 0, 0, 0);
+    if (k < loaded) raw[k] = WEAK ? weak_load(px + k * TPR) : px[k * TPR];
+  }
 
   float m, s = 0.f;
   if constexpr (FORM == RAW) {
@@ -179,12 +192,13 @@ struct Config {
   int block;
 };
 
-template <int FORM, int TPR, int VPT, int BLOCK>
+template <int FORM, int TPR, int VPT, int BLOCK, bool WEAK = false>
 Config make(const char* name) {
   auto launch = [](const uint4* x, uint4* y, float s, size_t rows) {
-    causal_fwd<FORM, TPR, VPT, BLOCK><<<rows / (BLOCK / TPR), BLOCK>>>(x, y, s);
+    causal_fwd<FORM, TPR, VPT, BLOCK, WEAK><<<rows / (BLOCK / TPR), BLOCK>>>(x, y, s);
   };
-  return {name, launch, reinterpret_cast<const void*>(causal_fwd<FORM, TPR, VPT, BLOCK>), BLOCK};
+  return {name, launch, reinterpret_cast<const void*>(causal_fwd<FORM, TPR, VPT, BLOCK, WEAK>),
+          BLOCK};
 }
 
 int main() {
@@ -234,6 +248,8 @@ int main() {
       make<LIVE, 64, 4, 128>("LIVE tpr 64 vpt 4 block 128 (library v9d)"),
       make<LIVE, 32, 8, 128>("LIVE tpr 32 vpt 8 block 128"),
       make<LIVE, 128, 2, 128>("LIVE tpr 128 vpt 2 block 128"),
+      make<LIVE, 64, 4, 128, true>("LIVE tpr 64 vpt 4 block 128, weak loads"),
+      make<LIVE, 128, 2, 128, true>("LIVE tpr 128 vpt 2 block 128, weak loads"),
       make<RAW, 64, 4, 128>("RAW  tpr 64 vpt 4 block 128"),
       make<RAW, 32, 8, 128>("RAW  tpr 32 vpt 8 block 128"),
       make<RAW, 32, 8, 256>("RAW  tpr 32 vpt 8 block 256"),

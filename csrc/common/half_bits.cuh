@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace fused {
@@ -32,6 +33,22 @@ __device__ __forceinline__ uint32_t float_to_half_bits(float f) {
   } else {
     return __half_as_ushort(__float2half_rn(f));
   }
+}
+
+// Two floats rounded to the 16-bit T (nearest even) and packed, lo in the low half: one
+// cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32 for the pair, where two float_to_half_bits and
+// their merge take three or four instructions.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&r, &h, 4);
+  }
+  return r;
 }
 
 }  // namespace fused

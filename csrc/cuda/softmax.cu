@@ -290,6 +290,14 @@ struct Fwd {
     return {o, rel / row.s, have_exp};
   }
 
+  // coef(row, row, true) for a whole row in registers, without the expf of exp(M - M) = 1:
+  // a row whose max is -inf or +inf gives NaN either way (S = 0 or NaN).
+  __device__ __forceinline__ Coef coef_whole(MaxSum row) const {
+    const float o = exp_offset(row.m);
+    if (log) return {o, logf(row.s), false};
+    return {o, 1.f / row.s, true};
+  }
+
   // v becomes the output. The flags are uniform: each case is its own loop, so no element
   // pays for a branch (or for an exp it does not need).
   template <typename T, int VEC, int P>
@@ -482,8 +490,11 @@ __device__ __forceinline__ int row_limit(const Args<T, State>& a, int64_t row, i
 // A thread's vectors of `row` (vector k at column c0 + k * stride), every load issued
 // before any use; zero bits where the column is at or past `limit` (masked or idle: not
 // read). A vector straddling the causal limit is still inside the row: read whole.
-// PINNED: loads that stay where they are written (load_pinned), for a prefetch.
-template <bool PINNED, typename T, typename R, int kIn, int P>
+// How load_tile reads: plain loads; kPinned, loads that stay where they are written
+// (load_pinned), for a prefetch; kReadOnly, through the read-only path (ld.global.nc).
+enum LoadKind { kPlain, kPinned, kReadOnly };
+
+template <LoadKind KIND, typename T, typename R, int kIn, int P>
 __device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)[2], int len,
                                           int64_t row, int c0, int stride, int limit) {
 #pragma unroll
@@ -495,7 +506,13 @@ __device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)
       raw[i][k] = R{};
       if (col < limit) {
         const R* q = reinterpret_cast<const R*>(p + col);
-        raw[i][k] = PINNED ? load_pinned(q) : *q;
+        if constexpr (KIND == kPinned) {
+          raw[i][k] = load_pinned(q);
+        } else if constexpr (KIND == kReadOnly) {
+          raw[i][k] = __ldg(q);
+        } else {
+          raw[i][k] = *q;
+        }
       }
     }
   }
@@ -504,9 +521,33 @@ __device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)
 // The outputs of a thread's vectors of `row` that lie before `end`; for the vectors past
 // the live ones (Cols::live), the op's output for a masked entry (Op::masked: 0, or NaN in a
 // NaN row), once per thread.
-template <typename T, int VEC, int P, typename Op, typename Regs, typename Coef>
+// PACK (16-bit T, 16-byte vectors): the outputs rounded a pair at a time (pack_pair) and
+// the masked value packed once per thread (softmax_causal_fwd; the other kernels keep
+// the per-element form they were measured with).
+template <typename T, int VEC, int P, bool PACK = false, typename Op, typename Regs,
+          typename Coef>
 __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const Coef& coef,
                                           T* out, int c0, int stride, int end, int live) {
+  if constexpr (PACK) {
+    static_assert(VEC == 8 && sizeof(T) == 2, "packed stores: 16-bit T, 16-byte vectors");
+    const float m = op.template masked<T>(coef);
+    const uint32_t dead = pack_pair<T>(m, m);
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const int col = c0 + k * stride;
+      if (col < end) {
+        uint32_t w[4] = {dead, dead, dead, dead};
+        if (k < live) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            w[j] = pack_pair<T>(op.out(regs, coef, k, 2 * j), op.out(regs, coef, k, 2 * j + 1));
+          }
+        }
+        *reinterpret_cast<uint4*>(out + col) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    return;
+  }
   const T dead = static_cast<T>(op.template masked<T>(coef));
 #pragma unroll
   for (int k = 0; k < P; ++k) {
@@ -553,7 +594,7 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
   // Every load first, then the conversions: a conversion next to its load would make the
   // thread wait for each load.
   Raw<T, VEC> raw[Op::kIn][P];
-  load_tile<false>(raw, a.in, a.len, row, c0, stride, limit);
+  load_tile<kPlain>(raw, a.in, a.len, row, c0, stride, limit);
   typename Op::template Regs<T, VEC, P> regs;
   const int live = CAUSAL ? live_vectors<P>(c0, stride, limit) : P;
   op.init(regs, raw, Cols{c0, stride, limit, live});
@@ -585,8 +626,8 @@ __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::Sta
 constexpr int kCausalVectors = 2, kCausalMaxTpr = 1024;
 
 template <typename T, int TPR>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
-    softmax_causal_fwd(Args<T, MaxSum> a, Fwd op) {
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, 2048 / (TPR < 128 ? 128 : TPR))
+    softmax_causal_fwd(Args<T, MaxSum> a, Fwd op, Div31 lq) {
   constexpr int BLOCK = TPR < 128 ? 128 : TPR, P = kCausalVectors, VEC = kVecElems<T>;
   constexpr int stride = TPR * VEC;
   static_assert(sizeof(T) == 2 && VEC == 8, "16-bit rows, 16-byte vectors");
@@ -594,22 +635,23 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
 
   const Group<BLOCK> g{TPR};
   const int lane = threadIdx.x % TPR;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (BLOCK / TPR) + threadIdx.x / TPR;
+  // rows < 2^31 (the host checks): the query r % Lq through lq's multiply-high
+  const uint32_t r = blockIdx.x * (BLOCK / TPR) + threadIdx.x / TPR;
   const bool active = r < a.rows;  // idle groups of the last block still shuffle along
   const int64_t row = active ? r : 0;
-  const int limit = active ? row_limit(a, row, a.len) : 0;
+  const int limit = active ? static_cast<int>(std::min<uint32_t>(lq.mod(r) + 1, a.len)) : 0;
   const int c0 = lane * VEC;
 
   uint4 raw[1][P];
-  load_tile<false>(raw, a.in, a.len, row, c0, stride, limit);
+  load_tile<kReadOnly>(raw, a.in, a.len, row, c0, stride, limit);
   Fwd::Regs<T, VEC, P> regs;
   const int live = live_vectors<P>(c0, stride, limit);
   op.init(regs, raw, Cols{c0, stride, limit, live});
   const MaxSum total = op.partial(regs, g, buf[0], buf[1]);
   if (!active) return;
-  const Fwd::Coef coef = op.coef(total, total, true);
+  const Fwd::Coef coef = op.coef_whole(total);
   op.finish(regs, coef);
-  store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, a.len, live);
+  store_tile<T, VEC, P, true>(op, regs, coef, a.out + row * a.len, c0, stride, a.len, live);
 }
 
 // Long rows on sm_90: grid (clusters, n), cluster (1, n): cluster blockIdx.x takes rows
@@ -628,7 +670,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
 //   SM, no register held for them (KERNEL_LOG softmax v7).
 // - STAGES = 0 (the P = kVectorsPerThread shape, and the scalar path, whose rows need not
 //   be 16-byte aligned): the next row's loads issued into registers right after this row's
-//   registers are filled (load_tile<true>): one row in flight.
+//   registers are filled (load_tile<kPinned>): one row in flight.
 // Launch bound (BLOCK, 1): up to 128 registers; one 512-thread block per SM.
 // Buffers alternate by row parity: a block pushes row r + 2 only after it has every
 // push of row r + 1, which each block sends after its barrier of row r + 1, after it
@@ -679,7 +721,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   if constexpr (STAGES > 0) {
     if (threadIdx.x < STAGES) mbar_init(&full[threadIdx.x]);
   } else {
-    load_tile<true>(raw, a.in, a.len, row, c0, stride, limit_of(row));
+    load_tile<kPinned>(raw, a.in, a.len, row, c0, stride, limit_of(row));
   }
   cl.sync();  // every block's mbarriers are set up before any push or copy
   if constexpr (STAGES > 0) {
@@ -708,7 +750,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     typename Op::template Regs<T, VEC, P> regs;
     op.init(regs, raw, Cols{c0, stride, limit, P});
     if constexpr (STAGES == 0) {
-      load_tile<true>(raw, a.in, a.len, row + step, c0, stride, limit_of(row + step));
+      load_tile<kPinned>(raw, a.in, a.len, row + step, c0, stride, limit_of(row + step));
     }
     const int par = it & 1;
     const State mine = op.partial(regs, g, buf[par][0], buf[par][1]);
@@ -1048,26 +1090,26 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
 }
 
 // softmax_causal_fwd for the causal forward rows it is shaped for (16-bit, 16-byte aligned
-// and a multiple of 8 columns, checked by the caller; 257 .. 16384 columns); false
-// otherwise. FUSED_SOFTMAX_CAUSAL=0 turns it off (read on every call, for comparisons and
-// the dispatch test): softmax_kernel's causal variant then takes these rows.
+// and a multiple of 8 columns, checked by the caller; 257 .. 16384 columns; fewer than
+// 2^31 rows); false otherwise. FUSED_SOFTMAX_CAUSAL=0 turns it off (read on every call,
+// for comparisons and the dispatch test): softmax_kernel's causal variant then takes
+// these rows.
 template <typename T, typename Op>
 bool launch_causal(const Args<T, typename Op::State>& a, const Op& op) {
   if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
     constexpr int kVec = kVecElems<T>;
     const int64_t tpr = next_pow2(ceil_div(a.len / kVec, kCausalVectors));
-    if (a.causal_q == 0 || tpr < 32 || tpr > kCausalMaxTpr ||
-        env_switched_off("FUSED_SOFTMAX_CAUSAL")) {
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();  // Div31's range
+    if (a.causal_q == 0 || tpr < 32 || tpr > kCausalMaxTpr || a.rows > kMax ||
+        a.causal_q > kMax || env_switched_off("FUSED_SOFTMAX_CAUSAL")) {
       return false;
     }
     const int rows_per_block = std::max<int>(1, 128 / static_cast<int>(tpr));
-    const int64_t blocks = ceil_div(a.rows, rows_per_block);
-    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "fused softmax: ", a.rows,
-                " causal rows need ", blocks, " blocks, more than one launch holds (2^31 - 1)");
+    const auto blocks = static_cast<unsigned>(ceil_div(a.rows, rows_per_block));
+    const Div31 lq = Div31::make(static_cast<uint32_t>(a.causal_q));
     auto go = [&](auto kt) {
       constexpr int TPR = decltype(kt)::value;
-      softmax_causal_fwd<T, TPR><<<static_cast<unsigned>(blocks), std::max(128, TPR), 0,
-                                   current_stream()>>>(a, op);
+      softmax_causal_fwd<T, TPR><<<blocks, std::max(128, TPR), 0, current_stream()>>>(a, op, lq);
       FUSED_LAUNCH_CHECK();
       return true;
     };
