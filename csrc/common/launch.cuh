@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 namespace fused {
 
@@ -43,6 +44,18 @@ struct Div31 {
   }
   __host__ __device__ __forceinline__ uint32_t mod(uint32_t n) const { return n - div(n) * d; }
 };
+
+// f(std::integral_constant<int, N>{}) for the power of two N in [LO, HI] equal to n: a
+// runtime size mapped to a kernel shaped at compile time; false when n is none of them.
+template <int LO, int HI, typename F>
+bool with_pow2(int64_t n, F&& f) {
+  if constexpr (LO > HI) {
+    return false;
+  } else {
+    if (n == LO) return f(std::integral_constant<int, LO>{});
+    return with_pow2<LO * 2, HI>(n, f);
+  }
+}
 
 // Grid for a grid-stride elementwise kernel: enough blocks to fill every SM several
 // times over, never more than the work needs.

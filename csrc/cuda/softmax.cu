@@ -1079,12 +1079,7 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
         return true;
       }
     };
-    switch (n) {
-      case 1: return go(std::integral_constant<int, 1>{});
-      case 2: return go(std::integral_constant<int, 2>{});
-      case 4: return go(std::integral_constant<int, 4>{});
-      case 8: return go(std::integral_constant<int, 8>{});
-    }
+    return with_pow2<1, kFixedMaxN>(n, go);
   }
   return false;
 }
@@ -1113,14 +1108,7 @@ bool launch_causal(const Args<T, typename Op::State>& a, const Op& op) {
       FUSED_LAUNCH_CHECK();
       return true;
     };
-    switch (tpr) {
-      case 32: return go(std::integral_constant<int, 32>{});
-      case 64: return go(std::integral_constant<int, 64>{});
-      case 128: return go(std::integral_constant<int, 128>{});
-      case 256: return go(std::integral_constant<int, 256>{});
-      case 512: return go(std::integral_constant<int, 512>{});
-      case 1024: return go(std::integral_constant<int, 1024>{});
-    }
+    return with_pow2<32, kCausalMaxTpr>(tpr, go);
   }
   return false;
 }
