@@ -15,7 +15,10 @@ How a measurement is taken (see Timer.measure):
     every repetition reads its inputs from HBM, as a large tensor in a real model would;
   - each repetition is bracketed by CUDA events; the repetitions are queued back to back
     (one synchronisation at the end), so host launch latency hides behind the flush;
-  - the repetition count adapts to a time budget (at least `min_reps`); the median is kept.
+  - the repetition count adapts to a time budget (at least `min_reps`); the median is kept;
+  - with rounds > 1 (run.py --rounds) the implementations of a group are warmed up first,
+    then timed in rounds of 1/rounds of their repetitions, in a rotating order, so a drift
+    of the GPU's clocks during the group does not favour the one timed first (run_plan).
 """
 from __future__ import annotations
 
@@ -319,11 +322,15 @@ class Timer:
             times += [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]  # microseconds
         return times
 
-    def measure(self, step) -> dict:
-        """Warm up, estimate one repetition, then time enough repetitions for the budget.
-        Returns median/min/max in microseconds and the repetition count."""
-        step()  # first call: compiles, allocates, loads modules
+    def sync(self):
         torch.cuda.synchronize(self.device)
+
+    def warm_up(self, step) -> dict:
+        """Everything before the timed repetitions: the first call (compiles, allocates,
+        loads modules), the host time to enqueue one flush + step, a 3-repetition estimate
+        and from it the repetition count that fills the budget (min_reps to max_reps)."""
+        step()
+        self.sync()
         host = []  # host time to enqueue one flush + step
         t0 = time.perf_counter()
         while (time.perf_counter() - t0) * 1e3 < self.warmup_ms or len(host) < 3:
@@ -331,14 +338,23 @@ class Timer:
             self.flush()
             step()
             host.append((time.perf_counter() - t) * 1e6)
-            torch.cuda.synchronize(self.device)
+            self.sync()
         host_us = statistics.median(host)
         estimate_us = statistics.median(self._timed(step, 3, host_us))
         reps = int(self.budget_ms * 1e3 / max(estimate_us, 1.0))
-        reps = max(self.min_reps, min(self.max_reps, reps))
-        times = self._timed(step, reps, host_us)
+        return {"host_us": host_us, "reps": max(self.min_reps, min(self.max_reps, reps))}
+
+    @staticmethod
+    def summary(times, host_us) -> dict:
+        """Median/min/max in microseconds of the repetition times, and their count."""
         return {"median_us": statistics.median(times), "min_us": min(times),
-                "max_us": max(times), "reps": reps, "host_us": host_us}
+                "max_us": max(times), "reps": len(times), "host_us": host_us}
+
+    def measure(self, step) -> dict:
+        """Warm up, estimate one repetition, then time enough repetitions for the budget.
+        Returns median/min/max in microseconds and the repetition count."""
+        warm = self.warm_up(step)
+        return self.summary(self._timed(step, warm["reps"], warm["host_us"]), warm["host_us"])
 
     def peak_memory(self, step) -> int:
         """Bytes allocated at the peak of one repetition above what existed before it
@@ -407,54 +423,102 @@ def _short_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
+def interleave(reps: dict, rounds: int) -> list:
+    """The timing schedule of one group: `rounds` lists of (impl, repetitions).
+
+    reps maps each implementation, in table order, to the repetitions its budget asks for.
+    Every implementation gets ceil(reps / rounds) repetitions in every round (so its total
+    is its budget's count rounded up to a multiple of rounds), and round r starts at the
+    implementation r % k (k of them) and goes on in table order, wrapping around: none is
+    always timed first. rounds=1 is one block per implementation, in table order."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
+    names = list(reps)
+    if not names:
+        return []
+    share = {n: max(1, -(-reps[n] // rounds)) for n in names}
+    return [[(n, share[n]) for n in names[r % len(names):] + names[:r % len(names)]]
+            for r in range(rounds)]
+
+
 def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
-             device="cuda") -> list:
+             device="cuda", rounds: int = 1) -> list:
     """Measure every implementation of one (case, shape, dtype, pass) group.
 
+    rounds=1 measures the implementations one after another, each warmed up and then timed
+    for the whole budget. rounds=N > 1 warms every implementation up first, then times them
+    in N rounds of 1/N of their repetitions each, in an order that rotates from round to
+    round (see interleave): a drift of the GPU's clocks during the group then reaches every
+    implementation alike instead of favouring the one timed first. The median and min are
+    taken over all of an implementation's repetitions; its memory is measured after the
+    rounds.
+
     Returns one record per implementation. A failure (compile error, out of memory, an
-    implementation that rejects the shape) is recorded in the record's "error" field and
-    the run goes on."""
+    implementation that rejects the shape) is recorded in the record's "error" field, that
+    implementation leaves the later rounds, and the run goes on."""
     case, shape, dtype, pass_ = plan.case, plan.shape, plan.dtype, plan.pass_
-    records = []
     inputs, input_error = None, None
     try:
         inputs = make_inputs(case, shape, dtype, pass_, device)
     except Exception as e:  # noqa: BLE001
         input_error = f"make_inputs failed: {_short_error(e)}"
-    for impl in plan.impls:
-        if on_impl:
-            on_impl(plan, impl)
-        rec = {"op": case.op, "variant": case.variant, "pass": pass_, "shape": list(shape),
-               "dtype": dtype_name(dtype), "impl": impl, "median_us": None, "min_us": None,
-               "reps": None, "peak_mem_bytes": None, "fwd_held_bytes": None, "error": None,
-               **env,
-               "ceiling_copy_gbps": ceilings.get("copy_gbps"),
-               "ceiling_mm_tflops": ceilings.get("mm_tflops")}
-        step = None
-        try:
-            if inputs is None:
-                raise RuntimeError(input_error)
-            if impl == "compile":
-                torch._dynamo.reset()
-                fn = make_compiled(case)
-            else:
-                fn = case.impls[impl]
-            step = make_step(fn, inputs, pass_, case.grad_inputs)
-            t = timer.measure(step)
-            rec.update(median_us=t["median_us"], min_us=t["min_us"], reps=t["reps"],
-                       host_us=t.get("host_us"))
-            rec["peak_mem_bytes"] = timer.peak_memory(step)
-            if pass_ == "fwd+bwd":
-                rec["fwd_held_bytes"] = timer.held_memory(lambda: fn(**inputs))
-        except Exception as e:  # noqa: BLE001 - record it and measure the rest
-            rec["error"] = _short_error(e)
-        finally:
-            step = None
-            if rec["error"] and "out of memory" in rec["error"].lower():
-                torch.cuda.empty_cache()  # let the next implementation start clean
-        rec.update(rates(case, shape, dtype, pass_, rec["median_us"], ceilings))
-        records.append(rec)
+    records = {impl: {
+        "op": case.op, "variant": case.variant, "pass": pass_, "shape": list(shape),
+        "dtype": dtype_name(dtype), "impl": impl, "median_us": None, "min_us": None,
+        "reps": None, "rounds": rounds, "peak_mem_bytes": None, "fwd_held_bytes": None,
+        "error": None, **env,
+        "ceiling_copy_gbps": ceilings.get("copy_gbps"),
+        "ceiling_mm_tflops": ceilings.get("mm_tflops")} for impl in plan.impls}
+
+    def measure_group(group):
+        live = {}  # impl -> (fn, step, warm-up result), until it fails
+        for impl in group:
+            if on_impl:
+                on_impl(plan, impl)
+            try:
+                if inputs is None:
+                    raise RuntimeError(input_error)
+                if impl == "compile":
+                    torch._dynamo.reset()  # once per group; the other steps leave dynamo be
+                    fn = make_compiled(case)
+                else:
+                    fn = case.impls[impl]
+                step = make_step(fn, inputs, pass_, case.grad_inputs)
+                live[impl] = (fn, step, timer.warm_up(step))
+            except Exception as e:  # noqa: BLE001 - record it and measure the rest
+                records[impl]["error"] = _short_error(e)
+        times = {impl: [] for impl in live}
+        for round_ in interleave({impl: w["reps"] for impl, (_, _, w) in live.items()},
+                                 rounds):
+            for impl, n in round_:
+                if impl not in live:
+                    continue  # failed in an earlier round
+                try:
+                    times[impl] += timer._timed(live[impl][1], n, live[impl][2]["host_us"])
+                except Exception as e:  # noqa: BLE001
+                    records[impl]["error"] = _short_error(e)
+                    del live[impl]
+        for impl, (fn, step, warm) in live.items():
+            rec = records[impl]
+            try:
+                t = timer.summary(times[impl], warm["host_us"])
+                rec.update(median_us=t["median_us"], min_us=t["min_us"], reps=t["reps"],
+                           host_us=t["host_us"])
+                rec["peak_mem_bytes"] = timer.peak_memory(step)
+                if pass_ == "fwd+bwd":
+                    rec["fwd_held_bytes"] = timer.held_memory(lambda: fn(**inputs))
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = _short_error(e)
+
+    groups = [list(plan.impls)] if rounds > 1 else [[impl] for impl in plan.impls]
+    for group in groups:
+        measure_group(group)  # its steps are released on return
+        if any("out of memory" in (records[i]["error"] or "").lower() for i in group):
+            torch.cuda.empty_cache()  # let the next group start clean
     del inputs
+    records = list(records.values())
+    for rec in records:
+        rec.update(rates(case, shape, dtype, pass_, rec["median_us"], ceilings))
     add_speedups(records)
     return records
 
@@ -552,7 +616,7 @@ def import_fused_ops() -> None:
 __all__ = [
     "Case", "Plan", "Timer", "PASSES", "discover_cases", "parse_shape", "parse_shapes",
     "parse_dtypes", "dtype_name", "shape_str", "sanitize_name", "select", "make_inputs",
-    "make_step", "make_compiled", "measure_ceilings", "rates", "run_plan", "environment",
-    "configure_compile", "Progress", "total_measurements", "require_cuda",
+    "make_step", "make_compiled", "measure_ceilings", "rates", "interleave", "run_plan",
+    "environment", "configure_compile", "Progress", "total_measurements", "require_cuda",
     "import_fused_ops", "add_speedups",
 ]

@@ -4,6 +4,7 @@
     python benchmarks/run.py --quick                  # each case's quick shapes, bf16
     python benchmarks/run.py --ops gelu --dtypes bf16 --shapes 16384x4096 --passes fwd
     python benchmarks/run.py --save-results           # also benchmarks/results/<gpu>.json
+    python benchmarks/run.py --ops matmul --rounds 5  # implementations timed interleaved
     python benchmarks/run.py --report FILE.json       # re-render a saved run (no GPU needed)
 
 Writes to --out (default bench_out/): results.json, results.md and one PNG per
@@ -41,6 +42,10 @@ def parse_args(argv=None):
     p.add_argument("--budget-ms", type=float, default=None,
                    help="time spent on each measurement's repetitions (default 100, "
                         "--quick 25)")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="time the implementations of each row interleaved, in N rounds of "
+                        "1/N of their repetitions in a rotating order, so GPU clock drift "
+                        "does not favour the one timed first (default 1: one after another)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--report", metavar="JSON",
                    help="render the table and plots of a saved results JSON and exit")
@@ -89,6 +94,9 @@ def main(argv=None):
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.rounds < 1:
+        print(f"error: --rounds must be at least 1, not {args.rounds}", file=sys.stderr)
+        return 2
     passes = split(args.passes)
     if passes and set(passes) - set(harness.PASSES):
         print(f"error: unknown pass in {args.passes!r}: use fwd, fwd+bwd", file=sys.stderr)
@@ -120,7 +128,7 @@ def main(argv=None):
     ceilings = harness.measure_ceilings(timer)
     header = {**env, "ceilings": ceilings, "date": datetime.datetime.now().isoformat(
         timespec="seconds"), "argv": sys.argv[1:], "budget_ms": budget,
-        "l2_flush_bytes": timer.flush_bytes}
+        "rounds": args.rounds, "l2_flush_bytes": timer.flush_bytes}
 
     progress = harness.Progress(harness.total_measurements(plans))
     records = []
@@ -131,7 +139,8 @@ def main(argv=None):
 
     try:
         for plan in plans:
-            records += harness.run_plan(plan, timer, ceilings, env, on_impl=on_impl)
+            records += harness.run_plan(plan, timer, ceilings, env, on_impl=on_impl,
+                                        rounds=args.rounds)
             torch.cuda.empty_cache()
     except KeyboardInterrupt:
         print("\ninterrupted: reporting what was measured", file=sys.stderr)

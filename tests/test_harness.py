@@ -15,6 +15,7 @@ sys.path.insert(0, ROOT)
 from benchmarks import harness, report  # noqa: E402
 from benchmarks.cases import gelu as gelu_cases  # noqa: E402
 from benchmarks.harness import Case  # noqa: E402
+from utils import CUDA  # noqa: E402
 
 
 def _load_trace_module():
@@ -160,17 +161,26 @@ def test_rates_and_speedups():
 
 # --- the measurement loop, on CPU with a stand-in timer ------------------------------------
 
-class CountingTimer:
-    """Runs the step like Timer does (a warm-up call, then repetitions) without CUDA."""
+class CpuTimer(harness.Timer):
+    """Timer's own warm-up, rep count and summary on CPU: the CUDA parts (flush,
+    synchronisation, event timing, memory) stubbed out; every repetition "takes" 100 us, so
+    budget_ms=1 asks for 10 repetitions. warmup_ms=0: a warm-up is 1 + 3 calls, then the
+    3-repetition estimate."""
 
-    def __init__(self):
-        self.calls = 0
+    def __init__(self, budget_ms=1.0, min_reps=4, max_reps=2000):
+        self.budget_ms, self.min_reps, self.max_reps = budget_ms, min_reps, max_reps
+        self.warmup_ms = 0.0
 
-    def measure(self, step):
-        for _ in range(3):
+    def sync(self):
+        pass
+
+    def flush(self):
+        pass
+
+    def _timed(self, step, reps, host_us):
+        for _ in range(reps):
             step()
-            self.calls += 1
-        return {"median_us": 10.0, "min_us": 9.0, "max_us": 11.0, "reps": 2}
+        return [100.0] * reps
 
     def peak_memory(self, step):
         step()
@@ -179,6 +189,9 @@ class CountingTimer:
     def held_memory(self, forward):
         forward()
         return 456
+
+
+WARM_UP_CALLS = 1 + 3 + 3
 
 
 def test_make_step_fwd_bwd_gives_the_gradients():
@@ -196,29 +209,128 @@ def test_make_step_fwd_bwd_gives_the_gradients():
     assert fwd().shape == (4, 8)
 
 
-def test_run_plan_records_on_cpu():
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_run_plan_records_on_cpu(rounds):
     case = gelu_cases.CASES[0]
     plan = harness.Plan(case, (8, 16), torch.float32, "fwd+bwd", ["fused", "native", "unfused"])
     env = {"device": "cpu-test", "torch": "x"}
     seen = []
-    recs = harness.run_plan(plan, CountingTimer(), {"copy_gbps": 100.0}, env,
-                            on_impl=lambda p, i: seen.append(i), device="cpu")
+    recs = harness.run_plan(plan, CpuTimer(), {"copy_gbps": 100.0}, env,
+                            on_impl=lambda p, i: seen.append(i), device="cpu", rounds=rounds)
     assert seen == ["fused", "native", "unfused"]
     assert [r["impl"] for r in recs] == seen
     for r in recs:
-        assert r["error"] is None and r["median_us"] == 10.0
+        assert r["error"] is None and r["median_us"] == 100.0 and r["min_us"] == 100.0
+        assert r["reps"] == (10 if rounds == 1 else 12) and r["rounds"] == rounds
         assert r["op"] == "gelu" and r["variant"] == "none" and r["pass"] == "fwd+bwd"
         assert r["shape"] == [8, 16] and r["dtype"] == "float32" and r["device"] == "cpu-test"
         assert r["bytes"] == 5 * 8 * 16 * 4
-        assert r["gbps"] == pytest.approx(r["bytes"] / 10e-6 / 1e9)
+        assert r["gbps"] == pytest.approx(r["bytes"] / 100e-6 / 1e9)
         assert r["peak_mem_bytes"] == 123 and r["fwd_held_bytes"] == 456
         assert r["x_vs_native"] == pytest.approx(1.0)
     # A failing implementation is recorded, not raised.
     broken = _toy_case(impls={"fused": lambda x: x.no_such_method(), "native": lambda x: x})
     plan = harness.Plan(broken, (2, 2), torch.float32, "fwd", ["fused", "native"])
-    recs = harness.run_plan(plan, CountingTimer(), {}, env, device="cpu")
+    recs = harness.run_plan(plan, CpuTimer(), {}, env, device="cpu", rounds=rounds)
     assert "AttributeError" in recs[0]["error"] and recs[0]["median_us"] is None
-    assert recs[1]["error"] is None
+    assert recs[1]["error"] is None and recs[1]["median_us"] == 100.0
+
+
+def test_interleave_rotates_and_splits_the_reps():
+    reps = {"fused": 10, "native": 4, "cublaslt": 7}
+    # One round: today's single block per implementation, in table order.
+    assert harness.interleave(reps, 1) == [[("fused", 10), ("native", 4), ("cublaslt", 7)]]
+    sched = harness.interleave(reps, 3)
+    assert sched == [[("fused", 4), ("native", 2), ("cublaslt", 3)],
+                     [("native", 2), ("cublaslt", 3), ("fused", 4)],
+                     [("cublaslt", 3), ("fused", 4), ("native", 2)]]
+    # More rounds than implementations: the rotation wraps; each gets the same share every
+    # round, at least one repetition, and at least its budget's count in all.
+    sched = harness.interleave(reps, 8)
+    assert [r[0][0] for r in sched] == ["fused", "native", "cublaslt"] * 2 + ["fused", "native"]
+    for name, n in reps.items():
+        shares = [dict(r)[name] for r in sched]
+        assert len(set(shares)) == 1 and shares[0] >= 1 and sum(shares) >= n
+        assert sum(shares) - n < 8  # rounded up to a multiple of the rounds, no more
+    assert harness.interleave({"a": 1}, 4) == [[("a", 1)]] * 4
+    assert harness.interleave({}, 3) == []
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        harness.interleave(reps, 0)
+
+
+def _logging_case(log, names, fail_after=None):
+    """A toy case whose implementations append their name to `log` on every call;
+    "flaky" raises from its call number fail_after + 1 on."""
+    def impl(name):
+        def fn(x):
+            log.append(name)
+            if name == "flaky" and log.count(name) > fail_after:
+                raise RuntimeError("flaky broke")
+            return x * 2
+        return fn
+    return _toy_case(impls={n: impl(n) for n in names})
+
+
+def _runs(log):
+    """['a', 'a', 'b'] -> [('a', 2), ('b', 1)]."""
+    out = []
+    for name in log:
+        if out and out[-1][0] == name:
+            out[-1] = (name, out[-1][1] + 1)
+        else:
+            out.append((name, 1))
+    return out
+
+
+def test_run_plan_interleaves_in_rotating_rounds():
+    log = []
+    names = ["fused", "native", "cublaslt"]
+    plan = harness.Plan(_logging_case(log, names), (2, 2), torch.float32, "fwd", names)
+    recs = harness.run_plan(plan, CpuTimer(), {}, {}, device="cpu", rounds=3)
+    # Every implementation warmed up first, then 3 rounds of 4 reps (10 rounded up), each
+    # round starting one implementation later, then one peak-memory call each.
+    f, n, c = names
+    assert _runs(log) == [(f, WARM_UP_CALLS), (n, WARM_UP_CALLS), (c, WARM_UP_CALLS),
+                          (f, 4), (n, 4), (c, 4),
+                          (n, 4), (c, 4), (f, 4),
+                          (c, 4), (f, 4), (n, 4),
+                          (f, 1), (n, 1), (c, 1)]
+    assert [r["reps"] for r in recs] == [12, 12, 12]
+    # rounds=1: one after another (warm-up, timing, memory), as before --rounds existed.
+    log.clear()
+    recs = harness.run_plan(plan, CpuTimer(), {}, {}, device="cpu", rounds=1)
+    assert _runs(log) == [(name, WARM_UP_CALLS + 10 + 1) for name in names]
+    assert [r["reps"] for r in recs] == [10, 10, 10]
+
+
+def test_run_plan_drops_an_implementation_failing_mid_rounds():
+    log = []
+    names = ["fused", "native", "flaky"]
+    case = _logging_case(log, names, fail_after=WARM_UP_CALLS + 2)  # fails in round 0
+    plan = harness.Plan(case, (2, 2), torch.float32, "fwd", names)
+    recs = harness.run_plan(plan, CpuTimer(), {}, {}, device="cpu", rounds=3)
+    by = {r["impl"]: r for r in recs}
+    assert "flaky broke" in by["flaky"]["error"] and by["flaky"]["median_us"] is None
+    assert log.count("flaky") == WARM_UP_CALLS + 3  # never called again after it raised
+    for name in ("fused", "native"):
+        assert by[name]["error"] is None and by[name]["reps"] == 12
+        assert by[name]["x_vs_native"] == pytest.approx(1.0)
+
+
+@CUDA
+def test_run_plan_rounds_on_the_gpu():
+    case = gelu_cases.CASES[1]  # tanh
+    plan = harness.Plan(case, (256, 1024), torch.bfloat16, "fwd+bwd",
+                        ["fused", "native", "unfused", "compile"])
+    timer = harness.Timer(budget_ms=2.0, min_reps=31, max_reps=31)  # 31 reps each
+    env = harness.environment()
+    recs = harness.run_plan(plan, timer, {}, env, rounds=3)
+    assert [r["impl"] for r in recs] == plan.impls
+    for r in recs:
+        assert r["error"] is None, r["error"]
+        assert r["median_us"] > 0 and 0 < r["min_us"] <= r["median_us"]
+        assert r["reps"] == 3 * 11 and r["rounds"] == 3  # ceil(31 / 3) a round
+        assert r["peak_mem_bytes"] > 0 and r["fwd_held_bytes"] > 0
 
 
 # --- reports ---------------------------------------------------------------------------
