@@ -680,6 +680,8 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
   const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
+  // dx = rstd (g w - c1 - xhat c2) = (x - mean) q + (g w rstd + pc): two fmas an element.
+  const float pc = -t.rstd * c1, qc = -(t.rstd * c2) * t.rstd;  // qc 0 when c2 is, any rstd
   const int64_t off = row * p.cols;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -689,8 +691,7 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
       FVec<VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (xf.v[j] - t.mean) * t.rstd;
-        o.v[j] = t.rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
+        o.v[j] = fmaf(xf.v[j] - t.mean, qc, fmaf(df.v[j] * w.v[j], t.rstd, pc));
       }
       if (p.dsum) {
         const FVec<VEC> sf = to_float(t.s[i]);
@@ -820,66 +821,76 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 // barrier (every block's mbarriers exist before any push); then clusters take rows cid,
 // cid + clusters, ... (every block of a cluster visits the same rows, so the exchanges stay
 // matched). Per row: the next row's tile loaded (load(tile, row), a no-op or unused past the
-// last row), this row's two sums formed (sums(tile, it, s)), reduced over the block's `block`
-// threads and pushed into slot [it % kSlots][rank] of every block of the cluster; then, LAG
-// rows later, finish(tile, row, it), which takes the row's sums from cluster_row_sums and
-// writes dx. A last cluster barrier: no block leaves while a peer may still push into its
-// shared memory.
+// last row), this row's two sums formed (sums(tile, it, s)), reduced over each warp and
+// pushed by the warp's lanes 0..csize-1 into entry [rank * warps + warp] of slot
+// [it % kSlots] of every block of the cluster (no block barrier: the warps of a block only
+// meet at the slot's mbarrier); then, LAG rows later, finish(tile, row, it), which takes the
+// row's sums from cluster_row_sums and writes dx. A last cluster barrier: no block leaves
+// while a peer may still push into its shared memory.
+// The three tiles (next, this row's, the row LAG behind) rotate through t[0..2] by unrolling
+// the walk three times: fixed registers, no copies between rows.
 template <int LAG, typename Tile, int kSlots, int NSLOT, typename Load, typename Sums,
           typename Finish>
 __device__ __forceinline__ void cluster_row_walk(int64_t rows, int64_t cid, int64_t clusters,
                                                  int csize, int rank, int block,
                                                  float2 (&slots)[kSlots][NSLOT],
-                                                 uint64_t (&bar)[kSlots],
-                                                 float (&scratch)[2][2][32], Load&& load,
+                                                 uint64_t (&bar)[kSlots], Load&& load,
                                                  Sums&& sums, Finish&& finish) {
   // norm_bwd_cluster's comment has the argument for kSlots >= 2 + 2 * LAG.
   static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag");
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int warps = block / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t bytes = static_cast<uint32_t>(csize * warps * sizeof(float2));
   if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
-  Tile cur, prev;
-  load(cur, cid);
+  Tile t[3];
+  load(t[0], cid);
   cluster.sync();
   int it = 0;
-  for (int64_t row = cid;; row += clusters, ++it) {
+  int64_t row = cid;
+  // One row: `cur` summed and pushed, `next` loaded, `prev` (LAG rows back) finished.
+  auto step = [&](Tile& cur, Tile& next, Tile& prev) {
     const bool have = row < rows;  // uniform across the cluster
-    Tile next;
     if (have) {
       load(next, row + clusters);
       float s[2];
       sums(cur, it, s);
-      group_sum<2>(s, block, scratch[it & 1], false);
+      s[0] = warp_sum(s[0]);
+      s[1] = warp_sum(s[1]);
       const int k = it % kSlots;
-      if (static_cast<int>(threadIdx.x) < csize) {
-        push_to_peer(&slots[k][rank], &bar[k], threadIdx.x, make_float2(s[0], s[1]));
+      if (lane < csize) {
+        push_to_peer(&slots[k][rank * warps + warp], &bar[k], lane, make_float2(s[0], s[1]));
       }
-      if (threadIdx.x == 0) mbar_expect(&bar[k], csize * static_cast<uint32_t>(sizeof(float2)));
+      if (threadIdx.x == 0) mbar_expect(&bar[k], bytes);
     }
     if constexpr (LAG == 0) {
       if (have) finish(cur, row, it);
     } else {
       if (it > 0) finish(prev, row - clusters, it - 1);
     }
-    if (!have) break;
-    if constexpr (LAG > 0) prev = cur;
-    cur = next;
+    row += clusters;
+    ++it;
+    return have;
+  };
+  while (step(t[0], t[1], t[2]) && step(t[1], t[2], t[0]) && step(t[2], t[0], t[1])) {
   }
   cluster.sync();
 }
 
 // The two sums of iteration `it`'s row: one wait on its slot's mbarrier (phase it / kSlots),
-// then the csize blocks' values added in rank order (the same bits in every block).
+// then the n = csize * warps pushed warp sums added, entry e by lane e % 32, then across the
+// lanes: a fixed order, so the same bits in every thread of every block.
 template <int kSlots, int NSLOT>
 __device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT],
-                                                   uint64_t (&bar)[kSlots], int it, int csize) {
-  const int k = it % kSlots;
+                                                   uint64_t (&bar)[kSlots], int it, int n) {
+  const int k = it % kSlots, lane = threadIdx.x % 32;
   mbar_wait(&bar[k], (it / kSlots) & 1);
   float2 r = make_float2(0.f, 0.f);
-  for (int b = 0; b < csize; ++b) {
-    r.x += slots[k][b].x;
-    r.y += slots[k][b].y;
+  for (int e = lane; e < n; e += 32) {
+    const float2 v = slots[k][e];
+    r.x += v.x;
+    r.y += v.y;
   }
-  return r;
+  return make_float2(warp_sum(r.x), warp_sum(r.y));
 }
 
 // Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
@@ -887,25 +898,26 @@ __device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT
 // dbias accumulators of a 64K-column row fit in the cluster's registers. Clusters walk rows
 // (persistent grid; partial row = cluster index); the next row's tile is loaded before this
 // one is used (pinned loads), so it stays in flight through the reductions and exchange.
-// Per row: the block's two row sums (a block reduction), pushed into slot [rank] of every
-// block of the cluster (itself included: st.async counted on an mbarrier, common/cluster.cuh;
-// no cluster barrier, whose release would wait for the prefetch), then, LAG rows later, one
-// mbarrier wait, the n slots added in rank order (the same bits in every block), dx written.
+// Per row: each warp's two row sums (a warp reduction), pushed into entry [rank][warp] of
+// the row's slot in every block of the cluster (itself included: st.async counted on an
+// mbarrier, common/cluster.cuh; no cluster barrier, whose release would wait for the
+// prefetch, and no block barrier), then, LAG rows later, one mbarrier wait, the csize x warps
+// entries added in a fixed order (the same bits in every block), dx written.
 // LAG = 1 (16-bit rows on the 16-byte path: three tiles live, ~100 registers) lets a block
 // run a row ahead of its slowest peer instead of waiting at every row (KERNEL_LOG norm v7).
-// Buffers: slots / bar by iteration mod 4, group_sum's scratch by parity. Safe because a
-// block pushes row r only after its wait for row r - 1 - LAG, which needs every peer's push
-// of that row, which each peer sends after its block barrier of that iteration, past its
-// reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4 (and its wait on that phase).
+// Buffers: slots / bar by iteration mod 4. Safe because a warp pushes row r only after its
+// wait for row r - 1 - LAG, which needs every warp's push of that row in the cluster, which
+// each warp sends after its own reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4
+// (program order, and the reads' values are used before the push), and after thread 0's
+// wait on that phase and its arrive for the next.
 // Compiled to a no-op below sm_90; the launcher only picks it where the sm_90 code runs.
 template <typename T, typename W, typename R, int VEC, int VPT, int LAG>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  constexpr int kSlots = 4;            // exchange buffers, by iteration mod 4
-  __shared__ float scratch[2][2][32];  // group_sum's buffers, by iteration parity
-  __shared__ float2 slots[kSlots][kMaxCluster];
+  constexpr int kSlots = 4;  // exchange buffers, by iteration mod 4
+  __shared__ float2 slots[kSlots][kMaxCluster * (kBwdMaxThreads / 32)];  // [rank][warp]
   __shared__ uint64_t bar[kSlots];
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -921,13 +933,13 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
   }
   using Tile = BwdTile<T, R, VEC, VPT>;
   cluster_row_walk<LAG, Tile>(
-      p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar, scratch,
+      p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar,
       [&](Tile& t, int64_t row) { bwd_load<true>(p, row, row < p.rows, lane, tpr, t); },
       [&](const Tile& t, int /*it*/, float (&s)[2]) {
         bwd_sums(p, t, true, lane, tpr, weight, dw, db, s);
       },
       [&](const Tile& t, int64_t row, int it) {
-        const float2 r = cluster_row_sums(slots, bar, it, csize);
+        const float2 r = cluster_row_sums(slots, bar, it, csize * (blockDim.x / 32));
         const float sr[2] = {r.x, r.y};
         bwd_dx(p, t, row, true, lane, tpr, weight, sr);
       });
@@ -940,38 +952,36 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 // and the add forms' sum and its gradient d_sum, in x's dtype): 12288, 16384 and 32768
 // columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
 // (16 elements) per thread, no bounds checks, the thread's columns of w held in registers
-// for every row, x / dy / w unpacked afresh in each half (fresh(): the floats are not kept
+// for every row, x / dy / w unpacked afresh in each half (opaque(): the floats are not kept
 // live across the row exchange, which would cost 32 registers). The standalone sweep
 // (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
 // (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
 // shape reaches 43-50%. Exchange, lag and buffer rotation as norm_bwd_cluster.
 constexpr int kFixedBwdVpt = 2;
 
-// r with every word XORed with z, a zero that ptxas cannot prove zero: each unpacking of r
-// is then a fresh computation, not a value kept alive from the other half of the row.
+// Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
+// before cannot be reused after, so each half of a row unpacks afresh instead of keeping 16
+// floats a vector alive across the row exchange.
 template <typename T, int N>
-__device__ __forceinline__ Raw<T, N> fresh(Raw<T, N> r, uint32_t z) {
+__device__ __forceinline__ void opaque(Raw<T, N>& r) {
 #pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) r.w[i] ^= z;
-  return r;
+  for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
 }
 
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
-__global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
+__global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt, TPR = CS * TPB, COLS = TPR * VPT * VEC;
-  constexpr int kSlots = 4;
+  constexpr int kSlots = 4, kWarps = TPB / 32;
   constexpr float kInv = 1.f / COLS;
   using V = Raw<T, VEC>;
-  __shared__ float scratch[2][2][32];
-  __shared__ float2 slots[kSlots][CS];
+  __shared__ float2 slots[kSlots][CS * kWarps];  // [rank][warp]
   __shared__ uint64_t bar[kSlots];
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int lane = rank * TPB + threadIdx.x;
   const int64_t cid = blockIdx.x / CS, clusters = gridDim.x / CS;
-  const uint32_t zero = static_cast<uint32_t>(p.rows >> 63);  // rows >= 0
   V wv[VPT];
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
@@ -1001,46 +1011,47 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
     t.mean = LAYER ? load_pinned(p.mean + row) : 0.f;
     t.rstd = load_pinned(p.rstd + row);
   };
+  // x - mean (layer norm) or x.
+  auto centered = [&](float x, const Tile& t) { return LAYER ? x - t.mean : x; };
   // This thread's dweight / dbias terms and its shares of the two row sums.
-  auto sums = [&](const Tile& t, int it, float (&s)[2]) {
-    const uint32_t z = zero & it;
+  auto sums = [&](Tile& t, int /*it*/, float (&s)[2]) {
     s[0] = s[1] = 0.f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const FVec<VEC> xf = to_float(fresh(t.x[k], z)), df = to_float(fresh(t.g[k], z));
-      const FVec<VEC> w = to_float(fresh(wv[k], z));
+      const FVec<VEC> xf = to_float(t.x[k]), df = to_float(t.g[k]), w = to_float(wv[k]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (xf.v[j] - t.mean) * t.rstd, gw = df.v[j] * w.v[j];
+        const float xhat = centered(xf.v[j], t) * t.rstd, gw = df.v[j] * w.v[j];
         s[0] += gw;
         s[1] += gw * xhat;
         dw[k][j] += df.v[j] * xhat;
         if constexpr (LAYER) db[k][j] += df.v[j];
       }
+      opaque(t.x[k]);
+      opaque(t.g[k]);
+      opaque(wv[k]);
     }
   };
-  // The row of iteration `it`: its CS sums, then dx.
+  // The row of iteration `it`: its sums, then dx as bwd_dx computes it (two fmas an element).
   // The add forms' d_sum (DSUM) is added to dx; its loads are issued before the wait, so
   // they travel while the row's sums arrive (no prefetch: a third tile of registers).
-  auto finish = [&](const Tile& t, int64_t row, int it) {
+  auto finish = [&](Tile& t, int64_t row, int it) {
     const int64_t off = row * COLS + lane * VEC;
     V sv[DSUM ? VPT : 1];
     if constexpr (DSUM) {
 #pragma unroll
       for (int k = 0; k < VPT; ++k) sv[k] = load_raw<T, VEC>(p.dsum + off + k * TPR * VEC);
     }
-    const float2 r = cluster_row_sums(slots, bar, it, CS);
+    const float2 r = cluster_row_sums(slots, bar, it, CS * kWarps);
     const float c1 = LAYER ? r.x * kInv : 0.f, c2 = r.y * kInv;
-    const uint32_t z = zero & ~it;
+    const float pc = -t.rstd * c1, qc = -(t.rstd * c2) * t.rstd;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const FVec<VEC> xf = to_float(fresh(t.x[k], z)), df = to_float(fresh(t.g[k], z));
-      const FVec<VEC> w = to_float(fresh(wv[k], z));
+      const FVec<VEC> xf = to_float(t.x[k]), df = to_float(t.g[k]), w = to_float(wv[k]);
       FVec<VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (xf.v[j] - t.mean) * t.rstd;
-        o.v[j] = t.rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
+        o.v[j] = fmaf(centered(xf.v[j], t), qc, fmaf(df.v[j] * w.v[j], t.rstd, pc));
       }
       if constexpr (DSUM) {
         const FVec<VEC> sf = to_float(sv[k]);
@@ -1048,10 +1059,11 @@ __global__ void __launch_bounds__(TPB) norm_bwd_fixed(BwdParams<T, T, T> p) {
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
       store_raw<T, VEC>(p.dx + off + k * TPR * VEC, from_float<T, VEC>(o));
+      opaque(wv[k]);
     }
   };
-  cluster_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, scratch, load,
-                              sums, finish);
+  cluster_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums,
+                              finish);
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
 #endif
 }
