@@ -526,14 +526,13 @@ def test_cuda_device_mismatch():
 # ---- GPU: every kernel strategy, both sides of each threshold ------------------------------
 # Forward (bf16/fp16 vectors of 8, fp32 vectors of 4, scalar path when cols is not a
 # multiple or a pointer is misaligned): 16-bit rows of FIXED_COLS with parameters in x's
-# dtype take the fixed-length kernels, forward and (up to 8192 columns) backward (the "same"
-# weight config below; tested on their own further down); otherwise 4 vectors per thread (2
-# for a float32 residual stream with 16-bit x, 8 elements on the scalar path), sub-warp
-# groups up to 32 threads (1024 / 512 / 256 columns), whole warps up to 1024 threads (32768
-# / 16384 / 16384 columns; the scalar path: 8192), then the long-row kernel; plain norms
-# that would take more than 512 threads there (16-bit rows over 16384, float32 over 8192)
-# take 8 vectors per thread instead, in blocks of up to 1024 threads (16-bit 65536, float32
-# 32768: the dispatch test below).
+# dtype take the fixed-length kernel (the "same" weight config below; tested on its own
+# further down); otherwise 4 vectors per thread (2 for a float32 residual stream with
+# 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads (1024 / 512 /
+# 256 columns), whole warps up to 1024 threads (32768 / 16384 / 16384 columns; the scalar
+# path: 8192), then the long-row kernel; plain norms that would take more than 512 threads
+# there (16-bit rows over 16384, float32 over 8192) take 8 vectors per thread instead, in
+# blocks of up to 1024 threads (16-bit 65536, float32 32768: the dispatch test below).
 # Backward: prefetching register kernel, 16 elements per thread for 16-bit rows (up to 8192
 # columns), 8 for float32 x or a float32 residual stream (up to 4096; then 16 elements
 # without prefetch up to 8192), row groups under 128 threads sharing a block (16-bit rows
@@ -666,38 +665,33 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
     assert got == want, names
 
 
-# The compile-time-shaped backwards: norm_bwd_regs_fixed for 16-bit rows of FIXED_COLS up to
-# 8192, norm_bwd_fixed (sm_90, clusters) for 12288 / 16384 / 32768 columns; parameters (and
-# the add forms' sum) in x's dtype. Rows of different spreads and offsets, a row at mean
-# 1e4, every weight / bias combination (no weight: w = 1 in the kernel; no bias: no dbias
-# partials), the add forms (d_sum added to dx). Rows: up to 8192 columns an odd count
-# enough for ~8 rows per row group on an H100 / H200 (persistent grid of up to 4 blocks
-# per SM; 1024 columns: 2 row groups per block, so the last block's second has no row, and
-# the 2x unrolled row walk ends on either half); the cluster lengths enough for 6-9 per
-# cluster (the exchange slots cycle every 4 rows). The run-time kernels take these lengths
-# in test_cuda_strategies / test_cuda_cluster_backward_many_rows (float32 parameters).
+# The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 12288 /
+# 16384 / 32768 columns, parameters (and the add forms' sum) in x's dtype. Rows enough for 6-9 per
+# cluster (the exchange slots cycle every 4 rows), of different spreads and offsets, a row
+# at mean 1e4, every weight / bias combination (no weight: w = 1 in the kernel; no bias:
+# no dbias partials). FUSED_NORM_FIXED=0 (norm_bwd_cluster) runs the same rows in
+# test_cuda_cluster_backward_many_rows through its float32-parameter and float32-residual cases.
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols", [c for c in FIXED_COLS_ALL if c <= 8192] + [12288, 16384, 32768])
+@pytest.mark.parametrize("cols", [12288, 16384, 32768])
 def test_cuda_fixed_backward(cols, kind, dtype):
-    rows = (1 << 23) // cols + 1 if cols <= 8192 else 600 if cols < 32768 else 300
+    rows = 600 if cols < 32768 else 300
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
     x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
     x[7] = 1e4 + 300 * torch.randn(cols, device="cuda")
     x = x.to(dtype)
     configs = [(True, True), (False, False)]
-    if kind == "layer" and (dtype == torch.bfloat16 or cols <= 8192):
+    if kind == "layer" and dtype == torch.bfloat16:
         configs += [(True, False), (False, True)]
     for weight, bias in configs:
         w, b = _fixed_params(kind, cols, dtype, weight, bias)
         check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={weight} bias={bias}")
-    # The add form: d_sum added to dx (a residual stream in x's dtype; float32 takes the
-    # run-time kernels), with and without parameters.
+    # The add form: d_sum added to dx (a residual stream in x's dtype; float32 takes
+    # norm_bwd_cluster).
     r = torch.randn(rows, cols, device="cuda").to(dtype)
-    for weight in [True, False]:
-        w, b = _fixed_params(kind, cols, dtype, weight, weight)
-        check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add weight={weight}")
+    w, b = _fixed_params(kind, cols, dtype, True, True)
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add")
 
 
 # Which forward kernel the compile-time-shaped lengths reach (a dispatch slip would fall
@@ -734,29 +728,21 @@ def test_cuda_fixed_forward_dispatch(kind, cols, add, is_fixed, monkeypatch):
         assert any(is_fixed(n) for n in names) == want, (w_dtype, fixed, names)
 
 
-# Which backward kernel the compile-time-shaped lengths reach, as FWD_FIXED_KERNELS: per
-# length, the fixed kernel's name and the run-time kernel's that takes the same rows with
-# float32 parameters or FUSED_NORM_FIXED=0.
-BWD_FIXED_KERNELS = [(1024, "norm_bwd_regs_fixed", "norm_bwd_regs<"),
-                     (4096, "norm_bwd_regs_fixed", "norm_bwd_regs<"),
-                     (8192, "norm_bwd_regs_fixed", "norm_bwd_regs<"),
-                     (16384, "norm_bwd_fixed", "norm_bwd_cluster")]
-
-
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols,fixed_name,runtime_name", BWD_FIXED_KERNELS)
-def test_cuda_fixed_backward_dispatch(kind, cols, fixed_name, runtime_name, monkeypatch):
-    # The fixed kernel only with parameters in x's dtype and FUSED_NORM_FIXED unset (with or
-    # without the add forms' d_sum). Clusters (16384) run only where sm_90 code runs on an
-    # sm_90 GPU: skipped where the rms backward takes the two-pass path instead.
+def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
+    # 16384 columns reach norm_bwd_fixed only with parameters in x's dtype and
+    # FUSED_NORM_FIXED unset (with or without the add forms' d_sum); float32 parameters
+    # and FUSED_NORM_FIXED=0 take norm_bwd_cluster. Where clusters run only (sm_90 code on
+    # an sm_90 GPU): skipped where the rms backward takes the two-pass path instead.
+    cols = 16384
     x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
     monkeypatch.setenv("FUSED_NORM_FIXED", "0")
     _, _, rstd0 = fused_forward("rms", x, [cols], None, None, 1e-5)
-    if not any(runtime_name in n for n in cuda_kernel_names(
+    if not any("norm_bwd_cluster" in n for n in cuda_kernel_names(
             lambda: ops.add_rms_norm_backward(dy, None, x, [cols], rstd0, None, False))):
-        pytest.skip(f"{runtime_name} not taken here (no thread-block clusters)")
+        pytest.skip("no thread-block clusters here")
     for w_dtype, fixed, dsum, want in [(torch.bfloat16, "1", False, True),
                                        (torch.float32, "1", False, False),
                                        (torch.bfloat16, "1", True, True),
@@ -771,8 +757,8 @@ def test_cuda_fixed_backward_dispatch(kind, cols, fixed_name, runtime_name, monk
         else:
             call = lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)  # noqa: E731
         names = cuda_kernel_names(call)
-        assert any(runtime_name in n or fixed_name in n for n in names), names
-        assert any(fixed_name in n for n in names) == want, (w_dtype, fixed, dsum, names)
+        assert any("norm_bwd_cluster" in n or "norm_bwd_fixed" in n for n in names), names
+        assert any("norm_bwd_fixed" in n for n in names) == want, (w_dtype, fixed, dsum, names)
 
 
 @CUDA
@@ -804,13 +790,11 @@ def test_cuda_many_rows(kind):
 
 
 @CUDA
-@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,cols", [(4096, 1024), (512, 32768)])
-def test_cuda_deterministic_param_grads(rows, cols, w_dtype):
+def test_cuda_deterministic_param_grads(rows, cols):
     # 32768: the cluster backward (sm_90) sums the blocks' row sums in a fixed order.
-    # bfloat16 parameters: the compile-time-shaped kernels (norm_bwd_regs_fixed at 1024).
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(cols, device="cuda", dtype=w_dtype)
+    w = torch.randn(cols, device="cuda", dtype=torch.float32)
     y, mean, rstd = ops.layer_norm(x, [cols], w, w, 1e-5)
     dy = torch.randn_like(x)
     first = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, w, [True, True])

@@ -35,9 +35,6 @@
 //     dweight / dbias across the rows it visits, written as float32 partials [blocks, cols].
 //     16 elements per thread for 16-bit rows (up to 8K), 8 for float32 ones (up to 4K;
 //     then 16 without prefetch up to 8K); rows under 128 threads share a block.
-//     norm_bwd_regs_fixed: the same launch with the shape a compile-time constant, for
-//     16-bit rows of the forward's fixed lengths up to 8192 with parameters (and the add
-//     forms' sum) in x's dtype (FUSED_NORM_FIXED=0 turns it off).
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
 //     on sm_90, norm_bwd_cluster: the row spread over a thread-block cluster of up to 16
 //     blocks (8 elements per thread, up to 64K elements), one read of x and dy, the next
@@ -82,13 +79,6 @@ constexpr int kBwdElems = 16;         // elements per thread: norm_bwd_regs with
                                       // the scalar path
 constexpr int kBwdBlock = 128;        // norm_bwd_regs' smallest block (rows of < 128 threads share one)
 constexpr int kBwdBlocksPerSm = 4;    // at most: each block adds a partial row to column_sum
-
-// Row groups per block in norm_bwd_regs for rows of `tpr` threads: rows under kBwdBlock
-// threads share a block, unless their partials' merge ([2][cols] floats) outgrows 48 KiB
-// of shared memory.
-constexpr int bwd_groups(int tpr, int cols) {
-  return 2 * static_cast<int>(sizeof(float)) * cols > 48 * 1024 ? 1 : std::max(1, kBwdBlock / tpr);
-}
 
 // Vectors per thread in norm_bwd_regs with prefetch (two row tiles live at once): 32 bytes
 // of x per thread (16 elements of 16-bit rows, 8 of float32 ones), so that two tiles of x,
@@ -630,17 +620,14 @@ struct BwdTile {
   float mean, rstd;
 };
 
-// *q; PIN: kept where it is issued (load_pinned), for the cluster kernels' prefetch.
-template <bool PIN, typename Q>
-__device__ __forceinline__ Q load_maybe_pinned(const Q* q) {
-  if constexpr (PIN) return load_pinned(q);
-  else return *q;
-}
-
+// PIN: loads kept where they are issued (load_pinned), for the cluster kernel's prefetch.
 template <bool PIN = false, typename T, typename W, typename R, int VEC, int VPT>
 __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t row, bool valid,
                                          int lane, int tpr, BwdTile<T, R, VEC, VPT>& t) {
-  auto load = [](const auto* q) { return load_maybe_pinned<PIN>(q); };
+  auto load = [](const auto* q) {
+    if constexpr (PIN) return load_pinned(q);
+    else return *q;
+  };
   const int nvec = p.cols / VEC;
   const int64_t off = row * p.cols;
 #pragma unroll
@@ -717,21 +704,6 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
   }
 }
 
-// f(i, j, e) for element j of each of this thread's vectors i (lane of tpr) that lies
-// inside the row: e = its column.
-template <int VEC, int VPT, typename F>
-__device__ __forceinline__ void for_owned(int cols, int lane, int tpr, F&& f) {
-  const int nvec = cols / VEC;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int c = i * tpr + lane;
-    if (c < nvec) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) f(i, j, c * VEC + j);
-    }
-  }
-}
-
 // Writes a thread's dweight / dbias accumulators into partial row `part` when every column
 // has exactly one owner thread (lane of tpr) in the block or cluster.
 template <int VEC, int VPT>
@@ -741,42 +713,17 @@ __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, i
                                                const float (&db)[VPT][VEC]) {
   float* dwp = dw_part ? dw_part + part * cols : nullptr;
   float* dbp = db_part ? db_part + part * cols : nullptr;
-  for_owned<VEC, VPT>(cols, lane, tpr, [&](int i, int j, int e) {
-    if (dwp) dwp[e] = dw[i][j];
-    if (dbp) dbp[e] = db[i][j];
-  });
-}
-
-// The register backwards' (norm_bwd_regs, norm_bwd_regs_fixed) dweight / dbias
-// accumulators into partial row blockIdx.x (nullptr: not wanted). Where several row groups
-// share the block (and so its columns), their accumulators are added in group order in
-// `combine` ([2][cols] floats of shared memory): deterministic, no atomics.
-template <int VEC, int VPT>
-__device__ __forceinline__ void block_partials(float* dw_part, float* db_part, int cols,
-                                               int lane, int group, int groups, int tpr,
-                                               const float (&dw)[VPT][VEC],
-                                               const float (&db)[VPT][VEC], float* combine) {
-  if (!dw_part && !db_part) return;  // uniform across the grid
-  if (groups == 1) {  // each column has one owner in the block
-    store_partials(dw_part, db_part, blockIdx.x, cols, lane, tpr, dw, db);
-    return;
-  }
-  for (int k = threadIdx.x; k < 2 * cols; k += blockDim.x) combine[k] = 0.f;
-  __syncthreads();
-  for (int q = 0; q < groups; ++q) {
-    if (group == q) {
-      for_owned<VEC, VPT>(cols, lane, tpr, [&](int i, int j, int e) {
-        combine[e] += dw[i][j];
-        combine[cols + e] += db[i][j];
-      });
+  const int nvec = cols / VEC;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = i * tpr + lane;
+    if (c < nvec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (dwp) dwp[c * VEC + j] = dw[i][j];
+        if (dbp) dbp[c * VEC + j] = db[i][j];
+      }
     }
-    __syncthreads();
-  }
-  float* dwp = dw_part ? dw_part + static_cast<int64_t>(blockIdx.x) * cols : nullptr;
-  float* dbp = db_part ? db_part + static_cast<int64_t>(blockIdx.x) * cols : nullptr;
-  for (int k = threadIdx.x; k < cols; k += blockDim.x) {
-    if (dwp) dwp[k] = combine[k];
-    if (dbp) dbp[k] = combine[cols + k];
   }
 }
 
@@ -837,7 +784,36 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
       finish(cur, row);
     }
   }
-  block_partials(p.dw_part, p.db_part, p.cols, g.lane, g.group, g.groups, tpr, dw, db, combine);
+  if (!p.dw_part && !p.db_part) return;  // uniform across the grid
+  if (g.groups == 1) {  // each column has one owner in the block
+    store_partials(p.dw_part, p.db_part, blockIdx.x, p.cols, g.lane, tpr, dw, db);
+    return;
+  }
+  // Several groups own the same columns: add their partials in group order.
+  for (int k = threadIdx.x; k < 2 * p.cols; k += blockDim.x) combine[k] = 0.f;
+  __syncthreads();
+  for (int q = 0; q < g.groups; ++q) {
+    if (g.group == q) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int c = i * tpr + g.lane;
+        if (c < nvec) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            combine[c * VEC + j] += dw[i][j];
+            combine[p.cols + c * VEC + j] += db[i][j];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  float* dwp = p.dw_part ? p.dw_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+  float* dbp = p.db_part ? p.db_part + static_cast<int64_t>(blockIdx.x) * p.cols : nullptr;
+  for (int k = threadIdx.x; k < p.cols; k += blockDim.x) {
+    if (dwp) dwp[k] = combine[k];
+    if (dbp) dbp[k] = combine[p.cols + k];
+  }
 }
 
 // The row walk of the cluster backwards (norm_bwd_cluster, norm_bwd_fixed), sm_90 code only,
@@ -992,118 +968,6 @@ __device__ __forceinline__ void opaque(Raw<T, N>& r) {
   for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
 }
 
-// 16 bytes from global to shared memory without passing through registers (cp.async, L2
-// only); copy_async_wait: this thread's copies have landed (and are visible to it).
-__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-// A thread's share of one row in the compile-time-shaped backwards: its VPT vectors of x
-// and dy (vector k at column lane + k * tpr) and the row's mean / rstd; fixed_load loads
-// it (PIN as bwd_load).
-template <typename T, int VPT>
-struct FixedTile {
-  Raw<T, kVecElems<T>> x[VPT], g[VPT];
-  float mean, rstd;
-};
-
-template <bool PIN, int LAYER, typename T, int VPT>
-__device__ __forceinline__ void fixed_load(const BwdParams<T, T, T>& p, int64_t row, int lane,
-                                           int tpr, FixedTile<T, VPT>& t) {
-  constexpr int VEC = kVecElems<T>;
-  using V = Raw<T, VEC>;
-  const int64_t off = row * (tpr * VPT * VEC) + lane * VEC;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    t.x[k] = load_maybe_pinned<PIN>(reinterpret_cast<const V*>(p.x + off + k * tpr * VEC));
-    t.g[k] = load_maybe_pinned<PIN>(reinterpret_cast<const V*>(p.dy + off + k * tpr * VEC));
-  }
-  t.mean = LAYER ? load_maybe_pinned<PIN>(p.mean + row) : 0.f;
-  t.rstd = load_maybe_pinned<PIN>(p.rstd + row);
-}
-
-// The per-row math of the compile-time-shaped backwards (norm_bwd_fixed,
-// norm_bwd_regs_fixed) on a thread's VPT vectors of a row, x, dy (g) and w kept as raw
-// words (w = 1 where there is no weight, see fixed_weights).
-template <typename T, int VPT>
-__device__ __forceinline__ void fixed_weights(Raw<T, kVecElems<T>> (&wv)[VPT], const T* weight,
-                                              int lane, int tpr) {
-  constexpr int VEC = kVecElems<T>;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    FVec<VEC> one;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) one.v[j] = 1.f;
-    wv[k] = weight ? load_raw<T, VEC>(weight + (lane + k * tpr) * VEC) : from_float<T, VEC>(one);
-  }
-}
-
-// x - mean (layer norm) or x.
-template <int LAYER>
-__device__ __forceinline__ float centered(float x, float mean) {
-  return LAYER ? x - mean : x;
-}
-
-// This thread's dweight / dbias terms (dbias: layer norm only) and its shares of the two
-// row sums. x, g and w are marked opaque() once used: fixed_dx unpacks them afresh instead
-// of keeping 48 floats live across the row reduction.
-template <int LAYER, typename T, int VEC, int VPT>
-__device__ __forceinline__ void fixed_sums(Raw<T, VEC> (&x)[VPT], Raw<T, VEC> (&g)[VPT],
-                                           Raw<T, VEC> (&w)[VPT], float mean, float rstd,
-                                           float (&dw)[VPT][VEC], float (&db)[VPT][VEC],
-                                           float (&s)[2]) {
-  s[0] = s[1] = 0.f;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const FVec<VEC> xf = to_float(x[k]), df = to_float(g[k]), wf = to_float(w[k]);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float xhat = centered<LAYER>(xf.v[j], mean) * rstd, gw = df.v[j] * wf.v[j];
-      s[0] += gw;
-      s[1] += gw * xhat;
-      dw[k][j] += df.v[j] * xhat;
-      if constexpr (LAYER) db[k][j] += df.v[j];
-    }
-    opaque(x[k]);
-    opaque(g[k]);
-    opaque(w[k]);
-  }
-}
-
-// dx of the row from its reduced sums r (sum of g w, sum of g w xhat), as bwd_dx computes
-// it (two fmas an element), plus d_sum's vectors sv where DSUM; vector k at dx + k * stride.
-// w is marked opaque() again: the next row's fixed_sums unpacks it afresh too.
-template <int LAYER, int DSUM, typename T, int VEC, int VPT, int NS>
-__device__ __forceinline__ void fixed_dx(const Raw<T, VEC> (&x)[VPT], const Raw<T, VEC> (&g)[VPT],
-                                         Raw<T, VEC> (&w)[VPT], const Raw<T, VEC> (&sv)[NS],
-                                         float mean, float rstd, float2 r, float inv_n, T* dx,
-                                         int stride) {
-  const float c1 = LAYER ? r.x * inv_n : 0.f, c2 = r.y * inv_n;
-  const float pc = -rstd * c1, qc = -(rstd * c2) * rstd;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const FVec<VEC> xf = to_float(x[k]), df = to_float(g[k]), wf = to_float(w[k]);
-    FVec<VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      o.v[j] = fmaf(centered<LAYER>(xf.v[j], mean), qc, fmaf(df.v[j] * wf.v[j], rstd, pc));
-    }
-    if constexpr (DSUM) {
-      const FVec<VEC> sf = to_float(sv[k]);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
-    }
-    store_raw<T, VEC>(dx + k * stride, from_float<T, VEC>(o));
-    opaque(w[k]);
-  }
-}
-
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
 __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1119,23 +983,58 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
   const int lane = rank * TPB + threadIdx.x;
   const int64_t cid = blockIdx.x / CS, clusters = gridDim.x / CS;
   V wv[VPT];
-  fixed_weights(wv, p.weight, lane, TPR);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    FVec<VEC> one;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) one.v[j] = 1.f;
+    wv[k] = p.weight ? load_raw<T, VEC>(p.weight + (lane + k * TPR) * VEC) : from_float<T, VEC>(one);
+  }
   float dw[VPT][VEC], db[VPT][VEC];
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = 0.f;
   }
-  using Tile = FixedTile<T, VPT>;
+  struct Tile {
+    V x[VPT], g[VPT];
+    float mean, rstd;
+  };
   auto load = [&](Tile& t, int64_t row) {
-    if (row < p.rows) fixed_load<true, LAYER>(p, row, lane, TPR, t);
+    if (row >= p.rows) return;
+    const int64_t off = row * COLS + lane * VEC;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      t.x[k] = load_pinned(reinterpret_cast<const V*>(p.x + off + k * TPR * VEC));
+      t.g[k] = load_pinned(reinterpret_cast<const V*>(p.dy + off + k * TPR * VEC));
+    }
+    t.mean = LAYER ? load_pinned(p.mean + row) : 0.f;
+    t.rstd = load_pinned(p.rstd + row);
   };
+  // x - mean (layer norm) or x.
+  auto centered = [&](float x, const Tile& t) { return LAYER ? x - t.mean : x; };
+  // This thread's dweight / dbias terms and its shares of the two row sums.
   auto sums = [&](Tile& t, int /*it*/, float (&s)[2]) {
-    fixed_sums<LAYER>(t.x, t.g, wv, t.mean, t.rstd, dw, db, s);
+    s[0] = s[1] = 0.f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const FVec<VEC> xf = to_float(t.x[k]), df = to_float(t.g[k]), w = to_float(wv[k]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = centered(xf.v[j], t) * t.rstd, gw = df.v[j] * w.v[j];
+        s[0] += gw;
+        s[1] += gw * xhat;
+        dw[k][j] += df.v[j] * xhat;
+        if constexpr (LAYER) db[k][j] += df.v[j];
+      }
+      opaque(t.x[k]);
+      opaque(t.g[k]);
+      opaque(wv[k]);
+    }
   };
-  // The row of iteration `it`: its sums, then dx. The add forms' d_sum (DSUM) is added to
-  // dx; its loads are issued before the wait, so they travel while the row's sums arrive
-  // (no prefetch: a third tile of registers).
+  // The row of iteration `it`: its sums, then dx as bwd_dx computes it (two fmas an element).
+  // The add forms' d_sum (DSUM) is added to dx; its loads are issued before the wait, so
+  // they travel while the row's sums arrive (no prefetch: a third tile of registers).
   auto finish = [&](Tile& t, int64_t row, int it) {
     const int64_t off = row * COLS + lane * VEC;
     V sv[DSUM ? VPT : 1];
@@ -1144,116 +1043,29 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
       for (int k = 0; k < VPT; ++k) sv[k] = load_raw<T, VEC>(p.dsum + off + k * TPR * VEC);
     }
     const float2 r = cluster_row_sums(slots, bar, it, CS * kWarps);
-    fixed_dx<LAYER, DSUM>(t.x, t.g, wv, sv, t.mean, t.rstd, r, kInv, p.dx + off, TPR * VEC);
+    const float c1 = LAYER ? r.x * kInv : 0.f, c2 = r.y * kInv;
+    const float pc = -t.rstd * c1, qc = -(t.rstd * c2) * t.rstd;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const FVec<VEC> xf = to_float(t.x[k]), df = to_float(t.g[k]), w = to_float(wv[k]);
+      FVec<VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        o.v[j] = fmaf(centered(xf.v[j], t), qc, fmaf(df.v[j] * w.v[j], t.rstd, pc));
+      }
+      if constexpr (DSUM) {
+        const FVec<VEC> sf = to_float(sv[k]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
+      }
+      store_raw<T, VEC>(p.dx + off + k * TPR * VEC, from_float<T, VEC>(o));
+      opaque(wv[k]);
+    }
   };
   cluster_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums,
                               finish);
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
 #endif
-}
-
-// norm_bwd_regs_fixed: norm_bwd_regs' prefetching path for the 16-bit rows of the forward's
-// fixed lengths that it serves (FixedTprs' 1024 to 8192 columns, kFixedTypes), the launch
-// shape a constant: TPR threads a row at 2 vectors (16 elements) each and GROUPS rows a
-// block as backward_regs picks them (bwd_groups); the same persistent grid, blocks per SM
-// and partial rows. No column bounds checks (rows still bounded), layer norm and d_sum
-// (DSUM) as template flags, the row walk unrolled twice so the two tiles swap roles (no
-// copies) and the scratch slots are constants. Math as norm_bwd_fixed (fixed_sums,
-// fixed_dx). ptxas keeps a row's x - mean and dy * w as floats across the row reduction
-// where it can (opaque() only stops the front end), which is what the registers are spent
-// on; to leave it room, w waits in shared memory (read at each row) and d_sum is copied to
-// shared memory (cp.async) when the row starts, landing during its sums and reduction
-// (held in registers, a tile of it would spill the layer norm).
-// Launch bound: its block (GROUPS x TPR threads), kBwdMaxThreads / block of them resident
-// per SM, what norm_bwd_regs' bound (<= 128 registers) leaves resident; so ptxas may take
-// more registers only where that count stays the same (192-, 320- and 384-thread blocks:
-// layer norm would spill a few bytes at 128).
-template <typename T>
-constexpr int bwd_regs_fixed_block(int tpr) {
-  return tpr * bwd_groups(tpr, tpr * kFixedBwdVpt * kVecElems<T>);
-}
-
-template <typename T, int TPR, int LAYER, int DSUM>
-__global__ void __launch_bounds__(bwd_regs_fixed_block<T>(TPR),
-                                  kBwdMaxThreads / bwd_regs_fixed_block<T>(TPR))
-norm_bwd_regs_fixed(BwdParams<T, T, T> p) {
-  constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt, COLS = TPR * VPT * VEC;
-  constexpr int GROUPS = bwd_regs_fixed_block<T>(TPR) / TPR;
-  static_assert(TPR % 32 == 0 && GROUPS * TPR <= kBwdMaxThreads, "row group shape");
-  using V = Raw<T, VEC>;
-  extern __shared__ float combine[];  // [2][COLS] where GROUPS > 1 (block_partials)
-  __shared__ float scratch[2][2][32];
-  const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
-  __shared__ V wsm[VPT][TPR];  // the thread's vectors of w (the same for every group)
-  if (group == 0) {
-    V wv[VPT];
-    fixed_weights(wv, p.weight, lane, TPR);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) wsm[k][lane] = wv[k];
-  }
-  __syncthreads();
-  // The row's d_sum (each thread reads back only its own copies: no barrier).
-  __shared__ V ssm[DSUM ? VPT : 1][DSUM ? GROUPS * TPR : 1];
-  float dw[VPT][VEC], db[VPT][VEC];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = 0.f;
-  }
-  using Tile = FixedTile<T, VPT>;
-  // A row past the last: no loads; a zero tile where it is summed (GROUPS > 1: a group
-  // past the last row, in step with its block) adds exact zeros to dweight / dbias and the
-  // row sums, so the sums need no branch.
-  auto load = [&](Tile& t, int64_t row) {
-    if (row < p.rows) {
-      fixed_load<false, LAYER>(p, row, lane, TPR, t);
-    } else if constexpr (GROUPS > 1) {
-      t = Tile{};
-    }
-  };
-  // The groups of a block walk rows in step (first is uniform): barriers stay uniform.
-  const int64_t step = static_cast<int64_t>(gridDim.x) * GROUPS;
-  int64_t first = static_cast<int64_t>(blockIdx.x) * GROUPS;
-  // One row: the next one's tile loaded into `next`, then `cur`'s sums, reduction and dx.
-  auto row_step = [&](Tile& cur, Tile& next, float (*slot)[32]) {
-    if (first >= p.rows) return false;
-    const int64_t row = first + group;
-    const bool valid = GROUPS == 1 || row < p.rows;
-    load(next, row + step);
-    const int64_t off = row * COLS + lane * VEC;
-    if constexpr (DSUM) {  // d_sum on its way to shared memory while the row is summed
-      if (valid) {
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          copy_async_16(&ssm[k][threadIdx.x], p.dsum + off + k * TPR * VEC);
-        }
-      }
-    }
-    V wv[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) wv[k] = wsm[k][lane];
-    float s[2] = {0.f, 0.f};
-    fixed_sums<LAYER>(cur.x, cur.g, wv, cur.mean, cur.rstd, dw, db, s);
-    group_sum<2>(s, TPR, slot, false);
-    if (valid) {
-      V sv[DSUM ? VPT : 1];
-      if constexpr (DSUM) {
-        copy_async_wait();
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) sv[k] = ssm[k][threadIdx.x];
-      }
-      fixed_dx<LAYER, DSUM>(cur.x, cur.g, wv, sv, cur.mean, cur.rstd, make_float2(s[0], s[1]),
-                            1.f / COLS, p.dx + off, TPR * VEC);
-    }
-    first += step;
-    return true;
-  };
-  Tile t[2];
-  load(t[0], first + group);
-  while (row_step(t[0], t[1], scratch[0]) && row_step(t[1], t[0], scratch[1])) {
-  }
-  block_partials(p.dw_part, LAYER ? p.db_part : nullptr, COLS, lane, group, GROUPS, TPR, dw, db,
-                 combine);
 }
 
 // Long rows, step 1: per row, c = (mean(g), mean(g * xhat)) (mean(g) = 0 for rms norm).
@@ -1627,16 +1439,18 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   return false;
 }
 
-// A register backward (norm_bwd_regs, norm_bwd_regs_fixed) for rows of tpr threads: a
-// block is one row group, or several of under kBwdBlock threads (bwd_groups); a persistent
-// grid of up to kBwdBlocksPerSm blocks per SM (the sweep's best: 128 x 4, 256 x 2, 512 x 1
-// per SM), partial row = block; then the partials summed. kernel(p, args...).
-template <typename Kernel, typename T, typename W, typename R, typename... Args>
-void launch_regs_backward(Kernel kernel, int tpr, BwdParams<T, W, R> p, NormBackward& nb,
-                          Args... args) {
-  const int groups = bwd_groups(tpr, p.cols);
-  const size_t smem = groups > 1 ? 2 * sizeof(float) * p.cols : 0;
+// Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
+// A block is one row group, or several of under kBwdBlock threads; a persistent grid of up
+// to kBwdBlocksPerSm blocks per SM (the sweep's best: 128 x 4, 256 x 2, 512 x 1 per SM).
+template <typename T, typename W, typename R, int VEC, int VPT, bool PF>
+void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
+  const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
+  int groups = std::max(1, kBwdBlock / tpr);
+  const size_t combine_bytes = 2 * sizeof(float) * p.cols;
+  if (combine_bytes > 48 * 1024) groups = 1;
+  const size_t smem = groups > 1 ? combine_bytes : 0;
   const int threads = tpr * groups;
+  auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF>;
   int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
                                    static_cast<int>(smem), [&] {
     int n = 0;
@@ -1647,42 +1461,9 @@ void launch_regs_backward(Kernel kernel, int tpr, BwdParams<T, W, R> p, NormBack
   const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, groups), per_sm * int64_t{num_sms()});
   at::Tensor part = alloc_partials(nb, blocks);
   point_partials(p, part, blocks, nb);
-  kernel<<<grid_for(blocks), threads, smem, current_stream()>>>(p, args...);
+  kernel<<<grid_for(blocks), threads, smem, current_stream()>>>(p, tpr);
   FUSED_LAUNCH_CHECK();
   if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
-}
-
-// norm_bwd_regs, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
-template <typename T, typename W, typename R, int VEC, int VPT, bool PF>
-void backward_regs(const BwdParams<T, W, R>& p, NormBackward& nb, int need) {
-  const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
-  launch_regs_backward(norm_bwd_regs<T, W, R, VEC, VPT, PF>, tpr, p, nb, tpr);
-}
-
-// norm_bwd_regs_fixed for p if its row length is one of the forward's fixed lengths that
-// norm_bwd_regs serves (16-bit rows, parameters and the add forms' sum in x's dtype); false
-// otherwise.
-template <typename T, int... TPRS>
-bool backward_regs_fixed(const BwdParams<T, T, T>& p, NormBackward& nb,
-                         std::integer_sequence<int, TPRS...>) {
-  constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt;
-  static_assert(VPT == bwd_pf_vpt<T, VEC>(), "norm_bwd_regs' vectors per thread");
-  auto launch = [&](auto fwd_tpr) {
-    constexpr int COLS = decltype(fwd_tpr)::value * kFixedVpt * VEC, TPR = COLS / (VPT * VEC);
-    if constexpr (TPR > kBwdMaxThreads) {
-      return false;  // the cluster backwards' lengths
-    } else {
-      if (p.cols != COLS) return false;
-      const bool layer = p.mean != nullptr, dsum = p.dsum != nullptr;
-      auto kernel = layer ? (dsum ? norm_bwd_regs_fixed<T, TPR, 1, 1>
-                                  : norm_bwd_regs_fixed<T, TPR, 1, 0>)
-                          : (dsum ? norm_bwd_regs_fixed<T, TPR, 0, 1>
-                                  : norm_bwd_regs_fixed<T, TPR, 0, 0>);
-      launch_regs_backward(kernel, TPR, p, nb);
-      return true;
-    }
-  };
-  return fixed_enabled() && (launch(std::integral_constant<int, TPRS>{}) || ...);
 }
 
 template <typename T, typename W, typename R, int VEC>
@@ -1698,9 +1479,6 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
     constexpr int kPfVpt = bwd_pf_vpt<R, VEC>();
     const int need_pf = static_cast<int>(ceil_div(nvec, kPfVpt));
     if (need_pf <= kBwdMaxThreads) {
-      if constexpr (kFixedTypes<T, W, R, VEC>) {
-        if (backward_regs_fixed(p, nb, FixedTprs{})) return;
-      }
       backward_regs<T, W, R, VEC, kPfVpt, true>(p, nb, need_pf);
       return;
     }
