@@ -680,8 +680,6 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
   const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
-  // dx = rstd (g w - c1 - xhat c2) = (x - mean) q + (g w rstd + pc): two fmas an element.
-  const float pc = -t.rstd * c1, qc = -(t.rstd * c2) * t.rstd;  // qc 0 when c2 is, any rstd
   const int64_t off = row * p.cols;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -691,7 +689,8 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
       FVec<VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        o.v[j] = fmaf(xf.v[j] - t.mean, qc, fmaf(df.v[j] * w.v[j], t.rstd, pc));
+        const float xhat = (xf.v[j] - t.mean) * t.rstd;
+        o.v[j] = t.rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
       }
       if (p.dsum) {
         const FVec<VEC> sf = to_float(t.s[i]);
@@ -821,21 +820,140 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 // barrier (every block's mbarriers exist before any push); then clusters take rows cid,
 // cid + clusters, ... (every block of a cluster visits the same rows, so the exchanges stay
 // matched). Per row: the next row's tile loaded (load(tile, row), a no-op or unused past the
-// last row), this row's two sums formed (sums(tile, it, s)), reduced over each warp and
-// pushed by the warp's lanes 0..csize-1 into entry [rank * warps + warp] of slot
-// [it % kSlots] of every block of the cluster (no block barrier: the warps of a block only
-// meet at the slot's mbarrier); then, LAG rows later, finish(tile, row, it), which takes the
-// row's sums from cluster_row_sums and writes dx. A last cluster barrier: no block leaves
-// while a peer may still push into its shared memory.
-// The three tiles (next, this row's, the row LAG behind) rotate through t[0..2] by unrolling
-// the walk three times: fixed registers, no copies between rows.
+// last row), this row's two sums formed (sums(tile, it, s)), reduced over the block's `block`
+// threads and pushed into slot [it % kSlots][rank] of every block of the cluster; then, LAG
+// rows later, finish(tile, row, it), which takes the row's sums from cluster_row_sums and
+// writes dx. A last cluster barrier: no block leaves while a peer may still push into its
+// shared memory.
 template <int LAG, typename Tile, int kSlots, int NSLOT, typename Load, typename Sums,
           typename Finish>
 __device__ __forceinline__ void cluster_row_walk(int64_t rows, int64_t cid, int64_t clusters,
                                                  int csize, int rank, int block,
                                                  float2 (&slots)[kSlots][NSLOT],
-                                                 uint64_t (&bar)[kSlots], Load&& load,
+                                                 uint64_t (&bar)[kSlots],
+                                                 float (&scratch)[2][2][32], Load&& load,
                                                  Sums&& sums, Finish&& finish) {
+  // norm_bwd_cluster's comment has the argument for kSlots >= 2 + 2 * LAG.
+  static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag");
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
+  Tile cur, prev;
+  load(cur, cid);
+  cluster.sync();
+  int it = 0;
+  for (int64_t row = cid;; row += clusters, ++it) {
+    const bool have = row < rows;  // uniform across the cluster
+    Tile next;
+    if (have) {
+      load(next, row + clusters);
+      float s[2];
+      sums(cur, it, s);
+      group_sum<2>(s, block, scratch[it & 1], false);
+      const int k = it % kSlots;
+      if (static_cast<int>(threadIdx.x) < csize) {
+        push_to_peer(&slots[k][rank], &bar[k], threadIdx.x, make_float2(s[0], s[1]));
+      }
+      if (threadIdx.x == 0) mbar_expect(&bar[k], csize * static_cast<uint32_t>(sizeof(float2)));
+    }
+    if constexpr (LAG == 0) {
+      if (have) finish(cur, row, it);
+    } else {
+      if (it > 0) finish(prev, row - clusters, it - 1);
+    }
+    if (!have) break;
+    if constexpr (LAG > 0) prev = cur;
+    cur = next;
+  }
+  cluster.sync();
+}
+
+// The two sums of iteration `it`'s row: one wait on its slot's mbarrier (phase it / kSlots),
+// then the csize blocks' values added in rank order (the same bits in every block).
+template <int kSlots, int NSLOT>
+__device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT],
+                                                   uint64_t (&bar)[kSlots], int it, int csize) {
+  const int k = it % kSlots;
+  mbar_wait(&bar[k], (it / kSlots) & 1);
+  float2 r = make_float2(0.f, 0.f);
+  for (int b = 0; b < csize; ++b) {
+    r.x += slots[k][b].x;
+    r.y += slots[k][b].y;
+  }
+  return r;
+}
+
+// Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
+// columns (kClusterElems elements per thread), so x and dy are read once and the dweight /
+// dbias accumulators of a 64K-column row fit in the cluster's registers. Clusters walk rows
+// (persistent grid; partial row = cluster index); the next row's tile is loaded before this
+// one is used (pinned loads), so it stays in flight through the reductions and exchange.
+// Per row: the block's two row sums (a block reduction), pushed into slot [rank] of every
+// block of the cluster (itself included: st.async counted on an mbarrier, common/cluster.cuh;
+// no cluster barrier, whose release would wait for the prefetch), then, LAG rows later, one
+// mbarrier wait, the n slots added in rank order (the same bits in every block), dx written.
+// LAG = 1 (16-bit rows on the 16-byte path: three tiles live, ~100 registers) lets a block
+// run a row ahead of its slowest peer instead of waiting at every row (KERNEL_LOG norm v7).
+// Buffers: slots / bar by iteration mod 4, group_sum's scratch by parity. Safe because a
+// block pushes row r only after its wait for row r - 1 - LAG, which needs every peer's push
+// of that row, which each peer sends after its block barrier of that iteration, past its
+// reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4 (and its wait on that phase).
+// Compiled to a no-op below sm_90; the launcher only picks it where the sm_90 code runs.
+template <typename T, typename W, typename R, int VEC, int VPT, int LAG>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+norm_bwd_cluster(BwdParams<T, W, R> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int kSlots = 4;            // exchange buffers, by iteration mod 4
+  __shared__ float scratch[2][2][32];  // group_sum's buffers, by iteration parity
+  __shared__ float2 slots[kSlots][kMaxCluster];
+  __shared__ uint64_t bar[kSlots];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int csize = static_cast<int>(cluster.num_blocks());
+  const int tpr = csize * blockDim.x, lane = rank * blockDim.x + threadIdx.x;
+  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
+  auto weight = [&](int i) { return param_or<W, VEC>(p.weight, i * tpr + lane, 1.f); };
+  float dw[VPT][VEC], db[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
+  }
+  using Tile = BwdTile<T, R, VEC, VPT>;
+  cluster_row_walk<LAG, Tile>(
+      p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar, scratch,
+      [&](Tile& t, int64_t row) { bwd_load<true>(p, row, row < p.rows, lane, tpr, t); },
+      [&](const Tile& t, int /*it*/, float (&s)[2]) {
+        bwd_sums(p, t, true, lane, tpr, weight, dw, db, s);
+      },
+      [&](const Tile& t, int64_t row, int it) {
+        const float2 r = cluster_row_sums(slots, bar, it, csize);
+        const float sr[2] = {r.x, r.y};
+        bwd_dx(p, t, row, true, lane, tpr, weight, sr);
+      });
+  store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
+#endif
+}
+
+// ---- backward, compile-time row lengths ---------------------------------------------------
+// fixed_row_walk: norm_bwd_fixed's row walk (sm_90 code only), cluster_row_walk's protocol
+// with two changes that cut its instructions a row (KERNEL_LOG norm v13): each warp reduces
+// its two sums and its lanes 0..csize-1 push them (st.async) into entry [rank * warps + warp]
+// of the row's slot in every block, so a block's warps meet only at the slot's mbarrier (no
+// block barrier per row); and the three tiles (next, this row's, the row LAG behind) rotate
+// through t[0..2] by unrolling the walk three times (fixed registers, no copies). The slot
+// reuse argument of norm_bwd_cluster holds per warp: a warp pushes row r only after its wait
+// for row r - 1 - LAG, i.e. after every warp's push of that row, each sent after that warp's
+// own reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4. norm_bwd_cluster keeps
+// cluster_row_walk: its runtime-shaped float32 rows measured 20-25% slower on this walk
+// (KERNEL_LOG norm v13; cause not found).
+template <int LAG, typename Tile, int kSlots, int NSLOT, typename Load, typename Sums,
+          typename Finish>
+__device__ __forceinline__ void fixed_row_walk(int64_t rows, int64_t cid, int64_t clusters,
+                                               int csize, int rank, int block,
+                                               float2 (&slots)[kSlots][NSLOT],
+                                               uint64_t (&bar)[kSlots], Load&& load, Sums&& sums,
+                                               Finish&& finish) {
   // norm_bwd_cluster's comment has the argument for kSlots >= 2 + 2 * LAG.
   static_assert(kSlots >= 2 + 2 * LAG, "slot ring too short for the lag");
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
@@ -880,8 +998,8 @@ __device__ __forceinline__ void cluster_row_walk(int64_t rows, int64_t cid, int6
 // then the n = csize * warps pushed warp sums added, entry e by lane e % 32, then across the
 // lanes: a fixed order, so the same bits in every thread of every block.
 template <int kSlots, int NSLOT>
-__device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT],
-                                                   uint64_t (&bar)[kSlots], int it, int n) {
+__device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
+                                                 uint64_t (&bar)[kSlots], int it, int n) {
   const int k = it % kSlots, lane = threadIdx.x % 32;
   mbar_wait(&bar[k], (it / kSlots) & 1);
   float2 r = make_float2(0.f, 0.f);
@@ -893,61 +1011,6 @@ __device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT
   return make_float2(warp_sum(r.x), warp_sum(r.y));
 }
 
-// Rows over 8K elements, sm_90: a thread-block cluster owns a row, each block a slice of its
-// columns (kClusterElems elements per thread), so x and dy are read once and the dweight /
-// dbias accumulators of a 64K-column row fit in the cluster's registers. Clusters walk rows
-// (persistent grid; partial row = cluster index); the next row's tile is loaded before this
-// one is used (pinned loads), so it stays in flight through the reductions and exchange.
-// Per row: each warp's two row sums (a warp reduction), pushed into entry [rank][warp] of
-// the row's slot in every block of the cluster (itself included: st.async counted on an
-// mbarrier, common/cluster.cuh; no cluster barrier, whose release would wait for the
-// prefetch, and no block barrier), then, LAG rows later, one mbarrier wait, the csize x warps
-// entries added in a fixed order (the same bits in every block), dx written.
-// LAG = 1 (16-bit rows on the 16-byte path: three tiles live, ~100 registers) lets a block
-// run a row ahead of its slowest peer instead of waiting at every row (KERNEL_LOG norm v7).
-// Buffers: slots / bar by iteration mod 4. Safe because a warp pushes row r only after its
-// wait for row r - 1 - LAG, which needs every warp's push of that row in the cluster, which
-// each warp sends after its own reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4
-// (program order, and the reads' values are used before the push), and after thread 0's
-// wait on that phase and its arrive for the next.
-// Compiled to a no-op below sm_90; the launcher only picks it where the sm_90 code runs.
-template <typename T, typename W, typename R, int VEC, int VPT, int LAG>
-__global__ void __launch_bounds__(kBwdMaxThreads)
-norm_bwd_cluster(BwdParams<T, W, R> p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  constexpr int kSlots = 4;  // exchange buffers, by iteration mod 4
-  __shared__ float2 slots[kSlots][kMaxCluster * (kBwdMaxThreads / 32)];  // [rank][warp]
-  __shared__ uint64_t bar[kSlots];
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int csize = static_cast<int>(cluster.num_blocks());
-  const int tpr = csize * blockDim.x, lane = rank * blockDim.x + threadIdx.x;
-  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
-  auto weight = [&](int i) { return param_or<W, VEC>(p.weight, i * tpr + lane, 1.f); };
-  float dw[VPT][VEC], db[VPT][VEC];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
-  }
-  using Tile = BwdTile<T, R, VEC, VPT>;
-  cluster_row_walk<LAG, Tile>(
-      p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar,
-      [&](Tile& t, int64_t row) { bwd_load<true>(p, row, row < p.rows, lane, tpr, t); },
-      [&](const Tile& t, int /*it*/, float (&s)[2]) {
-        bwd_sums(p, t, true, lane, tpr, weight, dw, db, s);
-      },
-      [&](const Tile& t, int64_t row, int it) {
-        const float2 r = cluster_row_sums(slots, bar, it, csize * (blockDim.x / 32));
-        const float sr[2] = {r.x, r.y};
-        bwd_dx(p, t, row, true, lane, tpr, weight, sr);
-      });
-  store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
-#endif
-}
-
-// ---- backward, compile-time row lengths ---------------------------------------------------
 // norm_bwd_fixed: norm_bwd_cluster for the long hidden sizes of 16-bit norms (parameters,
 // and the add forms' sum and its gradient d_sum, in x's dtype): 12288, 16384 and 32768
 // columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
@@ -956,7 +1019,7 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 // live across the row exchange, which would cost 32 registers). The standalone sweep
 // (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
 // (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
-// shape reaches 43-50%. Exchange, lag and buffer rotation as norm_bwd_cluster.
+// shape reaches 43-50%. Exchange, lag and buffer rotation: fixed_row_walk.
 constexpr int kFixedBwdVpt = 2;
 
 // Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
@@ -1042,7 +1105,7 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
 #pragma unroll
       for (int k = 0; k < VPT; ++k) sv[k] = load_raw<T, VEC>(p.dsum + off + k * TPR * VEC);
     }
-    const float2 r = cluster_row_sums(slots, bar, it, CS * kWarps);
+    const float2 r = fixed_row_sums(slots, bar, it, CS * kWarps);
     const float c1 = LAYER ? r.x * kInv : 0.f, c2 = r.y * kInv;
     const float pc = -t.rstd * c1, qc = -(t.rstd * c2) * t.rstd;
 #pragma unroll
@@ -1062,7 +1125,7 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
       opaque(wv[k]);
     }
   };
-  cluster_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums,
+  fixed_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums,
                               finish);
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
 #endif
