@@ -1095,7 +1095,8 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
       opaque(wv[k]);
     }
   };
-  // The row of iteration `it`: its sums, then dx as bwd_dx computes it (two fmas an element).
+  // The row of iteration `it`: its sums, then dx = rstd (g w - c1 - xhat c2), as
+  // (x - mean) qc + (g w rstd + pc): two fmas an element.
   // The add forms' d_sum (DSUM) is added to dx; its loads are issued before the wait, so
   // they travel while the row's sums arrive (no prefetch: a third tile of registers).
   auto finish = [&](Tile& t, int64_t row, int it) {
