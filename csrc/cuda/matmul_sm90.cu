@@ -50,19 +50,20 @@ struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  // Stages: what the 227 KB leave next to the epilogue tile (144 / 160 KB).
-  static constexpr int STAGES = BN == 256 ? 3 : 5;
+  static constexpr int STAGES = BN == 256 ? 4 : 6;     // 192 KB of the 227 KB either way
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
   static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
   static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
-  // Epilogue tile: each consumer warp's 16 x BN piece of the output tile (bias added, rounded
-  // to T), rows padded by 16 B (the accumulator layout's 4-byte writes and the 16-byte row
-  // reads are both free of bank conflicts). It is stored under the next tile's mainloop.
-  static constexpr int EPI_PITCH = BN + 8, EPI_WARP_ELEMS = 16 * EPI_PITCH;
+  // Epilogue: a consumer warp's 16 rows of the tile are PIECES pieces of 64 columns; SLOTS
+  // of them wait for the next tile's mainloop in shared memory (16 x 64 elements a slot, the
+  // 16-byte chunks of a row XOR-swizzled by the row: conflict-free 4-byte writes from the
+  // accumulator layout and 16-byte row reads), the others in registers.
+  static constexpr int PIECES = BN / 64, SLOTS = PIECES / 2;
+  static constexpr int EPI_WARP_ELEMS = 16 * 64 * SLOTS;
   static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
-  // The tile's BN bias values as floats, one copy per consumer warpgroup.
-  static constexpr int BIAS_BYTES = CONSUMERS * BN * 4;
+  // The tile's BN bias values as floats.
+  static constexpr int BIAS_BYTES = BN * 4;
   // Tiles, the full and empty barriers, the epilogue scratch, the bias; + 1024 to align the
   // tiles to the swizzle atom.
   static constexpr int SMEM =
@@ -84,14 +85,9 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
                "r"(bytes)
                : "memory");
 }
-// Consumer warpgroup c's own barrier (named barrier 1 + c; 0 is __syncthreads). The id is an
-// immediate, so ptxas reserves only the barriers used.
-__device__ __forceinline__ void consumer_barrier(int c) {
-  if (c == 0) {
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  } else {
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  }
+// Both consumer warpgroups (named barrier 1; 0 is __syncthreads).
+__device__ __forceinline__ void consumers_barrier() {
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -251,21 +247,44 @@ __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
 
-// The accumulators (bias added) into the warp's epilogue tile, rounded to T: accumulator
-// 4j + {0, 1} is row lane/4, columns 8j + 2 (lane%4) + {0, 1}; 4j + {2, 3} the same columns
-// 8 rows down.
-template <typename T, int PITCH, int NACC>
-__device__ __forceinline__ void write_epi_tile(T* tile, const float (&acc)[NACC],
-                                               const float* bias, int lane) {
+// Piece jc (columns [64 jc, 64 jc + 64)) of the warp's 16 accumulator rows, bias added
+// and rounded to T, as 16 packed pairs: w[2 jj + h] is row lane/4 + 8 h, columns
+// 64 jc + 8 jj + 2 (lane%4) + {0, 1} (accumulators 4 j + 2 h + {0, 1}, j = 8 jc + jj).
+// jc is a constant after unrolling, so acc is indexed statically.
+template <typename T, int NACC>
+__device__ __forceinline__ void piece_words(uint32_t (&w)[16], const float (&acc)[NACC], int jc,
+                                            const float* bias, int lane) {
   using Pair = typename Elem<T>::pair;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int j = jc * 8 + jj;
+    const float2 bv = *reinterpret_cast<const float2*>(bias + 8 * j + 2 * (lane % 4));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const Pair v = Elem<T>::pack(acc[4 * j + 2 * h] + bv.x, acc[4 * j + 2 * h + 1] + bv.y);
+      memcpy(&w[2 * jj + h], &v, 4);
+    }
+  }
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a warp's epilogue slots (rows of
+// SLOTS x 64 elements, chunk c of row r stored at c ^ (r % 8)).
+template <int SLOTS>
+__device__ __forceinline__ int slot_offset(int row, int chunk) {
+  return row * SLOTS * 64 + (chunk ^ (row & 7)) * 8;
+}
+
+// A piece's 16 pairs (piece_words' layout) into slot `slot`.
+template <typename T, int SLOTS>
+__device__ __forceinline__ void write_slot(T* slots, int slot, const uint32_t (&w)[16], int lane) {
   const int r = lane / 4, q = lane % 4;
 #pragma unroll
-  for (int j = 0; j < NACC / 4; ++j) {
-    const float2 bv = *reinterpret_cast<const float2*>(bias + 8 * j + 2 * q);
-    T* s = tile + r * PITCH + 8 * j + 2 * q;
-    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(acc[4 * j] + bv.x, acc[4 * j + 1] + bv.y);
-    *reinterpret_cast<Pair*>(s + 8 * PITCH) =
-        Elem<T>::pack(acc[4 * j + 2] + bv.x, acc[4 * j + 3] + bv.y);
+  for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<uint32_t*>(slots + slot_offset<SLOTS>(r + 8 * h, slot * 8 + jj) + 2 * q) =
+          w[2 * jj + h];
+    }
   }
 }
 
@@ -305,20 +324,20 @@ __device__ __forceinline__ void store_vec(T* dst, uint4 v, int col, int N, bool 
   }
 }
 
-// Stores columns [64 jc, 64 jc + 64) of the warp's epilogue tile: to z (the pre-activation,
-// when the backward pass wants it) and, ACT applied, to c, at rows row0.., columns col0 + 64 jc..
-// of batch b. Each lane a 16-byte vector a step, 8 lanes per 128-byte row (whole lines);
+// Stores the piece in slot `slot` of the warp's epilogue slots: to z (the pre-activation,
+// when the backward pass wants it) and, ACT applied, to c, at rows row0.., columns col0.. of
+// batch b. Each lane a 16-byte vector a step, 8 lanes per 128-byte row (whole lines);
 // nothing outside M x N.
-template <typename T, int ACT, int PITCH>
-__device__ __forceinline__ void store_piece(const T* tile, const GemmProblem& p, int b, int row0,
-                                            int col0, int jc, bool vec_ok, int lane) {
+template <typename T, int ACT, int SLOTS>
+__device__ __forceinline__ void store_slot(const T* slots, int slot, const GemmProblem& p, int b,
+                                           int row0, int col0, bool vec_ok, int lane) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int id = i * 32 + lane;
     const int rr = id / 8, cc = id % 8;
-    const int row = row0 + rr, col = col0 + 64 * jc + 8 * cc;
+    const int row = row0 + rr, col = col0 + 8 * cc;
     if (row >= p.M || col >= p.N) continue;
-    const uint4 v = *reinterpret_cast<const uint4*>(tile + rr * PITCH + 64 * jc + 8 * cc);
+    const uint4 v = *reinterpret_cast<const uint4*>(slots + slot_offset<SLOTS>(rr, slot * 8 + cc));
     const int64_t off = (static_cast<int64_t>(b) * p.M + row) * p.N + col;
     if (p.z != nullptr) store_vec(static_cast<T*>(p.z) + off, v, col, p.N, vec_ok);
     store_vec(static_cast<T*>(p.c) + off, act_vec<T, ACT>(v), col, p.N, vec_ok);
@@ -400,17 +419,33 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     const int lane = t % 32, warp = t / 32;
     const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(p.z) % 16 == 0;
-    T* tile_out = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;  // this warp's 16 x BN
-    float* wg_bias = bias_s + c * BN;
-    constexpr int PIECES = BN / 64;
-    // The previous tile, waiting in tile_out: stored a 64-column piece at a time while the
-    // tensor cores run this tile's first k-blocks.
+    T* slots = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;  // this warp's epilogue slots
+    constexpr int PIECES = Cfg::PIECES, SLOTS = Cfg::SLOTS;
+    // The previous tile waits in `slots` (pieces 0 .. SLOTS-1) and in zreg (the others): piece
+    // j is stored while the tensor cores run this tile's k-block j; a register piece first
+    // takes the slot that piece j - SLOTS has left.
+    uint32_t zreg[(PIECES - SLOTS) * 16];
     bool pending = false;
     int pend_b = 0, pend_row0 = 0, pend_col0 = 0;
     auto store_pending = [&](int jc) {
+      int slot = jc;
+      if (jc >= SLOTS) {
+        slot = jc - SLOTS;
+#pragma unroll
+        for (int k = SLOTS; k < PIECES; ++k) {
+          if (k == jc) {
+            uint32_t w[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) w[i] = zreg[(k - SLOTS) * 16 + i];
+            __syncwarp();  // the slot's previous piece has been read
+            write_slot<T, SLOTS>(slots, slot, w, lane);
+          }
+        }
+      }
+      __syncwarp();
       dispatch_act(p.act, [&](auto act) {
-        store_piece<T, decltype(act)::value, Cfg::EPI_PITCH>(tile_out, p, pend_b, pend_row0,
-                                                             pend_col0, jc, vec_ok, lane);
+        store_slot<T, decltype(act)::value, SLOTS>(slots, slot, p, pend_b, pend_row0,
+                                                  pend_col0 + 64 * jc, vec_ok, lane);
       });
     };
     float acc[Cfg::ACC];
@@ -424,7 +459,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
       // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
       float2 my_bias = {0.f, 0.f};
-      if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
+      if (c == 0 && 2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
       int prev = -1;
       // Every k-block is issued from this one loop (a wgmma issued on one branch only makes
       // ptxas serialize them all); piece kt of the previous tile is stored while block kt
@@ -456,17 +491,26 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
-      // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
-      // reads ahead of it, the one after makes the whole row visible.
-      consumer_barrier(c);
-      if (2 * t < BN) *reinterpret_cast<float2*>(wg_bias + 2 * t) = my_bias;
-      consumer_barrier(c);
-      // This tile into tile_out (the previous one's pieces have all been read: __syncwarp),
-      // bias added and rounded to T: the pre-activation as stored, and what the activation
-      // sees, as in F.gelu(F.linear(...)) on 16-bit tensors.
+      // The tile's bias: the barrier before the write keeps the previous tile's reads ahead
+      // of it, the one after makes the whole row visible to both warpgroups.
+      consumers_barrier();
+      if (c == 0 && 2 * t < BN) *reinterpret_cast<float2*>(bias_s + 2 * t) = my_bias;
+      consumers_barrier();
+      // This tile, bias added and rounded to T (the pre-activation as stored, and what the
+      // activation sees, as in F.gelu(F.linear(...)) on 16-bit tensors), into the slots (the
+      // previous tile's pieces have all been read: __syncwarp) and zreg.
       __syncwarp();
-      write_epi_tile<T, Cfg::EPI_PITCH>(tile_out, acc, wg_bias, lane);
-      __syncwarp();
+#pragma unroll
+      for (int jc = 0; jc < PIECES; ++jc) {
+        uint32_t w[16];
+        piece_words<T>(w, acc, jc, bias_s, lane);
+        if (jc < SLOTS) {
+          write_slot<T, SLOTS>(slots, jc, w, lane);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) zreg[(jc - SLOTS) * 16 + i] = w[i];
+        }
+      }
       pending = true;
       pend_b = b;
       pend_row0 = tm * BM + c * 64 + warp * 16;
