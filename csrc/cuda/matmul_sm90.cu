@@ -324,24 +324,20 @@ __device__ __forceinline__ void store_vec(T* dst, uint4 v, int col, int N, bool 
   }
 }
 
-// Stores the piece in slot `slot` of the warp's epilogue slots: to z (the pre-activation,
-// when the backward pass wants it) and, ACT applied, to c, at rows row0.., columns col0.. of
-// batch b. Each lane a 16-byte vector a step, 8 lanes per 128-byte row (whole lines);
-// nothing outside M x N.
+// Stores rows [4 qtr, 4 qtr + 4) of the piece in slot `slot` of the warp's epilogue slots: to
+// z (the pre-activation, when the backward pass wants it) and, ACT applied, to c, at rows
+// row0 + 4 qtr.., columns col0.. of batch b. One 16-byte vector a lane, 8 lanes per
+// 128-byte row (whole lines); nothing outside M x N.
 template <typename T, int ACT, int SLOTS>
-__device__ __forceinline__ void store_slot(const T* slots, int slot, const GemmProblem& p, int b,
-                                           int row0, int col0, bool vec_ok, int lane) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int id = i * 32 + lane;
-    const int rr = id / 8, cc = id % 8;
-    const int row = row0 + rr, col = col0 + 8 * cc;
-    if (row >= p.M || col >= p.N) continue;
-    const uint4 v = *reinterpret_cast<const uint4*>(slots + slot_offset<SLOTS>(rr, slot * 8 + cc));
-    const int64_t off = (static_cast<int64_t>(b) * p.M + row) * p.N + col;
-    if (p.z != nullptr) store_vec(static_cast<T*>(p.z) + off, v, col, p.N, vec_ok);
-    store_vec(static_cast<T*>(p.c) + off, act_vec<T, ACT>(v), col, p.N, vec_ok);
-  }
+__device__ __forceinline__ void store_slot(const T* slots, int slot, int qtr, const GemmProblem& p,
+                                           int b, int row0, int col0, bool vec_ok, int lane) {
+  const int rr = 4 * qtr + lane / 8, cc = lane % 8;
+  const int row = row0 + rr, col = col0 + 8 * cc;
+  if (row >= p.M || col >= p.N) return;
+  const uint4 v = *reinterpret_cast<const uint4*>(slots + slot_offset<SLOTS>(rr, slot * 8 + cc));
+  const int64_t off = (static_cast<int64_t>(b) * p.M + row) * p.N + col;
+  if (p.z != nullptr) store_vec(static_cast<T*>(p.z) + off, v, col, p.N, vec_ok);
+  store_vec(static_cast<T*>(p.c) + off, act_vec<T, ACT>(v), col, p.N, vec_ok);
 }
 #endif  // FUSED_SM90A
 
@@ -427,13 +423,17 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     uint32_t zreg[(PIECES - SLOTS) * 16];
     bool pending = false;
     int pend_b = 0, pend_row0 = 0, pend_col0 = 0;
-    auto store_pending = [&](int jc) {
+    // Part u of the previous tile: a quarter (4 rows) of piece u / 4; one part a k-block
+    // spreads its stores (which share the SM's L2 bandwidth with the TMA loads) thin.
+    constexpr int PARTS = 4 * PIECES;
+    auto store_pending = [&](int u) {
+      const int jc = u / 4, qtr = u % 4;
       int slot = jc;
       if (jc >= SLOTS) {
         slot = jc - SLOTS;
 #pragma unroll
         for (int k = SLOTS; k < PIECES; ++k) {
-          if (k == jc) {
+          if (qtr == 0 && k == jc) {
             uint32_t w[16];
 #pragma unroll
             for (int i = 0; i < 16; ++i) w[i] = zreg[(k - SLOTS) * 16 + i];
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
       __syncwarp();
       dispatch_act(p.act, [&](auto act) {
-        store_slot<T, decltype(act)::value, SLOTS>(slots, slot, p, pend_b, pend_row0,
+        store_slot<T, decltype(act)::value, SLOTS>(slots, slot, qtr, p, pend_b, pend_row0,
                                                   pend_col0 + 64 * jc, vec_ok, lane);
       });
     };
@@ -479,14 +479,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         }
         wgmma_commit();
         fence_acc(acc);
-        if (pending && kt < PIECES) store_pending(kt);
+        if (pending && kt < PARTS) store_pending(kt);
         // Keep this stage's group in flight; the previous one is done: release its stage.
         wgmma_wait<1>();
         if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
       if (pending) {
-        for (int jc = k_tiles; jc < PIECES; ++jc) store_pending(jc);
+        for (int u = k_tiles; u < PARTS; ++u) store_pending(u);
       }
       wgmma_wait<0>();
       fence_acc(acc);
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
     // The last tile's pieces have no mainloop to hide under.
     if (pending) {
-      for (int jc = 0; jc < PIECES; ++jc) store_pending(jc);
+      for (int u = 0; u < PARTS; ++u) store_pending(u);
     }
   }
 #endif  // FUSED_SM90A
