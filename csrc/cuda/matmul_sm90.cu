@@ -3,7 +3,7 @@
 // matrix descriptors; a producer warpgroup and two consumer warpgroups (setmaxnreg moves
 // registers from the first to the others); a persistent grid walking tiles in grouped order
 // (matmul_common.cuh: tile_coords); the same fused bias + activation epilogue as the
-// portable kernel, hidden under the next tile's mainloop (below).
+// portable kernel, stored straight from the accumulator registers.
 //
 // Block tile BM x BN x BK = 128 x BN x 64 (BN = 256, or 128 for problems with few tiles):
 // consumer warpgroup c owns rows [64c, 64c + 64) of the tile and issues m64nBNk16 wgmma, four
@@ -11,13 +11,7 @@
 //   producer (one thread): wait empty[s] -> expect_tx(full[s], bytes) -> TMA A and B into s
 //   consumers:             wait full[s] -> wgmma x4 -> commit; once the stage's wgmma have
 //                          completed (one group kept in flight), arrive on empty[s].
-// Epilogue: after a tile's last k-block each consumer warp writes its 16 x BN accumulators,
-// bias added and rounded to T, into its own shared-memory tile, and starts the next tile;
-// piece j (64 columns: activation, then whole-line 16-byte stores) is stored between the
-// issue of k-block j's wgmma and the wait for it, so the special-function-unit work of
-// GeLU runs while the tensor cores work (KERNEL_LOG matmul v7). The activation sees the
-// rounded pre-activation, as F.gelu(F.linear(...)) does. That tile takes the shared memory
-// of one stage (3 stages of 48 KB for BN = 256).
+// The producer runs ahead into the next tile while consumers store the current one.
 //
 // Scope: operands K-major (A [M, K] row-major; B given as [N, K] row-major, the weight of a
 // linear layer) or MN-major (the backward pass: dX = dZ W reads W N-major, dW = dZ^T X reads
@@ -50,20 +44,18 @@ struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr int STAGES = BN == 256 ? 4 : 6;     // 192 KB of the 227 KB either way
+  static constexpr int STAGES = BN == 256 ? 4 : 6;     // ~192 KB of the 227 KB either way
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
   static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
   static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
-  // Epilogue: a consumer warp's 16 rows of the tile are PIECES pieces of 64 columns; SLOTS
-  // of them wait for the next tile's mainloop in shared memory (16 x 64 elements a slot, the
-  // 16-byte chunks of a row XOR-swizzled by the row: conflict-free 4-byte writes from the
-  // accumulator layout and 16-byte row reads), the others in registers.
-  static constexpr int PIECES = BN / 64, SLOTS = PIECES / 2;
-  static constexpr int EPI_WARP_ELEMS = 16 * 64 * SLOTS;
+  // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
+  // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
+  // bank conflicts).
+  static constexpr int EPI_PITCH = 72, EPI_WARP_ELEMS = 16 * EPI_PITCH;
   static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
-  // The tile's BN bias values as floats.
-  static constexpr int BIAS_BYTES = BN * 4;
+  // The tile's BN bias values as floats, one copy per consumer warpgroup.
+  static constexpr int BIAS_BYTES = CONSUMERS * BN * 4;
   // Tiles, the full and empty barriers, the epilogue scratch, the bias; + 1024 to align the
   // tiles to the swizzle atom.
   static constexpr int SMEM =
@@ -85,9 +77,14 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
                "r"(bytes)
                : "memory");
 }
-// Both consumer warpgroups (named barrier 1; 0 is __syncthreads).
-__device__ __forceinline__ void consumers_barrier() {
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+// Consumer warpgroup c's own barrier (named barrier 1 + c; 0 is __syncthreads). The id is an
+// immediate, so ptxas reserves only the barriers used.
+__device__ __forceinline__ void consumer_barrier(int c) {
+  if (c == 0) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -247,97 +244,49 @@ __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
 
-// Piece jc (columns [64 jc, 64 jc + 64)) of the warp's 16 accumulator rows, bias added
-// and rounded to T, as 16 packed pairs: w[2 jj + h] is row lane/4 + 8 h, columns
-// 64 jc + 8 jj + 2 (lane%4) + {0, 1} (accumulators 4 j + 2 h + {0, 1}, j = 8 jc + jj).
-// jc is a constant after unrolling, so acc is indexed statically.
-template <typename T, int NACC>
-__device__ __forceinline__ void piece_words(uint32_t (&w)[16], const float (&acc)[NACC], int jc,
-                                            const float* bias, int lane) {
+// Epilogue, through the warp's shared-memory scratch. write_scratch puts columns
+// [64 jc, 64 jc + 64) of the warp's 16 accumulator rows there, bias added and ACT applied:
+// accumulator 4j + {0, 1} is row lane/4, columns 8j + 2 (lane%4) + {0, 1}; 4j + {2, 3} the
+// same columns 8 rows down. jc is a constant after unrolling, so acc is indexed statically.
+template <typename T, int ACT, int PITCH, int NACC>
+__device__ __forceinline__ void write_scratch(T* scratch, const float (&acc)[NACC], int jc,
+                                              const float (&bias)[16], int lane) {
   using Pair = typename Elem<T>::pair;
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    const int j = jc * 8 + jj;
-    const float2 bv = *reinterpret_cast<const float2*>(bias + 8 * j + 2 * (lane % 4));
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const Pair v = Elem<T>::pack(acc[4 * j + 2 * h] + bv.x, acc[4 * j + 2 * h + 1] + bv.y);
-      memcpy(&w[2 * jj + h], &v, 4);
-    }
-  }
-}
-
-// Element offset of 16-byte chunk `chunk` of row `row` in a warp's epilogue slots (rows of
-// SLOTS x 64 elements, chunk c of row r stored at c ^ (r % 8)).
-template <int SLOTS>
-__device__ __forceinline__ int slot_offset(int row, int chunk) {
-  return row * SLOTS * 64 + (chunk ^ (row & 7)) * 8;
-}
-
-// A piece's 16 pairs (piece_words' layout) into slot `slot`.
-template <typename T, int SLOTS>
-__device__ __forceinline__ void write_slot(T* slots, int slot, const uint32_t (&w)[16], int lane) {
   const int r = lane / 4, q = lane % 4;
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      *reinterpret_cast<uint32_t*>(slots + slot_offset<SLOTS>(r + 8 * h, slot * 8 + jj) + 2 * q) =
-          w[2 * jj + h];
-    }
+    const int j = jc * 8 + jj;
+    T* s = scratch + r * PITCH + 8 * jj + 2 * q;
+    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(act_for<T, ACT>(acc[4 * j] + bias[2 * jj]),
+                                                act_for<T, ACT>(acc[4 * j + 1] + bias[2 * jj + 1]));
+    *reinterpret_cast<Pair*>(s + 8 * PITCH) =
+        Elem<T>::pack(act_for<T, ACT>(acc[4 * j + 2] + bias[2 * jj]),
+                      act_for<T, ACT>(acc[4 * j + 3] + bias[2 * jj + 1]));
   }
 }
 
-// ACT on the 8 elements of a 16-byte vector of T.
-template <typename T, int ACT>
-__device__ __forceinline__ uint4 act_vec(uint4 v) {
-  if constexpr (ACT != kActNone) {
-    using Pair = typename Elem<T>::pair;
-    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+// Copies the scratch's 16 x 64 piece to out rows row0.., columns col0.. of batch b: each
+// lane one 16-byte vector a step, 8 lanes per 128-byte row (whole lines), element stores
+// where the row or the end of a row does not allow vectors; nothing outside M x N.
+template <typename T, int PITCH>
+__device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, const GemmProblem& p,
+                                                  int b, int row0, int col0, bool vec_ok,
+                                                  int lane) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      Pair e;
-      memcpy(&e, &w[i], 4);
-      e = Elem<T>::pack(act_for<T, ACT>(__low2float(e)), act_for<T, ACT>(__high2float(e)));
-      memcpy(&w[i], &e, 4);
-    }
-    v = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  return v;
-}
-
-// Stores a 16-byte vector of 8 elements at dst (columns col.. of a row; N the row length):
-// whole when it fits and the output allows it, element by element at the row's end.
-template <typename T>
-__device__ __forceinline__ void store_vec(T* dst, uint4 v, int col, int N, bool vec_ok) {
-  if (vec_ok && col + 8 <= N) {
-    *reinterpret_cast<uint4*>(dst) = v;
-  } else {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (col + i < N) {
-        const uint16_t bits = static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2)));
-        memcpy(dst + i, &bits, 2);
-      }
+  for (int i = 0; i < 4; ++i) {
+    const int id = i * 32 + lane;
+    const int rr = id / 8, cc = id % 8;
+    const int row = row0 + rr, col = col0 + 8 * cc;
+    if (row >= p.M || col >= p.N) continue;
+    const T* src = scratch + rr * PITCH + 8 * cc;
+    T* dst = out + (static_cast<int64_t>(b) * p.M + row) * p.N + col;
+    if (vec_ok && col + 8 <= p.N) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+#pragma unroll 1
+      for (int e = 0; e < 8 && col + e < p.N; ++e) dst[e] = src[e];
     }
   }
-}
-
-// Stores rows [4 qtr, 4 qtr + 4) of the piece in slot `slot` of the warp's epilogue slots: to
-// z (the pre-activation, when the backward pass wants it) and, ACT applied, to c, at rows
-// row0 + 4 qtr.., columns col0.. of batch b. One 16-byte vector a lane, 8 lanes per
-// 128-byte row (whole lines); nothing outside M x N.
-template <typename T, int ACT, int SLOTS>
-__device__ __forceinline__ void store_slot(const T* slots, int slot, int qtr, const GemmProblem& p,
-                                           int b, int row0, int col0, bool vec_ok, int lane) {
-  const int rr = 4 * qtr + lane / 8, cc = lane % 8;
-  const int row = row0 + rr, col = col0 + 8 * cc;
-  if (row >= p.M || col >= p.N) return;
-  const uint4 v = *reinterpret_cast<const uint4*>(slots + slot_offset<SLOTS>(rr, slot * 8 + cc));
-  const int64_t off = (static_cast<int64_t>(b) * p.M + row) * p.N + col;
-  if (p.z != nullptr) store_vec(static_cast<T*>(p.z) + off, v, col, p.N, vec_ok);
-  store_vec(static_cast<T*>(p.c) + off, act_vec<T, ACT>(v), col, p.N, vec_ok);
 }
 #endif  // FUSED_SM90A
 
@@ -413,41 +362,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
-    const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(p.z) % 16 == 0;
-    T* slots = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;  // this warp's epilogue slots
-    constexpr int PIECES = Cfg::PIECES, SLOTS = Cfg::SLOTS;
-    // The previous tile waits in `slots` (pieces 0 .. SLOTS-1) and in zreg (the others): piece
-    // j is stored while the tensor cores run this tile's k-block j; a register piece first
-    // takes the slot that piece j - SLOTS has left.
-    uint32_t zreg[(PIECES - SLOTS) * 16];
-    bool pending = false;
-    int pend_b = 0, pend_row0 = 0, pend_col0 = 0;
-    // Part u of the previous tile: a quarter (4 rows) of piece u / 4; one part a k-block
-    // spreads its stores (which share the SM's L2 bandwidth with the TMA loads) thin.
-    constexpr int PARTS = 4 * PIECES;
-    auto store_pending = [&](int u) {
-      const int jc = u / 4, qtr = u % 4;
-      int slot = jc;
-      if (jc >= SLOTS) {
-        slot = jc - SLOTS;
-#pragma unroll
-        for (int k = SLOTS; k < PIECES; ++k) {
-          if (qtr == 0 && k == jc) {
-            uint32_t w[16];
-#pragma unroll
-            for (int i = 0; i < 16; ++i) w[i] = zreg[(k - SLOTS) * 16 + i];
-            __syncwarp();  // the slot's previous piece has been read
-            write_slot<T, SLOTS>(slots, slot, w, lane);
-          }
-        }
-      }
-      __syncwarp();
-      dispatch_act(p.act, [&](auto act) {
-        store_slot<T, decltype(act)::value, SLOTS>(slots, slot, qtr, p, pend_b, pend_row0,
-                                                  pend_col0 + 64 * jc, vec_ok, lane);
-      });
-    };
     float acc[Cfg::ACC];
     int it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -459,11 +373,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
       // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
       float2 my_bias = {0.f, 0.f};
-      if (c == 0 && 2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
+      if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
       int prev = -1;
-      // Every k-block is issued from this one loop (a wgmma issued on one branch only makes
-      // ptxas serialize them all); piece kt of the previous tile is stored while block kt
-      // runs, and the pieces left over (fewer k-blocks than pieces) after the loop.
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
@@ -479,46 +390,54 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         }
         wgmma_commit();
         fence_acc(acc);
-        if (pending && kt < PARTS) store_pending(kt);
         // Keep this stage's group in flight; the previous one is done: release its stage.
         wgmma_wait<1>();
         if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
-      if (pending) {
-        for (int u = k_tiles; u < PARTS; ++u) store_pending(u);
-      }
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
-      // The tile's bias: the barrier before the write keeps the previous tile's reads ahead
-      // of it, the one after makes the whole row visible to both warpgroups.
-      consumers_barrier();
-      if (c == 0 && 2 * t < BN) *reinterpret_cast<float2*>(bias_s + 2 * t) = my_bias;
-      consumers_barrier();
-      // This tile, bias added and rounded to T (the pre-activation as stored, and what the
-      // activation sees, as in F.gelu(F.linear(...)) on 16-bit tensors), into the slots (the
-      // previous tile's pieces have all been read: __syncwarp) and zreg.
-      __syncwarp();
+      // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
+      // epilogue reads ahead of it, the one after makes the whole row visible.
+      float* wg_bias = bias_s + c * BN;
+      consumer_barrier(c);
+      if (2 * t < BN) *reinterpret_cast<float2*>(wg_bias + 2 * t) = my_bias;
+      consumer_barrier(c);
+
+      // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
+      // whole-line stores (the pre-activation first when the backward pass wants it).
+      T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
+      const int row0 = tm * BM + c * 64 + warp * 16;
+      T* out_c = static_cast<T*>(p.c);
+      T* out_z = static_cast<T*>(p.z);
+      const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(out_c) % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(out_z) % 16 == 0;
+      dispatch_act(p.act, [&](auto act) {
+        constexpr int ACT = decltype(act)::value;
 #pragma unroll
-      for (int jc = 0; jc < PIECES; ++jc) {
-        uint32_t w[16];
-        piece_words<T>(w, acc, jc, bias_s, lane);
-        if (jc < SLOTS) {
-          write_slot<T, SLOTS>(slots, jc, w, lane);
-        } else {
+        for (int jc = 0; jc < BN / 64; ++jc) {
+          const int col0 = tn * BN + 64 * jc;
+          float bias[16];
 #pragma unroll
-          for (int i = 0; i < 16; ++i) zreg[(jc - SLOTS) * 16 + i] = w[i];
+          for (int jj = 0; jj < 8; ++jj) {
+            const float2 bv =
+                *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
+            bias[2 * jj] = bv.x;
+            bias[2 * jj + 1] = bv.y;
+          }
+          if (out_z != nullptr) {
+            __syncwarp();  // the previous piece's reads are done
+            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+            __syncwarp();
+            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
+          }
+          __syncwarp();
+          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+          __syncwarp();
+          scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
         }
-      }
-      pending = true;
-      pend_b = b;
-      pend_row0 = tm * BM + c * 64 + warp * 16;
-      pend_col0 = tn * BN;
-    }
-    // The last tile's pieces have no mainloop to hide under.
-    if (pending) {
-      for (int u = 0; u < PARTS; ++u) store_pending(u);
+      });
     }
   }
 #endif  // FUSED_SM90A
