@@ -191,15 +191,6 @@ __device__ __forceinline__ Raw<T, N> from_float(const FVec<N>& f) {
   return r;
 }
 
-// Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
-// before cannot be reused after, so a later pass over a row unpacks afresh instead of
-// keeping the floats alive (twice the registers of the raw 16-bit words).
-template <typename T, int N>
-__device__ __forceinline__ void opaque(Raw<T, N>& r) {
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
-}
-
 // Parameter vector i of a row as floats (1 when absent).
 template <typename W, int VEC>
 __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
@@ -539,13 +530,9 @@ constexpr int fixed_block(int tpr) { return kFwdShortThreads % tpr == 0 ? kFwdSh
 // Resident blocks the launch bound asks for: >= 1024 threads' worth (64 registers), or one
 // block more where whole blocks would leave a quarter of that empty (384 threads: 3 blocks
 // at 56 registers instead of 2 at up to 85).
-#ifndef FIXED_SM_THREADS
-#define FIXED_SM_THREADS 2048
-#endif
-constexpr int kFixedSmThreads = FIXED_SM_THREADS;
 constexpr int fixed_min_blocks(int block) {
-  return kFixedSmThreads / block * block <= 3 * kFixedSmThreads / 4 ? kFixedSmThreads / block + 1
-                                                                   : kFixedSmThreads / block;
+  return kFwdMaxThreads / block * block <= 3 * kFwdMaxThreads / 4 ? kFwdMaxThreads / block + 1
+                                                                   : kFwdMaxThreads / block;
 }
 
 template <typename T, int TPR, int LAYER, int RES>
@@ -562,30 +549,29 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   const bool valid = row < p.rows;
   const int64_t base = (valid ? row : p.rows - 1) * COLS + lane * VEC;
   auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
-  // Every load of the row first. The row stays in registers as raw 16-bit words (the add
-  // forms' sum rounded to T, as stored), unpacked afresh in each pass: half the registers
-  // of floats, so twice the resident rows per SM to cover each other's reductions.
+  // Every load of the row first; then the row as floats (the sum of the add forms is
+  // stored as soon as it is formed: no load is left to overtake).
   Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     in[i] = load_raw<T, VEC>(p.x + at(i));
     if constexpr (RES) res[i] = load_raw<T, VEC>(p.residual + at(i));
   }
+  FVec<VEC> v[VPT];
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    FVec<VEC> v = to_float(in[i]);
+    v[i] = to_float(in[i]);
     if constexpr (RES) {  // normalize the sum as stored (rounded to T)
       const FVec<VEC> fr = to_float(res[i]);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v.v[j] += fr.v[j];
-      in[i] = from_float<T, VEC>(v);
-      if (valid) store_raw<T, VEC>(p.sum + at(i), in[i]);
-      v = to_float(in[i]);
+      for (int j = 0; j < VEC; ++j) v[i].v[j] += fr.v[j];
+      const Raw<T, VEC> rounded = from_float<T, VEC>(v[i]);
+      if (valid) store_raw<T, VEC>(p.sum + at(i), rounded);
+      v[i] = to_float(rounded);
     }
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) sum += v.v[j];
-    opaque(in[i]);
+    for (int j = 0; j < VEC; ++j) sum += v[i].v[j];
   }
   float mean = 0.f;
   if constexpr (LAYER) {
@@ -596,13 +582,11 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   float q[1] = {0.f};
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const FVec<VEC> v = to_float(in[i]);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float d = v.v[j] - mean;
+      const float d = v[i].v[j] - mean;
       q[0] += d * d;
     }
-    opaque(in[i]);
   }
   group_sum<1>(q, TPR, scratch[1], false);  // the other slot: no barrier between the two
   const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
@@ -613,10 +597,9 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   for (int i = 0; i < VPT; ++i) {
     const FVec<VEC> w = param_or<T, VEC>(p.weight, lane + i * TPR, 1.f);
     const FVec<VEC> b = param_or<T, VEC>(LAYER ? p.bias : nullptr, lane + i * TPR, 0.f);
-    const FVec<VEC> v = to_float(in[i]);
     FVec<VEC> o;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = (v.v[j] - mean) * rstd * w.v[j] + b.v[j];
+    for (int j = 0; j < VEC; ++j) o.v[j] = (v[i].v[j] - mean) * rstd * w.v[j] + b.v[j];
     store_raw<T, VEC>(p.y + at(i), from_float<T, VEC>(o));
     if (i % 2 == 1) asm volatile("" ::: "memory");
   }
@@ -1038,6 +1021,15 @@ __device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
 // (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
 // shape reaches 43-50%. Exchange, lag and buffer rotation: fixed_row_walk.
 constexpr int kFixedBwdVpt = 2;
+
+// Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
+// before cannot be reused after, so each half of a row unpacks afresh instead of keeping 16
+// floats a vector alive across the row exchange.
+template <typename T, int N>
+__device__ __forceinline__ void opaque(Raw<T, N>& r) {
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
+}
 
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
 __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
