@@ -191,6 +191,11 @@ __device__ __forceinline__ Raw<T, N> from_float(const FVec<N>& f) {
   return r;
 }
 
+// A hint: the 128-byte line holding p into L1 (and L2), no register written.
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p) : "memory");
+}
+
 // Parameter vector i of a row as floats (1 when absent).
 template <typename W, int VEC>
 __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
@@ -524,8 +529,9 @@ constexpr int kFixedVpt = 4;
 // (tests/test_norm.py FIXED_COLS lists the same lengths.)
 using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
 
-// Rows of 32 or 64 threads share a 128-thread block; longer ones get a block each.
-constexpr int fixed_block(int tpr) { return kFwdShortThreads % tpr == 0 ? kFwdShortThreads : tpr; }
+// One row per block, also for rows of 32 or 64 threads: a block retires as soon as its row
+// is written (four rows to a 128-thread block held each SM slot for the slowest of them).
+constexpr int fixed_block(int tpr) { return tpr; }
 
 // Resident blocks the launch bound asks for: >= 1024 threads' worth (64 registers), or one
 // block more where whole blocks would leave a quarter of that empty (384 threads: 3 blocks
@@ -551,6 +557,13 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
   // Every load of the row first; then the row as floats (the sum of the add forms is
   // stored as soon as it is formed: no load is left to overtake).
+  // w / b are read after the reductions (below): their lines asked into L1 first, so that
+  // the writes wait for an L1 hit rather than an L2 round trip (no register held).
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (p.weight) prefetch_l1(p.weight + (lane + i * TPR) * VEC);
+    if (LAYER && p.bias) prefetch_l1(p.bias + (lane + i * TPR) * VEC);
+  }
   Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
