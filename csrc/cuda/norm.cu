@@ -191,11 +191,6 @@ __device__ __forceinline__ Raw<T, N> from_float(const FVec<N>& f) {
   return r;
 }
 
-// A hint: the 128-byte line holding p into L1 (and L2), no register written.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p) : "memory");
-}
-
 // Parameter vector i of a row as floats (1 when absent).
 template <typename W, int VEC>
 __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
@@ -513,9 +508,10 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
 // ---- forward, compile-time row lengths -----------------------------------------------------
 // norm_fwd_fixed: norm_fwd_regs for the common hidden sizes (16-bit rows whose length is
 // kFixedVpt * 8 * TPR for a TPR in FixedTprs: 1024 to 16384 columns), with parameters in
-// x's dtype. Everything about the launch shape is a constant: TPR threads per row, 4
-// vectors per thread, no per-vector bounds checks, no grid-stride loop (one row group per
-// row), at most 64 registers (56 for 384-thread rows). w / b are loaded after the
+// x's dtype. Everything about the launch shape is a constant: a block of TPR threads per
+// row (also the 32- and 64-thread rows: a block retires as soon as its row is written,
+// KERNEL_LOG norm v16), 4 vectors per thread, no per-vector bounds checks, no grid-stride
+// loop, at most 64 registers (56 for 384-thread rows). w / b are loaded after the
 // reductions (they are L1/L2 hits; loaded with the row they would need 32 more registers
 // and spill 56-256 bytes). A standalone sweep (KERNEL_LOG, norm forward, session 3) put
 // this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
@@ -529,10 +525,6 @@ constexpr int kFixedVpt = 4;
 // (tests/test_norm.py FIXED_COLS lists the same lengths.)
 using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
 
-// One row per block, also for rows of 32 or 64 threads: a block retires as soon as its row
-// is written (four rows to a 128-thread block held each SM slot for the slowest of them).
-constexpr int fixed_block(int tpr) { return tpr; }
-
 // Resident blocks the launch bound asks for: >= 1024 threads' worth (64 registers), or one
 // block more where whole blocks would leave a quarter of that empty (384 threads: 3 blocks
 // at 56 registers instead of 2 at up to 85).
@@ -542,28 +534,17 @@ constexpr int fixed_min_blocks(int block) {
 }
 
 template <typename T, int TPR, int LAYER, int RES>
-__global__ void __launch_bounds__(fixed_block(TPR), fixed_min_blocks(fixed_block(TPR)))
+__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR))
 norm_fwd_fixed(FwdParams<T, T, T> p) {
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
-  constexpr int RPB = fixed_block(TPR) / TPR;  // rows per block
-  static_assert(RPB * TPR == fixed_block(TPR) && (TPR <= 32 || TPR % 32 == 0), "row group shape");
+  static_assert(TPR % 32 == 0, "whole warps");
   __shared__ float scratch[2][1][32];
-  const int lane = threadIdx.x % TPR;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / TPR;
-  // A group past the last row (the last block only) reads the last row and stores nothing,
-  // so its shuffles stay whole-warp.
-  const bool valid = row < p.rows;
-  const int64_t base = (valid ? row : p.rows - 1) * COLS + lane * VEC;
+  const int lane = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  const int64_t base = row * COLS + lane * VEC;
   auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
   // Every load of the row first; then the row as floats (the sum of the add forms is
   // stored as soon as it is formed: no load is left to overtake).
-  // w / b are read after the reductions (below): their lines asked into L1 first, so that
-  // the writes wait for an L1 hit rather than an L2 round trip (no register held).
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (p.weight) prefetch_l1(p.weight + (lane + i * TPR) * VEC);
-    if (LAYER && p.bias) prefetch_l1(p.bias + (lane + i * TPR) * VEC);
-  }
   Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -580,7 +561,7 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[i].v[j] += fr.v[j];
       const Raw<T, VEC> rounded = from_float<T, VEC>(v[i]);
-      if (valid) store_raw<T, VEC>(p.sum + at(i), rounded);
+      store_raw<T, VEC>(p.sum + at(i), rounded);
       v[i] = to_float(rounded);
     }
 #pragma unroll
@@ -603,7 +584,6 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   }
   group_sum<1>(q, TPR, scratch[1], false);  // the other slot: no barrier between the two
   const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
-  if (!valid) return;
   // w / b two vectors at a time: the empty asm keeps the compiler from hoisting all of
   // them above the stores (32 more live registers: spills at the 64-register bound).
 #pragma unroll
@@ -1318,13 +1298,12 @@ bool fixed_enabled() { return !env_switched_off("FUSED_NORM_FIXED"); }
 template <typename T, int... TPRS>
 bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS...>) {
   auto launch = [&](auto tpr) {
-    constexpr int TPR = decltype(tpr)::value, RPB = fixed_block(TPR) / TPR;
-    const int64_t blocks = ceil_div(p.rows, RPB);  // a row group per row, no row loop
-    if (p.cols != TPR * kFixedVpt * kVecElems<T> || blocks > (1 << 30)) return false;
+    constexpr int TPR = decltype(tpr)::value;
+    if (p.cols != TPR * kFixedVpt * kVecElems<T> || p.rows > (1 << 30)) return false;
     const bool res = p.residual != nullptr;
     auto kernel = res ? (p.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
                       : (p.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
-    kernel<<<static_cast<unsigned>(blocks), fixed_block(TPR), 0, current_stream()>>>(p);
+    kernel<<<static_cast<unsigned>(p.rows), TPR, 0, current_stream()>>>(p);  // a block a row
     return true;
   };
   return (launch(std::integral_constant<int, TPRS>{}) || ...);
