@@ -602,50 +602,6 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   }
 }
 
-// ---- forward, the row read twice (rms_norm) ------------------------------------------------
-// norm_fwd_reread: plain rms_norm of 16-bit rows of COLS = 8192 / 16384 / 32768 elements,
-// parameters in x's dtype, the way Inductor's kernel does it: nothing of the row is kept.
-// The first pass loads the thread's vectors and sums their squares; the second loads them
-// again (from L2: the row was read a moment ago; `ld.global.cs`, the last use) to write y.
-// At <= 32 registers 64 warps an SM stay resident (norm_fwd_fixed: 32, the row as floats),
-// so more rows' loads are in flight while others reduce.
-template <typename T, int THREADS, int COLS>
-__global__ void __launch_bounds__(THREADS, 2048 / THREADS) norm_fwd_reread(FwdParams<T, T, T> p) {
-  constexpr int VEC = kVecElems<T>, CH = COLS / (THREADS * VEC);
-  static_assert(CH * THREADS * VEC == COLS, "whole vectors for every thread");
-  __shared__ float scratch[1][32];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * COLS + threadIdx.x * VEC;
-  auto at = [&](int c) { return base + c * THREADS * VEC; };
-  Raw<T, VEC> in[CH];
-#pragma unroll
-  for (int c = 0; c < CH; ++c) in[c] = load_raw<T, VEC>(p.x + at(c));
-  float q[1] = {0.f};
-#pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    const FVec<VEC> v = to_float(in[c]);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) q[0] += v.v[j] * v.v[j];
-  }
-  group_sum<1>(q, THREADS, scratch, false);
-  const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
-  // Every second-pass load first (a store in between would keep the next load behind it).
-#pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    const uint4 bits = __ldcs(reinterpret_cast<const uint4*>(p.x + at(c)));
-    memcpy(&in[c], &bits, 16);
-  }
-#pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    const FVec<VEC> v = to_float(in[c]);
-    const FVec<VEC> w = param_or<T, VEC>(p.weight, threadIdx.x + c * THREADS, 1.f);
-    FVec<VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = v.v[j] * rstd * w.v[j];
-    store_raw<T, VEC>(p.y + at(c), from_float<T, VEC>(o));
-  }
-  if (threadIdx.x == 0) p.rstd[blockIdx.x] = rstd;
-}
-
 // ---- backward -----------------------------------------------------------------------------
 
 // One thread's share of one row of the register backward (vector i of the row at column
@@ -1353,37 +1309,12 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
   return (launch(std::integral_constant<int, TPRS>{}) || ...);
 }
 
-// (trial) FUSED_NORM_REREAD=1 turns norm_fwd_reread on.
-bool reread_on() {
-  const char* e = std::getenv("FUSED_NORM_REREAD");
-  return e != nullptr && e[0] == '1';
-}
-
-// norm_fwd_reread for plain rms_norm rows of 8192 / 16384 / 32768 16-bit elements; false
-// for anything else.
-template <typename T>
-bool launch_reread(const FwdParams<T, T, T>& p) {
-  if (p.layer || p.residual != nullptr || p.rows > (1 << 30) || !reread_on()) {
-    return false;
-  }
-  auto go = [&](auto kernel, int threads) {
-    kernel<<<static_cast<unsigned>(p.rows), threads, 0, current_stream()>>>(p);
-    return true;
-  };
-  switch (p.cols) {
-    case 8192: return go(norm_fwd_reread<T, 512, 8192>, 512);
-    case 16384: return go(norm_fwd_reread<T, 1024, 16384>, 1024);
-    case 32768: return go(norm_fwd_reread<T, 1024, 32768>, 1024);
-  }
-  return false;
-}
-
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kFixed = kFixedTypes<T, W, R, VEC>;
   const bool fixed = kFixed && fixed_enabled();
   if constexpr (kFixed) {
-    if (fixed && (launch_reread(p) || launch_fixed(p, FixedTprs{}))) {
+    if (fixed && launch_fixed(p, FixedTprs{})) {
       FUSED_LAUNCH_CHECK();
       return;
     }
