@@ -594,9 +594,10 @@ def test_cuda_cluster_backward_many_rows(kind, cols):
 
 # The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the
 # TPRs of FixedTprs (csrc/cuda/norm.cu), parameters in x's dtype; FUSED_NORM_FIXED=0 sends
-# the same rows to norm_fwd_regs. Rows: a count that leaves the last 128-thread block (4
-# rows of 1024 or 2 of 2048 columns) partly empty; rows of one random (non-dyadic) value
-# each, which must normalize to exactly 0 (layer norm: y == b); a row at mean 1e4.
+# the same rows to norm_fwd_regs. Rows: a count that is not a multiple of 4 (a partly empty
+# last block for the runtime-shaped kernels; norm_fwd_fixed runs a block a row since norm
+# v16); rows of one random (non-dyadic) value each, which must normalize to exactly 0
+# (layer norm: y == b); a row at mean 1e4.
 FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
 # 32768: norm_fwd_regs shaped at compile time (the wide variant for the plain norms, 1024
 # threads for the add forms).
@@ -618,7 +619,7 @@ def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
     monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
     rows = (1 << 20) // cols + 1  # 1025 rows of 1024, ..., 65 of 16384, 33 of 32768
     x = torch.randn(rows, cols, device="cuda")
-    const = [3, rows - 1]  # the last row sits in a partly empty block
+    const = [3, rows - 1]  # the last row: the last block
     x[const] = torch.randn(len(const), 1, device="cuda") * 3
     x[5] = 1e4 + 300 * torch.randn(cols, device="cuda")
     x = x.to(dtype)
