@@ -302,7 +302,7 @@ class Timer:
     # lengthens the hold-back, which is harmless.
     CYCLES_PER_US = 2000
 
-    def _timed(self, step, reps, host_us):
+    def timed(self, step, reps, host_us):
         """Times `reps` repetitions, in chunks. Before each chunk the GPU is held back by a
         spin kernel long enough for the host to enqueue the whole chunk, so host-side
         launch overhead (Python autograd, the dispatcher) never shows as GPU idle time
@@ -340,7 +340,7 @@ class Timer:
             host.append((time.perf_counter() - t) * 1e6)
             self.sync()
         host_us = statistics.median(host)
-        estimate_us = statistics.median(self._timed(step, 3, host_us))
+        estimate_us = statistics.median(self.timed(step, 3, host_us))
         reps = int(self.budget_ms * 1e3 / max(estimate_us, 1.0))
         return {"host_us": host_us, "reps": max(self.min_reps, min(self.max_reps, reps))}
 
@@ -354,7 +354,7 @@ class Timer:
         """Warm up, estimate one repetition, then time enough repetitions for the budget.
         Returns median/min/max in microseconds and the repetition count."""
         warm = self.warm_up(step)
-        return self.summary(self._timed(step, warm["reps"], warm["host_us"]), warm["host_us"])
+        return self.summary(self.timed(step, warm["reps"], warm["host_us"]), warm["host_us"])
 
     def peak_memory(self, step) -> int:
         """Bytes allocated at the peak of one repetition above what existed before it
@@ -493,8 +493,9 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
             for impl, n in round_:
                 if impl not in live:
                     continue  # failed in an earlier round
+                _, step, warm = live[impl]
                 try:
-                    times[impl] += timer._timed(live[impl][1], n, live[impl][2]["host_us"])
+                    times[impl] += timer.timed(step, n, warm["host_us"])
                 except Exception as e:  # noqa: BLE001
                     records[impl]["error"] = _short_error(e)
                     del live[impl]

@@ -966,7 +966,7 @@ __device__ __forceinline__ void fixed_row_walk(int64_t rows, int64_t cid, int64_
     if (have) {
       load(next, row + clusters);
       float s[2];
-      sums(cur, it, s);
+      sums(cur, s);
       s[0] = warp_sum(s[0]);
       s[1] = warp_sum(s[1]);
       const int k = it % kSlots;
@@ -1072,7 +1072,7 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
   // x - mean (layer norm) or x.
   auto centered = [&](float x, const Tile& t) { return LAYER ? x - t.mean : x; };
   // This thread's dweight / dbias terms and its shares of the two row sums.
-  auto sums = [&](Tile& t, int /*it*/, float (&s)[2]) {
+  auto sums = [&](Tile& t, float (&s)[2]) {
     s[0] = s[1] = 0.f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
