@@ -699,7 +699,11 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
 }
 
 // Writes a thread's dweight / dbias accumulators into partial row `part` when every column
-// has exactly one owner thread (lane of tpr) in the block or cluster.
+// has exactly one owner thread (lane of tpr) in the block or cluster. Every block of the
+// persistent grid stores its row at the same moment, the kernel's end, so the store count
+// is kernel time: 16-byte stores where the vector allows (VEC 4 or 8: the row offset
+// c * VEC and cols are multiples of 4 floats), a quarter of the L2 writes of 4-byte ones
+// (KERNEL_LOG norm v18).
 template <int VEC, int VPT>
 __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, int64_t part,
                                                int cols, int lane, int tpr,
@@ -708,15 +712,23 @@ __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, i
   float* dwp = dw_part ? dw_part + part * cols : nullptr;
   float* dbp = db_part ? db_part + part * cols : nullptr;
   const int nvec = cols / VEC;
+  auto put = [](float* q, const float (&v)[VEC]) {
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < VEC; j += 4) {
+        *reinterpret_cast<float4*>(q + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) q[j] = v[j];
+    }
+  };
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = i * tpr + lane;
     if (c < nvec) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (dwp) dwp[c * VEC + j] = dw[i][j];
-        if (dbp) dbp[c * VEC + j] = db[i][j];
-      }
+      if (dwp) put(dwp + c * VEC, dw[i]);
+      if (dbp) put(dbp + c * VEC, db[i]);
     }
   }
 }
@@ -1227,6 +1239,9 @@ column_sum(const float* __restrict__ part0, const float* __restrict__ part1, int
   const int col = blockIdx.x * 32 + threadIdx.x;
   float s = 0.f;
   if (col < cols) {
+    // Unrolled so that the loads of 8 partial rows are in flight together (the sum itself
+    // keeps its order): a loop of one dependent load a step was latency-bound.
+#pragma unroll 8
     for (int64_t q = threadIdx.y; q < parts; q += 8) s += part[q * cols + col];
   }
   tile[threadIdx.y][threadIdx.x] = s;

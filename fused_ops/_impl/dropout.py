@@ -9,6 +9,8 @@ neither merges two calls nor recomputes one in backward.
 import torch
 from torch._library.effects import EffectType
 
+from ._grads import no_zero_grads
+
 ops = torch.ops.fused
 
 # Under torch.compile, AOTAutograd's common-subexpression pass exempts only a fixed list of
@@ -58,11 +60,14 @@ def _effective_p(p, training):
 def _dropout_setup_context(ctx, inputs, keyword_only_inputs, output):
     _, p, training = inputs
     _, seed_offset = output
+    no_zero_grads(ctx)
     ctx.p = _effective_p(p, training)
     ctx.save_for_backward(seed_offset)
 
 
 def _dropout_backward(ctx, grad_y, _grad_seed_offset):
+    if grad_y is None:
+        return None, None, None
     (seed_offset,) = ctx.saved_tensors
     return ops.dropout_backward(grad_y, seed_offset, ctx.p), None, None
 
@@ -94,12 +99,15 @@ torch.library.register_autograd(
 def _bias_dropout_add_setup_context(ctx, inputs, keyword_only_inputs, output):
     _, bias, _, p, training = inputs
     _, seed_offset = output
+    no_zero_grads(ctx)
     ctx.p = _effective_p(p, training)
     ctx.has_bias = bias is not None
     ctx.save_for_backward(seed_offset)
 
 
 def _bias_dropout_add_backward(ctx, grad_out, _grad_seed_offset):
+    if grad_out is None:
+        return None, None, None, None, None
     (seed_offset,) = ctx.saved_tensors
     grad_bias = None
     if ctx.has_bias and ctx.needs_input_grad[1]:

@@ -10,6 +10,8 @@ inference op) recomputes z in its backward when it has an activation.
 """
 import torch
 
+from ._grads import no_zero_grads
+
 ops = torch.ops.fused
 
 
@@ -134,10 +136,13 @@ def _linear_fwd_setup_context(ctx, inputs, output):
     _, preact = output
     ctx.activation = activation
     ctx.mark_non_differentiable(preact)
+    no_zero_grads(ctx)
     ctx.save_for_backward(x, weight, bias, preact)
 
 
-def _linear_fwd_backward(ctx, grad_y, grad_preact):
+def _linear_fwd_backward(ctx, grad_y, _grad_preact):
+    if grad_y is None:
+        return None, None, None, None
     x, weight, bias, preact = ctx.saved_tensors
     dz, bias_grad = _dz_and_bias_grad(ctx, grad_y, preact, bias, ctx.activation)
     return (*_linear_input_grads(ctx, dz, x, weight, bias, bias_grad), None)

@@ -9,6 +9,8 @@ d_residual) and dweight / dbias, or an empty tensor for one not asked for.
 """
 import torch
 
+from ._grads import no_zero_grads
+
 ops = torch.ops.fused
 
 
@@ -82,7 +84,8 @@ def _add_rms_norm_backward_fake(grad_out, grad_sum, sum, normalized_shape, rstd,
 
 
 # ---- autograd ---------------------------------------------------------------------------
-# mean / rstd are outputs for the backward only: their incoming gradients are ignored.
+# mean / rstd are outputs for the backward only: their incoming gradients are ignored, and
+# arrive as None (no_zero_grads), as does dy or d_sum when that output was not used.
 
 
 def _needs_grad(ctx, i):
@@ -94,11 +97,14 @@ def _needs_grad(ctx, i):
 def _layer_norm_setup(ctx, inputs, output):
     x, normalized_shape, weight, bias, _eps = inputs
     _, mean, rstd = output
+    no_zero_grads(ctx)
     ctx.normalized_shape = normalized_shape
     ctx.save_for_backward(x, weight, bias, mean, rstd)
 
 
 def _layer_norm_backward(ctx, dy, _dmean, _drstd):
+    if dy is None:
+        return None, None, None, None, None
     x, weight, bias, mean, rstd = ctx.saved_tensors
     mask = [_needs_grad(ctx, 2), _needs_grad(ctx, 3)]
     dx, dw, db = ops.layer_norm_backward(dy, x, ctx.normalized_shape, mean, rstd, weight, bias,
@@ -113,11 +119,14 @@ torch.library.register_autograd("fused::layer_norm", _layer_norm_backward,
 def _rms_norm_setup(ctx, inputs, output):
     x, normalized_shape, weight, _eps = inputs
     _, rstd = output
+    no_zero_grads(ctx)
     ctx.normalized_shape = normalized_shape
     ctx.save_for_backward(x, weight, rstd)
 
 
 def _rms_norm_backward(ctx, dy, _drstd):
+    if dy is None:
+        return None, None, None, None
     x, weight, rstd = ctx.saved_tensors
     want_dw = _needs_grad(ctx, 2)
     dx, dw = ops.rms_norm_backward(dy, x, ctx.normalized_shape, rstd, weight, want_dw)
@@ -129,9 +138,16 @@ torch.library.register_autograd("fused::rms_norm", _rms_norm_backward,
 
 
 def _add_setup(ctx, x, residual, normalized_shape):
+    no_zero_grads(ctx)
     ctx.normalized_shape = normalized_shape
     ctx.x_dtype = x.dtype
     ctx.residual_dtype = residual.dtype
+
+
+def _grad_out(ctx, dy, s):
+    # y unused (only the sum is): the norm contributes nothing; the backward op still
+    # wants a gradient for y (d_sum, when absent, is an optional argument).
+    return dy if dy is not None else s.new_zeros(s.shape, dtype=ctx.x_dtype)
 
 
 def _split_sum_grad(ctx, ds):
@@ -147,9 +163,11 @@ def _add_layer_norm_setup(ctx, inputs, output):
 
 
 def _add_layer_norm_backward(ctx, dy, dsum, _dmean, _drstd):
+    if dy is None and dsum is None:
+        return None, None, None, None, None, None, None
     s, weight, bias, mean, rstd = ctx.saved_tensors
     mask = [_needs_grad(ctx, 3), _needs_grad(ctx, 4)]
-    ds, dw, db = ops.add_layer_norm_backward(dy, dsum, s, ctx.normalized_shape, mean, rstd,
+    ds, dw, db = ops.add_layer_norm_backward(_grad_out(ctx, dy, s), dsum, s, ctx.normalized_shape, mean, rstd,
                                              weight, bias, mask)
     dx, dres = _split_sum_grad(ctx, ds)
     return dx, dres, None, dw if mask[0] else None, db if mask[1] else None, None, None
@@ -167,9 +185,11 @@ def _add_rms_norm_setup(ctx, inputs, output):
 
 
 def _add_rms_norm_backward(ctx, dy, dsum, _drstd):
+    if dy is None and dsum is None:
+        return None, None, None, None, None, None
     s, weight, rstd = ctx.saved_tensors
     want_dw = _needs_grad(ctx, 3)
-    ds, dw = ops.add_rms_norm_backward(dy, dsum, s, ctx.normalized_shape, rstd, weight, want_dw)
+    ds, dw = ops.add_rms_norm_backward(_grad_out(ctx, dy, s), dsum, s, ctx.normalized_shape, rstd, weight, want_dw)
     dx, dres = _split_sum_grad(ctx, ds)
     return dx, dres, None, dw if want_dw else None, None, None
 
