@@ -180,9 +180,13 @@ __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict
   float s[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) s[e] = 0.f;
+  // Unrolled, and guarded rather than left by a break, so that the loads of four rows are
+  // in flight together (one row at a time left the pass latency-bound: KERNEL_LOG matmul
+  // v8).
+#pragma unroll 4
   for (int r = threadIdx.y; r < kRowsPerBlock; r += 8) {
     const int64_t row = row0 + r;
-    if (row >= M) break;
+    if (row >= M) continue;
     const int64_t i = row * N + col0;
     if constexpr (VEC > 1) {
       if (col0 < N) {  // N % VEC == 0: the whole vector is inside the row
