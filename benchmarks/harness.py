@@ -5,7 +5,8 @@ harness imports every module in benchmarks/cases and measures each case as
 
     fused / native / unfused (from the case)  +  compile = torch.compile(impls["unfused"])
 
-for every shape, dtype and pass ("fwd", or "fwd+bwd" timed together). Reporting (tables,
+for every shape, dtype and pass ("fwd"; "fwd+bwd" timed together; "bwd": the backward
+alone, of a forward run once outside the timed step). Reporting (tables,
 JSON, plots) lives in benchmarks/report.py; the command line in benchmarks/run.py.
 
 How a measurement is taken (see Timer.measure):
@@ -33,7 +34,9 @@ from typing import Callable, Optional
 
 import torch
 
-PASSES = ("fwd", "fwd+bwd")
+# Every pass the harness can time, and the ones a Case gets unless it lists its own.
+PASSES = ("fwd", "fwd+bwd", "bwd")
+DEFAULT_PASSES = ("fwd", "fwd+bwd")
 # Short and long dtype names accepted on the command line; records use the long name.
 DTYPE_NAMES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -55,12 +58,13 @@ class Case:
     shapes:       each passed to make_inputs
     quick_shapes: used by --quick (default: the first shape)
     dtypes:       dtypes measured (default bf16, fp16, fp32)
-    passes:       subset of ("fwd", "fwd+bwd")
+    passes:       subset of PASSES ("fwd", "fwd+bwd", "bwd"); default ("fwd", "fwd+bwd")
     make_inputs:  (shape, dtype, device) -> dict of named tensors, random (never zeros)
-    grad_inputs:  names of the inputs that require grad in the fwd+bwd pass
+    grad_inputs:  names of the inputs that require grad in the fwd+bwd and bwd passes
     impls:        name -> fn(**inputs) returning a Tensor or a tuple of Tensors;
                   "fused", "native", "unfused" expected, extra competitors welcome
     bytes:        (shape, dtype, pass_) -> the MINIMUM bytes the pass must move
+                  ("bwd": the backward's own, i.e. fwd+bwd's less the forward's)
     flops:        None, or (shape, pass_) -> FLOPs, for compute-bound ops (reported in
                   TFLOP/s against the matmul ceiling instead of GB/s against the copy)
     """
@@ -70,7 +74,7 @@ class Case:
     shapes: list = None
     quick_shapes: list = None
     dtypes: list = None
-    passes: tuple = PASSES
+    passes: tuple = DEFAULT_PASSES
     make_inputs: Callable = None
     grad_inputs: tuple = ()
     impls: dict = None
@@ -235,10 +239,10 @@ def make_compiled(case: Case):
 
 def make_inputs(case: Case, shape, dtype, pass_, device="cuda", seed=0):
     """Random inputs for one measurement group; grad_inputs become leaves requiring grad
-    in the fwd+bwd pass."""
+    in the fwd+bwd and bwd passes."""
     torch.manual_seed(seed)
     inputs = dict(case.make_inputs(shape, dtype, device))
-    if pass_ == "fwd+bwd":
+    if pass_ in ("fwd+bwd", "bwd"):
         for name in case.grad_inputs:
             inputs[name] = inputs[name].detach().requires_grad_(True)
     return inputs
@@ -252,6 +256,9 @@ def make_step(fn, inputs, pass_, grad_names=(), seed=1):
              random output gradients prepared here (one untimed call finds their shapes).
              autograd.grad returns the input gradients instead of accumulating them into
              .grad, so no implementation pays for an accumulation or a reset.
+    bwd:     the same torch.autograd.grad on the outputs of one forward run here, outside
+             the step (its graph retained for every repetition): the backward alone, as
+             the issues' backward targets count it.
     """
     if pass_ == "fwd":
         return lambda: fn(**inputs)
@@ -260,10 +267,14 @@ def make_step(fn, inputs, pass_, grad_names=(), seed=1):
     diff = [i for i, o in enumerate(outs)
             if isinstance(o, torch.Tensor) and o.requires_grad]
     if not diff or not leaves:
-        raise RuntimeError("fwd+bwd: no differentiable output or no input requiring grad")
+        raise RuntimeError(f"{pass_}: no differentiable output or no input requiring grad")
     gen = torch.Generator(device=outs[diff[0]].device).manual_seed(seed)
     grads = [torch.randn(outs[i].shape, generator=gen, device=outs[i].device,
                          dtype=torch.float32).to(outs[i].dtype) for i in diff]
+    if pass_ == "bwd":
+        kept = [outs[i] for i in diff]
+        return lambda: torch.autograd.grad(kept, leaves, grads, retain_graph=True,
+                                           allow_unused=True)
     del outs
 
     def step():

@@ -30,7 +30,8 @@ def parse_args(argv=None):
     p.add_argument("--shapes", help="comma-separated shapes replacing the cases' own, "
                                     "e.g. 16384x4096,4096x32768 (applied to cases of the "
                                     "same rank)")
-    p.add_argument("--passes", help="comma-separated: fwd,fwd+bwd")
+    p.add_argument("--passes", help="comma-separated: fwd,fwd+bwd,bwd (bwd: the backward "
+                   "alone; the norm and softmax cases time it)")
     p.add_argument("--impls", help="comma-separated: fused,native,unfused,compile,...")
     p.add_argument("--quick", action="store_true",
                    help="each case's quick_shapes, bf16 only, fewer repetitions")
@@ -99,7 +100,8 @@ def main(argv=None):
         return 2
     passes = split(args.passes)
     if passes and set(passes) - set(harness.PASSES):
-        print(f"error: unknown pass in {args.passes!r}: use fwd, fwd+bwd", file=sys.stderr)
+        print(f"error: unknown pass in {args.passes!r}: use {', '.join(harness.PASSES)}",
+              file=sys.stderr)
         return 2
 
     if args.report:

@@ -78,7 +78,7 @@ def test_case_defaults_and_required_fields():
     with pytest.raises(TypeError, match="'bytes' is required"):
         Case(op="x", shapes=[(1,)], make_inputs=lambda *a: {}, impls={})
     with pytest.raises(ValueError, match="unknown pass"):
-        _toy_case(passes=("bwd",))
+        _toy_case(passes=("backward",))
     # "compile" follows "unfused"; extra competitors come last.
     c = _toy_case(impls={"cublaslt": id, "unfused": id, "fused": id, "native": id})
     assert c.impl_names() == ["fused", "native", "unfused", "compile", "cublaslt"]
@@ -207,6 +207,45 @@ def test_make_step_fwd_bwd_gives_the_gradients():
     torch.testing.assert_close(dx, dx_native)
     fwd = harness.make_step(case.impls["fused"], inputs, "fwd")
     assert fwd().shape == (4, 8)
+
+
+def test_make_step_bwd_times_the_backward_alone():
+    # The bwd step runs no forward: it differentiates the outputs of one forward made when
+    # the step was built, as often as it is called, and agrees with fwd+bwd's gradients.
+    from benchmarks.cases import norm as norm_cases
+    case = next(c for c in norm_cases.CASES if c.op == "layer_norm")
+    assert "bwd" in case.passes
+    inputs = harness.make_inputs(case, (6, 32), torch.float64, "bwd", device="cpu")
+    calls = []
+
+    def counted(**kw):
+        calls.append(1)
+        return case.impls["fused"](**kw)
+
+    step = harness.make_step(counted, inputs, "bwd", case.grad_inputs)
+    assert len(calls) == 1
+    first, second = step(), step()
+    assert len(calls) == 1  # no forward inside the step
+    both = harness.make_step(case.impls["fused"], inputs, "fwd+bwd", case.grad_inputs)()
+    for a, b, c in zip(first, second, both):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c)
+
+
+def test_bwd_bytes_are_the_backward_share():
+    from benchmarks.cases import norm as norm_cases
+    from benchmarks.cases import softmax as softmax_cases
+    for case in norm_cases.CASES + softmax_cases.CASES:
+        assert "bwd" in case.passes, case.label
+        for shape in case.shapes[:2]:
+            f, b, fb = (case.bytes(shape, torch.bfloat16, p) for p in ("fwd", "bwd", "fwd+bwd"))
+            assert 0 < f and 0 < b and f + b == fb, (case.label, shape)
+    m, n = 4096, 8192
+    layer = next(c for c in norm_cases.CASES if c.op == "layer_norm")
+    # read x, dy, write dx; read w, write dw, db; read mean, rstd
+    assert layer.bytes((m, n), torch.bfloat16, "bwd") == 3 * m * n * 2 + 3 * n * 2 + 8 * m
+    sm = softmax_cases.CASES[0]
+    assert sm.bytes((m, n), torch.bfloat16, "bwd") == 3 * m * n * 2
 
 
 @pytest.mark.parametrize("rounds", [1, 3])

@@ -10,7 +10,7 @@ next to the rows but counted):
   add_*_norm fwd:      read x, residual, write y, sum             4MNs + params
   add_*_norm bwd:      read dy, d_sum, sum, write d_sum (= dx = d_residual, one tensor)
                                                                    4MNs + params
-fwd+bwd = fwd + bwd. The native residual form is `s = x + residual; F.layer_norm(s)` (what a
+fwd+bwd = fwd + bwd; the bwd pass times the backward alone (its bytes above). The native residual form is `s = x + residual; F.layer_norm(s)` (what a
 pre-norm block runs without a fused kernel).
 """
 import torch
@@ -37,9 +37,8 @@ def _norm_bytes(layer, residual):
         rows_fwd = 4 if residual else 2
         rows_bwd = 4 if residual else 3
         fwd = rows_fwd * m * n * s + nparams * n * s + stats
-        if pass_ == "fwd":
-            return fwd
-        return fwd + rows_bwd * m * n * s + 2 * nparams * n * s + stats
+        bwd = rows_bwd * m * n * s + (1 + nparams) * n * s + stats  # read w; write dw (, db)
+        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_]
 
     return count
 
@@ -79,6 +78,7 @@ CASES = [
             "native": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b),
             "unfused": lambda x, w, b: reference.layer_norm(x, x.shape[-1:], w, b),
         },
+        passes=("fwd", "fwd+bwd", "bwd"),
         bytes=_norm_bytes(True, False),
     ),
     Case(
@@ -93,6 +93,7 @@ CASES = [
             "native": lambda x, w: F.rms_norm(x, x.shape[-1:], w),
             "unfused": lambda x, w: reference.rms_norm(x, x.shape[-1:], w),
         },
+        passes=("fwd", "fwd+bwd", "bwd"),
         bytes=_norm_bytes(False, False),
     ),
     Case(
@@ -110,6 +111,7 @@ CASES = [
             "unfused": lambda x, residual, w, b: reference.add_layer_norm(
                 x, residual, x.shape[-1:], w, b),
         },
+        passes=("fwd", "fwd+bwd", "bwd"),
         bytes=_norm_bytes(True, True),
     ),
     Case(
@@ -127,6 +129,7 @@ CASES = [
             "unfused": lambda x, residual, w: reference.add_rms_norm(
                 x, residual, x.shape[-1:], w),
         },
+        passes=("fwd", "fwd+bwd", "bwd"),
         bytes=_norm_bytes(False, True),
     ),
 ]

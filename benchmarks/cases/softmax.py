@@ -4,11 +4,13 @@ forward and forward+backward.
 Minimum bytes (n = numel, s = element size):
   fwd:      read x, write y                                      2 n s
   fwd+bwd:  fwd + backward reading dy and y, writing dx          2 n s + 3 n s = 5 n s
+  bwd:      the backward alone                                   3 n s
   causal (last two dims Lq x Lk, keys j > i masked; f = the unmasked fraction,
   (Lq (Lq + 1) / 2) / (Lq Lk) for Lq <= Lk, ~0.5 for square scores):
   fwd:      read the unmasked x, write all of y                  (f + 1) n s
   fwd+bwd:  fwd + backward reading the unmasked dy and y,
             writing all of dx                                    (f + 1) n s + (2 f + 1) n s
+  bwd:      the backward alone                                   (2 f + 1) n s
 The fused kernels move exactly these bytes (masked keys are never read).
 """
 import math
@@ -31,7 +33,7 @@ CAUSAL_SCALE = 1 / math.sqrt(128)  # a head dim of 128
 
 def softmax_bytes(shape, dtype, pass_):
     n, s = math.prod(shape), dtype.itemsize
-    return 2 * n * s if pass_ == "fwd" else 5 * n * s
+    return {"fwd": 2, "bwd": 3, "fwd+bwd": 5}[pass_] * n * s
 
 
 def _unmasked_fraction(lq, lk):
@@ -43,8 +45,8 @@ def _unmasked_fraction(lq, lk):
 def causal_bytes(shape, dtype, pass_):
     n, s = math.prod(shape), dtype.itemsize
     f = _unmasked_fraction(shape[-2], shape[-1])
-    fwd = (f + 1) * n * s
-    return int(fwd if pass_ == "fwd" else fwd + (2 * f + 1) * n * s)
+    fwd, bwd = (f + 1) * n * s, (2 * f + 1) * n * s
+    return int({"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_])
 
 
 def _make_inputs(shape, dtype, device):
@@ -70,7 +72,7 @@ CASES = [
         shapes=SHAPES,
         quick_shapes=[(16384, 4096), (1024, 131072)],
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
-        passes=("fwd", "fwd+bwd"),
+        passes=("fwd", "fwd+bwd", "bwd"),
         make_inputs=_make_inputs,
         grad_inputs=("x",),
         impls={
@@ -86,7 +88,7 @@ CASES = [
         shapes=CAUSAL_SHAPES,
         quick_shapes=CAUSAL_SHAPES,
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
-        passes=("fwd", "fwd+bwd"),
+        passes=("fwd", "fwd+bwd", "bwd"),
         make_inputs=_make_causal_inputs,
         grad_inputs=("x",),
         impls={
@@ -102,7 +104,7 @@ CASES = [
         shapes=[(16384, 4096), (1024, 131072)],
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16, torch.float32],
-        passes=("fwd", "fwd+bwd"),
+        passes=("fwd", "fwd+bwd", "bwd"),
         make_inputs=_make_inputs,
         grad_inputs=("x",),
         impls={
