@@ -741,6 +741,7 @@ __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, i
 template <typename T, typename W, typename R, int VEC, int VPT, bool PF>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
   // Two scratch slots alternated by consecutive rows: one barrier per row (see
   // norm_fwd_regs).
@@ -912,6 +913,7 @@ template <typename T, typename W, typename R, int VEC, int VPT, int LAG>
 __global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  grid_dependency_wait();  // launched early (early_start): nothing global before this
   namespace cg = cooperative_groups;
   constexpr int kSlots = 4;            // exchange buffers, by iteration mod 4
   __shared__ float scratch[2][2][32];  // group_sum's buffers, by iteration parity
@@ -1044,6 +1046,7 @@ __device__ __forceinline__ void opaque(Raw<T, N>& r) {
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
 __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  grid_dependency_wait();  // launched early (early_start): nothing global before this
   namespace cg = cooperative_groups;
   constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt, TPR = CS * TPB, COLS = TPR * VPT * VEC;
   constexpr int kSlots = 4, kWarps = TPB / 32;
@@ -1233,6 +1236,7 @@ template <typename O>
 __global__ void __launch_bounds__(256)
 column_sum(const float* __restrict__ part0, const float* __restrict__ part1, int64_t parts,
            int cols, O* __restrict__ out0, O* __restrict__ out1) {
+  grid_dependency_wait();  // launched early (launch_early): the partials are complete after
   __shared__ float tile[8][33];
   const float* part = blockIdx.y == 0 ? part0 : part1;
   O* out = blockIdx.y == 0 ? out0 : out1;
@@ -1410,8 +1414,7 @@ void reduce_partials(const at::Tensor& part, int64_t parts, int cols, NormBackwa
     using O = typename decltype(tag)::type;
     O* o0 = first.mutable_data_ptr<O>();
     O* o1 = outs == 2 ? nb.dbias.mutable_data_ptr<O>() : nullptr;
-    column_sum<O><<<grid, block, 0, current_stream()>>>(p0, p1, parts, cols, o0, o1);
-    FUSED_LAUNCH_CHECK();
+    launch_early(column_sum<O>, grid, block, 0, p0, p1, parts, cols, o0, o1);
   };
   if (first.scalar_type() == at::kFloat) {
     run(Tag<float>{});
@@ -1453,7 +1456,7 @@ bool launch_cluster_backward(Kernel kernel, int csize, int threads, BwdParams<T,
   const int64_t clusters = std::min<int64_t>(p.rows, active);
   at::Tensor part = alloc_partials(nb, clusters);
   point_partials(p, part, clusters, nb);
-  cl.launch(dim3(static_cast<unsigned>(clusters * csize)), kernel, p);  // checked there
+  cl.early_start().launch(dim3(static_cast<unsigned>(clusters * csize)), kernel, p);
   if (part.defined()) reduce_partials<T>(part, clusters, p.cols, nb);
   return true;
 }
@@ -1531,8 +1534,7 @@ void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, groups), per_sm * int64_t{num_sms()});
   at::Tensor part = alloc_partials(nb, blocks);
   point_partials(p, part, blocks, nb);
-  kernel<<<grid_for(blocks), threads, smem, current_stream()>>>(p, tpr);
-  FUSED_LAUNCH_CHECK();
+  launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p, tpr);
   if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
 }
 
