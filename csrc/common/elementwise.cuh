@@ -18,6 +18,7 @@ struct Ptrs {
 template <typename T, int V, int UNROLL, int NIN, typename F>
 __global__ void __launch_bounds__(128)
 elementwise_kernel(F f, T* __restrict__ out, Ptrs<T, NIN> in, int64_t n) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   const int64_t n_vec = n / V;  // whole vectors; the remainder (< V) is the tail
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x * UNROLL) + threadIdx.x;
   Vec<T, V> a[NIN][UNROLL];
@@ -72,10 +73,12 @@ void launch_elementwise(F f, T* out, Ptrs<T, NIN> in, int64_t n) {
   for (int k = 0; k < NIN; ++k) aligned = aligned && is_aligned(in.p[k]);
   if (aligned) {
     int64_t blocks = std::max<int64_t>(1, ceil_div(n / V, kThreads * kUnroll));
-    elementwise_kernel<T, V, kUnroll, NIN><<<blocks, kThreads, 0, current_stream()>>>(f, out, in, n);
+    launch_early(elementwise_kernel<T, V, kUnroll, NIN, F>, dim3(static_cast<unsigned>(blocks)),
+                 dim3(kThreads), 0, f, out, in, n);
   } else {
     int64_t blocks = ceil_div(n, kThreads * kUnroll);
-    elementwise_kernel<T, 1, kUnroll, NIN><<<blocks, kThreads, 0, current_stream()>>>(f, out, in, n);
+    launch_early(elementwise_kernel<T, 1, kUnroll, NIN, F>, dim3(static_cast<unsigned>(blocks)),
+                 dim3(kThreads), 0, f, out, in, n);
   }
   FUSED_LAUNCH_CHECK();
 }

@@ -289,6 +289,7 @@ __device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t fi
 // no randomness drawn.
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr int U = kGroupsPerThread;
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) rng_seed_offset(a.rng, seed, offset);
@@ -317,8 +318,8 @@ void launch_dropout_kernel(DropoutArgs<T> a) {
   constexpr int U = kGroupsPerThread;
   const int64_t groups = ceil_div(a.n, V);
   const int64_t blocks = ceil_div(groups, static_cast<int64_t>(kThreads) * U);
-  dropout_kernel<T, V, VEC, BIAS, RES, DROP><<<blocks, kThreads, 0, current_stream()>>>(a);
-  FUSED_LAUNCH_CHECK();
+  launch_early(dropout_kernel<T, V, VEC, BIAS, RES, DROP>, dim3(static_cast<unsigned>(blocks)),
+               dim3(kThreads), 0, a);
 }
 
 template <typename T, bool BIAS, bool RES, bool DROP>
@@ -550,6 +551,7 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
     bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partial,
                      const int64_t* __restrict__ saved, int64_t rows, int64_t cols,
                      int64_t rows_per_chunk, uint32_t threshold, float scale, bool bits16) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   static_assert(VEC || V == 1, "the scalar path takes one column per thread");
   __shared__ float smem[kGradTY][kGradTX * V];
   const int tx = threadIdx.x % kGradTX;
@@ -595,6 +597,7 @@ template <typename T>
 __global__ void __launch_bounds__(kGradThreads)
     bias_grad_finish(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks,
                      int64_t cols) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x;
   if (c >= cols) return;
   // Eight loads in flight at a time (the chunks' partials are independent), added in order.
@@ -633,14 +636,12 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
   at::Tensor partial = at::empty({chunks, cols}, g.options().dtype(at::kFloat));
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
-  kernel<<<grid, kGradThreads, 0, current_stream()>>>(
-      g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partial.mutable_data_ptr<float>(), saved,
-      rows, cols, rows_per_chunk, d.threshold, static_cast<float>(d.scale), d.bits16);
-  FUSED_LAUNCH_CHECK();
-  bias_grad_finish<T><<<static_cast<unsigned>(ceil_div(cols, kGradThreads)), kGradThreads, 0,
-                        current_stream()>>>(partial.const_data_ptr<float>(),
-                                            dbias.mutable_data_ptr<T>(), chunks, cols);
-  FUSED_LAUNCH_CHECK();
+  launch_early(kernel, grid, dim3(kGradThreads), 0, g.const_data_ptr<T>(),
+               dx.mutable_data_ptr<T>(), partial.mutable_data_ptr<float>(), saved, rows, cols,
+               rows_per_chunk, d.threshold, static_cast<float>(d.scale), d.bits16);
+  launch_early(bias_grad_finish<T>, dim3(static_cast<unsigned>(ceil_div(cols, kGradThreads))),
+               dim3(kGradThreads), 0, partial.const_data_ptr<float>(),
+               dbias.mutable_data_ptr<T>(), chunks, cols);
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tensor& grad_out,

@@ -152,6 +152,7 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
 template <typename T>
 __global__ void bias_act_kernel(const T* __restrict__ zin, T* zout, T* y,
                                 const T* __restrict__ bias, int64_t numel, int64_t N, int act) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel;
        i += int64_t(gridDim.x) * blockDim.x) {
     float v = static_cast<float>(zin[i]);
@@ -174,6 +175,7 @@ template <typename T, GeluKind K, int VEC>
 __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict__ z,
                                     T* __restrict__ dz, float* __restrict__ partial, int64_t M,
                                     int64_t N) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   __shared__ float sums[8][32 * VEC];
   const int64_t col0 = (blockIdx.x * 32 + threadIdx.x) * int64_t(VEC);
   const int64_t row0 = blockIdx.y * int64_t(kRowsPerBlock);
@@ -222,6 +224,7 @@ __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict
 template <typename T>
 __global__ void act_bias_finish_kernel(const float* __restrict__ partial, T* __restrict__ db,
                                        int64_t rows, int64_t N) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (col >= N) return;
   float t = 0.f;
@@ -272,11 +275,11 @@ std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Te
       at::Tensor bias_c = bias_p ? bias_p->contiguous() : at::Tensor();
       y = want_preact ? at::empty_like(mm) : mm;  // in place unless both are needed
       const int threads = 256;
-      bias_act_kernel<float><<<elementwise_grid(M * N, threads), threads, 0, current_stream()>>>(
-          mm.const_data_ptr<float>(), want_preact ? mm.mutable_data_ptr<float>() : nullptr,
-          y.mutable_data_ptr<float>(), bias_p ? bias_c.const_data_ptr<float>() : nullptr, M * N,
-          N, static_cast<int>(act));
-      FUSED_LAUNCH_CHECK();
+      launch_early(bias_act_kernel<float>, dim3(elementwise_grid(M * N, threads)), dim3(threads),
+                   0, mm.const_data_ptr<float>(),
+                   want_preact ? mm.mutable_data_ptr<float>() : nullptr,
+                   y.mutable_data_ptr<float>(), bias_p ? bias_c.const_data_ptr<float>() : nullptr,
+                   M * N, N, static_cast<int>(act));
     } else {
       y = want_preact ? at::empty_like(mm) : mm;
     }
@@ -341,10 +344,9 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& gr
     auto launch = [&](auto kind, auto vec_width) {
       constexpr int V = decltype(vec_width)::value;
       dim3 grid(static_cast<unsigned>(ceil_div(N, 32 * V)), static_cast<unsigned>(row_blocks));
-      act_backward_kernel<scalar_t, decltype(kind)::value, V><<<grid, dim3(32, 8), 0, stream>>>(
-          g.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(),
-          dz.mutable_data_ptr<scalar_t>(), part, M, N);
-      FUSED_LAUNCH_CHECK();
+      launch_early(act_backward_kernel<scalar_t, decltype(kind)::value, V>, grid, dim3(32, 8), 0,
+                   g.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(),
+                   dz.mutable_data_ptr<scalar_t>(), part, M, N);
     };
     using One = std::integral_constant<int, 1>;
     using Wide = std::integral_constant<int, kVec>;
@@ -356,9 +358,8 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& gr
       vec ? launch(Tanh{}, Wide{}) : launch(Tanh{}, One{});
     }
     if (bias_grad) {
-      act_bias_finish_kernel<scalar_t><<<static_cast<unsigned>(ceil_div(N, 256)), 256, 0, stream>>>(
-          part, db.mutable_data_ptr<scalar_t>(), row_blocks, N);
-      FUSED_LAUNCH_CHECK();
+      launch_early(act_bias_finish_kernel<scalar_t>, dim3(static_cast<unsigned>(ceil_div(N, 256))),
+                   dim3(256), 0, part, db.mutable_data_ptr<scalar_t>(), row_blocks, N);
     }
   });
   return {dz, db};

@@ -290,6 +290,7 @@ constexpr int kFwdWideThreads = 512;
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
           int FIXED_TPR = 0>
 __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr bool kFixed = FIXED_TPR > 0;
   constexpr int kFixedCols = FIXED_TPR * VPT * VEC;
   if constexpr (kFixed) tpr = FIXED_TPR;  // the launcher passes the same: a constant here
@@ -449,6 +450,7 @@ __device__ Welford block_welford(Welford w, float (*smem)[32]) {
 
 template <typename T, typename W, typename R, int VEC>
 __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R> p) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   __shared__ float smem[3][32];
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
@@ -538,6 +540,7 @@ constexpr int fixed_min_blocks(int block) {
 template <typename T, int TPR, int LAYER, int RES>
 __global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR))
 norm_fwd_fixed(FwdParams<T, T, T> p) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
   static_assert(TPR % 32 == 0, "whole warps");
   __shared__ float scratch[2][1][32];
@@ -1149,6 +1152,7 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
 template <typename T, typename W, typename R, int VEC>
 __global__ void __launch_bounds__(kLongThreads)
 norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   __shared__ float scratch[2][32];
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
@@ -1180,6 +1184,7 @@ norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
 template <typename T, typename W, typename R, int VEC>
 __global__ void __launch_bounds__(kTileThreads)
 norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t rows_per_chunk) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   const int nvec = p.cols / VEC;
   const int cv = blockIdx.x * blockDim.x + threadIdx.x;
   if (cv >= nvec) return;  // no barriers in this kernel
@@ -1321,7 +1326,7 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
     const bool res = p.residual != nullptr;
     auto kernel = res ? (p.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
                       : (p.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
-    kernel<<<static_cast<unsigned>(p.rows), TPR, 0, current_stream()>>>(p);  // a block a row
+    launch_early(kernel, dim3(static_cast<unsigned>(p.rows)), dim3(TPR), 0, p);  // a block a row
     return true;
   };
   return (launch(std::integral_constant<int, TPRS>{}) || ...);
@@ -1356,7 +1361,7 @@ void forward_with(const FwdParams<T, W, R>& p) {
                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, kW>;
         }
       }
-      kernel<<<grid_for(p.rows), tpr, 0, stream>>>(p, tpr);
+      launch_early(kernel, dim3(grid_for(p.rows)), dim3(tpr), 0, p, tpr);
     }
   } else if (fixed && p.residual != nullptr && nvec == kFwdMaxThreads * VPT) {
     if constexpr (kFixed) {
@@ -1365,7 +1370,7 @@ void forward_with(const FwdParams<T, W, R>& p) {
       constexpr int kM = kFwdMaxThreads;
       auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1, kM>
                             : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1, kM>;
-      kernel<<<grid_for(p.rows), kM, 0, stream>>>(p, kM);
+      launch_early(kernel, dim3(grid_for(p.rows)), dim3(kM), 0, p, kM);
     }
   } else if (need <= kFwdMaxThreads) {
     // A power-of-two group of <= 32 threads per row, several rows per 128-thread block; or
@@ -1375,11 +1380,12 @@ void forward_with(const FwdParams<T, W, R>& p) {
     const int threads = tpr <= 32 ? kFwdShortThreads : tpr;
     const int groups = threads / tpr;
     with_fwd_kernel<T, W, R, VEC>(p, [&](auto kernel) {
-      kernel<<<grid_for(ceil_div(p.rows, groups)), threads, 0, stream>>>(p, tpr);
+      launch_early(kernel, dim3(grid_for(ceil_div(p.rows, groups))), dim3(threads), 0, p, tpr);
     });
   } else {
-    norm_fwd_long<T, W, R, VEC>
-        <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p);
+    launch_early(norm_fwd_long<T, W, R, VEC>,
+                 dim3(grid_for(std::min<int64_t>(p.rows, 4 * num_sms()))), dim3(kLongThreads), 0,
+                 p);
   }
   FUSED_LAUNCH_CHECK();
 }
@@ -1568,9 +1574,9 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   // Longer rows, or no clusters: the two row sums first, then column tiles x row chunks.
   at::Tensor c = at::empty({p.rows, 2}, nb.dy.options().dtype(at::kFloat));
   float2* cp = reinterpret_cast<float2*>(c.mutable_data_ptr<float>());
-  norm_bwd_row_sums<T, W, R, VEC>
-      <<<grid_for(std::min<int64_t>(p.rows, 4 * num_sms())), kLongThreads, 0, stream>>>(p, cp);
-  FUSED_LAUNCH_CHECK();
+  launch_early(norm_bwd_row_sums<T, W, R, VEC>,
+               dim3(grid_for(std::min<int64_t>(p.rows, 4 * num_sms()))), dim3(kLongThreads), 0,
+               p, cp);
   const int64_t col_tiles = ceil_div(nvec, kTileThreads);
   int64_t chunks = std::clamp<int64_t>(8 * num_sms() / col_tiles, 1, p.rows);
   const int64_t rows_per_chunk = ceil_div(p.rows, chunks);
@@ -1578,8 +1584,8 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   at::Tensor part = alloc_partials(nb, chunks);
   point_partials(p, part, chunks, nb);
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
-  norm_bwd_tiles<T, W, R, VEC><<<grid, kTileThreads, 0, stream>>>(p, cp, rows_per_chunk);
-  FUSED_LAUNCH_CHECK();
+  launch_early(norm_bwd_tiles<T, W, R, VEC>, grid, dim3(kTileThreads), 0, p, cp,
+               rows_per_chunk);
   if (part.defined()) reduce_partials<T>(part, chunks, p.cols, nb);
 }
 

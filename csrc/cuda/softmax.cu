@@ -573,6 +573,7 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
 // otherwise every vector takes it, as a compile-time constant.
 template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL>
 __global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::State> a, Op op) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   using State = typename Op::State;
   static_assert(VEC == 1 || sizeof(Vec<T, VEC>) == 16, "vectors are 16 bytes");
   // Two reduction buffers (the ops' two reductions), a float or a double per warp.
@@ -628,6 +629,7 @@ constexpr int kCausalVectors = 2, kCausalMaxTpr = 1024;
 template <typename T, int TPR>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, 2048 / (TPR < 128 ? 128 : TPR))
     softmax_causal_fwd(Args<T, MaxSum> a, Fwd op, Div31 lq) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr int BLOCK = TPR < 128 ? 128 : TPR, P = kCausalVectors, VEC = kVecElems<T>;
   constexpr int stride = TPR * VEC;
   static_assert(sizeof(T) == 2 && VEC == 8, "16-bit rows, 16-byte vectors");
@@ -680,6 +682,7 @@ template <typename T, typename Op, int VEC, int P, int BLOCK, int STAGES>
 __global__ void __launch_bounds__(BLOCK, 1)
     softmax_cluster_kernel(Args<T, typename Op::State> a, Op op) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  grid_dependency_wait();  // launched early (early_start): nothing global before this
   using State = typename Op::State;
   using R = Raw<T, VEC>;
   static_assert(STAGES == 0 || sizeof(R) == 16, "staged rows: 16-byte vectors");
@@ -823,6 +826,7 @@ __device__ __forceinline__ float vec_max(const uint4 (&raw)[K]) {
 template <typename T, int N>
 __global__ void __launch_bounds__(kFixedBlock, 2)
     softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
+  grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
   constexpr int K = kFixedVectors, VEC = 8, kStride = kFixedBlock * VEC;
   __shared__ float buf[2][kFixedBlock / 32];
   __shared__ MaxSum slots[N];  // the cluster's (max, sum) pairs, N > 1 on sm_90 only
@@ -971,6 +975,7 @@ bool launch_cluster(Args<T, typename Op::State> a, const Op& op, int n) {
   a.nchunks = n;
   a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
   ClusterLaunch(dim3(1, n), kSplitBlock, smem)
+      .early_start()
       .launch(dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
                    static_cast<unsigned>(n)),
               kernel, a, op);
@@ -997,8 +1002,7 @@ void launch(Args<T, typename Op::State> a, const Op& op) {
   if constexpr (BLOCK <= 512 && sizeof(T) == 2) {
     if (a.causal_q != 0) kernel = softmax_kernel<T, Op, VEC, P, BLOCK, true>;
   }
-  kernel<<<grid, BLOCK, 0, current_stream()>>>(a, op);
-  FUSED_LAUNCH_CHECK();
+  launch_early(kernel, grid, dim3(BLOCK), 0, a, op);
 }
 
 template <typename T, typename Op, int VEC>
@@ -1069,13 +1073,13 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
       constexpr int N = decltype(kn)::value;
       constexpr auto kernel = softmax_fwd_fixed<T, N>;
       if constexpr (N == 1) {
-        kernel<<<grid, kFixedBlock, 0, current_stream()>>>(a.in[0], a.out, op.scale, op.log);
-        FUSED_LAUNCH_CHECK();
+        launch_early(kernel, grid, dim3(kFixedBlock), 0, a.in[0], a.out, op.scale, op.log);
         return true;
       } else {
         if (cluster_fit(kernel, kFixedBlock, N, 0) == 0) return false;
-        ClusterLaunch(dim3(1, N), kFixedBlock, 0).launch(grid, kernel, a.in[0], a.out, op.scale,
-                                                          op.log);
+        ClusterLaunch(dim3(1, N), kFixedBlock, 0)
+            .early_start()
+            .launch(grid, kernel, a.in[0], a.out, op.scale, op.log);
         return true;
       }
     };
@@ -1104,8 +1108,8 @@ bool launch_causal(const Args<T, typename Op::State>& a, const Op& op) {
     const Div31 lq = Div31::make(static_cast<uint32_t>(a.causal_q));
     auto go = [&](auto kt) {
       constexpr int TPR = decltype(kt)::value;
-      softmax_causal_fwd<T, TPR><<<blocks, std::max(128, TPR), 0, current_stream()>>>(a, op, lq);
-      FUSED_LAUNCH_CHECK();
+      launch_early(softmax_causal_fwd<T, TPR>, dim3(blocks), dim3(std::max(128, TPR)), 0, a, op,
+                   lq);
       return true;
     };
     return with_pow2<32, kCausalMaxTpr>(tpr, go);
