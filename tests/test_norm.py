@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, cuda_kernel_names, input_views,
-                   offset_copy, poison_next_alloc)
+from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, assert_graph_replay_matches_eager,
+                   cuda_kernel_names, input_views, offset_copy, poison_next_alloc)
 
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
@@ -796,23 +796,12 @@ def test_cuda_graph_replay_backward(kind, cols):
             x, (cols,), w)
         return (y, *torch.autograd.grad(y, [x, *params], dy))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()  # warm-up: launch-shape queries and allocations outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    for _ in range(2):
-        with torch.no_grad():
-            x.copy_(torch.randn(rows, cols, device="cuda"))
-            dy.copy_(torch.randn(rows, cols, device="cuda"))
-        graph.replay()
-        want = step()
-        for name, a, e in zip(["y", "dx", "dw", "db"], outs, want):
-            assert torch.equal(a, e), f"{kind} cols={cols}: replayed {name} differs from eager"
+    def refill():
+        x.copy_(torch.randn(rows, cols, device="cuda"))
+        dy.copy_(torch.randn(rows, cols, device="cuda"))
+
+    assert_graph_replay_matches_eager(step, refill, ["y", "dx", "dw", "db"],
+                                      msg=f"{kind} cols={cols}")
 
 
 @CUDA

@@ -6,8 +6,8 @@ import torch
 
 import fused_ops
 from fused_ops import reference
-from utils import (CUDA, DEVICES, DTYPES, assert_close, cuda_kernel_names, input_views,
-                   poison_next_alloc)
+from utils import (CUDA, DEVICES, DTYPES, assert_close, assert_graph_replay_matches_eager,
+                   cuda_kernel_names, input_views, poison_next_alloc)
 
 ops = torch.ops.fused
 INF = float("inf")
@@ -305,22 +305,11 @@ def test_cuda_graph_replay(shape, causal):
         y = fused_ops.softmax(x, -1, scale=scale, causal=causal)
         return (y, *torch.autograd.grad(y, [x], dy))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()  # warm-up: launch-shape queries outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    for _ in range(2):
-        with torch.no_grad():
-            x.copy_(torch.randn(shape, device="cuda") * 3)
-            dy.copy_(torch.randn(shape, device="cuda"))
-        graph.replay()
-        for name, a, e in zip(["y", "dx"], outs, step()):
-            assert torch.equal(a, e), f"{shape} causal={causal}: replayed {name} differs"
+    def refill():
+        x.copy_(torch.randn(shape, device="cuda") * 3)
+        dy.copy_(torch.randn(shape, device="cuda"))
+
+    assert_graph_replay_matches_eager(step, refill, ["y", "dx"], msg=f"{shape} causal={causal}")
 
 
 # --- dims, views, special values ---------------------------------------------------------
