@@ -741,10 +741,8 @@ __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, i
 
 // PF: the next row's tile is loaded before this row's reduction, so two rows of loads are
 // in flight per thread (the sweep's measured win: 16384x4096 bf16 79% -> 92% of copy).
-// TWO > 0: blocks of at most TWO threads, two of them an SM (65536 / (2 TWO) registers a
-// thread), for rows whose group is too wide for two blocks at 128 registers (backward_regs).
-template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int TWO = 0>
-__global__ void __launch_bounds__(TWO > 0 ? TWO : kBwdMaxThreads, TWO > 0 ? 2 : 1)
+template <typename T, typename W, typename R, int VEC, int VPT, bool PF>
+__global__ void __launch_bounds__(kBwdMaxThreads)
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
@@ -1532,13 +1530,6 @@ void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const size_t smem = groups > 1 ? combine_bytes : 0;
   const int threads = tpr * groups;
   auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF>;
-  // 16-bit rows of 4.1K-5K columns (groups of 288-320 threads, 5120 among them) hold one
-  // block an SM at 128 registers (10 warps); capped at 102 they hold two (KERNEL_LOG norm v20).
-  constexpr int kTwo = 320;
-  if constexpr (PF && sizeof(R) == 2 && VEC > 1) {
-    static const bool two = !env_switched_off("FUSED_NORM_BWD_TWO");
-    if (two && threads > 256 && threads <= kTwo) kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF, kTwo>;
-  }
   int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
                                    static_cast<int>(smem), [&] {
     int n = 0;
