@@ -976,6 +976,8 @@ __device__ __forceinline__ void fixed_row_walk(int64_t rows, int64_t cid, int64_
   const uint32_t bytes = static_cast<uint32_t>(csize * warps * sizeof(float2));
   if (threadIdx.x < kSlots) mbar_init(&bar[threadIdx.x]);
   Tile t[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) t[i].slot = i;  // a tile's staging slot (norm_bwd_fixed)
   load(t[0], cid);
   cluster.sync();
   int it = 0;
@@ -1037,6 +1039,23 @@ __device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
 // shape reaches 43-50%. Exchange, lag and buffer rotation: fixed_row_walk.
 constexpr int kFixedBwdVpt = 2;
 
+// A 16-byte global -> shared copy that completes asynchronously (cp.async), into a thread's
+// own staging slot: the thread reads it back itself after stage_wait, so no block barrier
+// is involved. The memory clobbers keep the compiler from moving shared-memory reads of a
+// slot across the copy that refills it.
+__device__ __forceinline__ void stage_copy(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void stage_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Every group of this thread's copies but the newest N has landed.
+template <int N>
+__device__ __forceinline__ void stage_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
 // before cannot be reused after, so each half of a row unpacks afresh instead of keeping 16
 // floats a vector alive across the row exchange.
@@ -1046,17 +1065,30 @@ __device__ __forceinline__ void opaque(Raw<T, N>& r) {
   for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
 }
 
+// STAGE (blocks of <= 192 threads: 12288 columns): the three live row tiles' x / dy sit in
+// shared memory instead of registers, each thread's own vectors copied there by cp.async
+// and read back by that thread, so that three blocks fit an SM (18 warps instead of 12 at
+// 166 registers; KERNEL_LOG norm v21).
+template <int TPB>
+constexpr bool fixed_bwd_staged() {
+  return TPB <= 192;
+}
+
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
-__global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
+__global__ void __launch_bounds__(TPB, fixed_bwd_staged<TPB>() ? 3 : 2)
+    norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   grid_dependency_wait();  // launched early (early_start): nothing global before this
   namespace cg = cooperative_groups;
   constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt, TPR = CS * TPB, COLS = TPR * VPT * VEC;
   constexpr int kSlots = 4, kWarps = TPB / 32;
   constexpr float kInv = 1.f / COLS;
+  constexpr bool STAGE = fixed_bwd_staged<TPB>();
   using V = Raw<T, VEC>;
   __shared__ float2 slots[kSlots][CS * kWarps];  // [rank][warp]
   __shared__ uint64_t bar[kSlots];
+  // [tile][x vectors, then dy vectors][thread]: 16 consecutive bytes a lane, no conflicts.
+  __shared__ __align__(16) V stage[STAGE ? 3 : 1][STAGE ? 2 * VPT : 1][STAGE ? TPB : 1];
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int lane = rank * TPB + threadIdx.x;
@@ -1076,28 +1108,49 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
     for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = 0.f;
   }
   struct Tile {
-    V x[VPT], g[VPT];
+    V x[STAGE ? 1 : VPT], g[STAGE ? 1 : VPT];  // STAGE: in stage[slot]
     float mean, rstd;
+    int slot;
+  };
+  auto xv = [&](const Tile& t, int k) -> V {
+    if constexpr (STAGE) return stage[t.slot][k][threadIdx.x];
+    else return t.x[k];
+  };
+  auto gv = [&](const Tile& t, int k) -> V {
+    if constexpr (STAGE) return stage[t.slot][VPT + k][threadIdx.x];
+    else return t.g[k];
   };
   auto load = [&](Tile& t, int64_t row) {
-    if (row >= p.rows) return;
-    const int64_t off = row * COLS + lane * VEC;
+    if (row < p.rows) {
+      const int64_t off = row * COLS + lane * VEC;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      t.x[k] = load_pinned(reinterpret_cast<const V*>(p.x + off + k * TPR * VEC));
-      t.g[k] = load_pinned(reinterpret_cast<const V*>(p.dy + off + k * TPR * VEC));
+      for (int k = 0; k < VPT; ++k) {
+        const T* xs = p.x + off + k * TPR * VEC;
+        const T* gs = p.dy + off + k * TPR * VEC;
+        if constexpr (STAGE) {
+          stage_copy(&stage[t.slot][k][threadIdx.x], xs);
+          stage_copy(&stage[t.slot][VPT + k][threadIdx.x], gs);
+        } else {
+          t.x[k] = load_pinned(reinterpret_cast<const V*>(xs));
+          t.g[k] = load_pinned(reinterpret_cast<const V*>(gs));
+        }
+      }
+      t.mean = LAYER ? load_pinned(p.mean + row) : 0.f;
+      t.rstd = load_pinned(p.rstd + row);
     }
-    t.mean = LAYER ? load_pinned(p.mean + row) : 0.f;
-    t.rstd = load_pinned(p.rstd + row);
+    // One group a call, empty past the last row, so that stage_wait's count stays uniform.
+    if constexpr (STAGE) stage_commit();
   };
   // x - mean (layer norm) or x.
   auto centered = [&](float x, const Tile& t) { return LAYER ? x - t.mean : x; };
   // This thread's dweight / dbias terms and its shares of the two row sums.
   auto sums = [&](Tile& t, float (&s)[2]) {
+    // The walk loads the next row first: every copy group but that newest one has landed.
+    if constexpr (STAGE) stage_wait<1>();
     s[0] = s[1] = 0.f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const FVec<VEC> xf = to_float(t.x[k]), df = to_float(t.g[k]), w = to_float(wv[k]);
+      const FVec<VEC> xf = to_float(xv(t, k)), df = to_float(gv(t, k)), w = to_float(wv[k]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xhat = centered(xf.v[j], t) * t.rstd, gw = df.v[j] * w.v[j];
@@ -1106,8 +1159,10 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
         dw[k][j] += df.v[j] * xhat;
         if constexpr (LAYER) db[k][j] += df.v[j];
       }
-      opaque(t.x[k]);
-      opaque(t.g[k]);
+      if constexpr (!STAGE) {
+        opaque(t.x[k]);
+        opaque(t.g[k]);
+      }
       opaque(wv[k]);
     }
   };
@@ -1127,7 +1182,7 @@ __global__ void __launch_bounds__(TPB, 2) norm_bwd_fixed(BwdParams<T, T, T> p) {
     const float pc = -t.rstd * c1, qc = -(t.rstd * c2) * t.rstd;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const FVec<VEC> xf = to_float(t.x[k]), df = to_float(t.g[k]), w = to_float(wv[k]);
+      const FVec<VEC> xf = to_float(xv(t, k)), df = to_float(gv(t, k)), w = to_float(wv[k]);
       FVec<VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
