@@ -43,11 +43,14 @@
 //     not wait for its slowest peer at every row). norm_bwd_fixed: the same with the
 //     launch shape a compile-time constant, for 16-bit rows of 12288, 16384 or 32768
 //     columns with parameters (and the add forms' sum) in x's dtype (FUSED_NORM_FIXED=0
-//     turns it off). Elsewhere (older GPUs, longer rows)
+//     turns it off); at 12288 its live row tiles sit in shared memory (per-thread
+//     cp.async), three blocks an SM. Elsewhere (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
 //     atomics) into dweight / dbias.
+// The backward kernels and column_sum are launched early (programmatic dependent launch,
+// common/launch.cuh), as are the forwards: each waits for its predecessor first.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -956,7 +959,8 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 // its two sums and its lanes 0..csize-1 push them (st.async) into entry [rank * warps + warp]
 // of the row's slot in every block, so a block's warps meet only at the slot's mbarrier (no
 // block barrier per row); and the three tiles (next, this row's, the row LAG behind) rotate
-// through t[0..2] by unrolling the walk three times (fixed registers, no copies). The slot
+// through t[0..2] by unrolling the walk three times (no copies; tile i keeps its registers,
+// or its shared-memory staging slot i where norm_bwd_fixed stages the rows). The slot
 // reuse argument of norm_bwd_cluster holds per warp: a warp pushes row r only after its wait
 // for row r - 1 - LAG, i.e. after every warp's push of that row, each sent after that warp's
 // own reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4. norm_bwd_cluster keeps
