@@ -258,7 +258,9 @@ def make_step(fn, inputs, pass_, grad_names=(), seed=1):
              .grad, so no implementation pays for an accumulation or a reset.
     bwd:     the same torch.autograd.grad on the outputs of one forward run here, outside
              the step (its graph retained for every repetition): the backward alone, as
-             the issues' backward targets count it.
+             the issues' backward targets count it. The retained graph lives as long as the
+             step (with --rounds, every implementation's at once); peak_mem_bytes counts
+             what the backward allocates on top of it.
     """
     if pass_ == "fwd":
         return lambda: fn(**inputs)

@@ -1,5 +1,5 @@
 """layer_norm, rms_norm and the fused pre-norm residual forms (add_layer_norm,
-add_rms_norm), forward and forward+backward, weight (and bias) in x's dtype.
+add_rms_norm), forward, forward+backward and backward alone, weight (and bias) in x's dtype.
 
 Minimum bytes (M rows x N cols, s = element size; parameters and per-row stats are small
 next to the rows but counted):
@@ -10,8 +10,9 @@ next to the rows but counted):
   add_*_norm fwd:      read x, residual, write y, sum             4MNs + params
   add_*_norm bwd:      read dy, d_sum, sum, write d_sum (= dx = d_residual, one tensor)
                                                                    4MNs + params
-fwd+bwd = fwd + bwd; the bwd pass times the backward alone (its bytes above). The native residual form is `s = x + residual; F.layer_norm(s)` (what a
-pre-norm block runs without a fused kernel).
+fwd+bwd = fwd + bwd; the bwd pass times the backward alone (its bytes above). The native
+residual form is `s = x + residual; F.layer_norm(s)` (what a pre-norm block runs without a
+fused kernel).
 """
 import torch
 import torch.nn.functional as F

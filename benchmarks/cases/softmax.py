@@ -1,5 +1,5 @@
 """softmax over the last dim (plain, and attention's scaled causal form) and log_softmax,
-forward and forward+backward.
+forward, forward+backward and backward alone.
 
 Minimum bytes (n = numel, s = element size):
   fwd:      read x, write y                                      2 n s

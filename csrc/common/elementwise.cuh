@@ -80,7 +80,6 @@ void launch_elementwise(F f, T* out, Ptrs<T, NIN> in, int64_t n) {
     launch_early(elementwise_kernel<T, 1, kUnroll, NIN, F>, dim3(static_cast<unsigned>(blocks)),
                  dim3(kThreads), 0, f, out, in, n);
   }
-  FUSED_LAUNCH_CHECK();
 }
 
 }  // namespace fused

@@ -180,7 +180,10 @@ struct ClusterLaunch {
 };
 
 // kernel<<<grid, block, smem, current stream>>>(args...) with programmatic dependent launch
-// where enabled: the kernel calls grid_dependency_wait() before touching global memory.
+// where enabled: the kernel calls grid_dependency_wait() before touching global memory. Only
+// where the kernel's sm_90 code runs (runs_sm90_code): a newer GPU running code JIT-compiled
+// from the compute_80 PTX would lack the wait, which compiles to nothing there. Launch
+// errors throw here (C10_CUDA_CHECK).
 template <typename... KArgs, typename... Args>
 void launch_early(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                   const Args&... args) {
@@ -193,11 +196,12 @@ void launch_early(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   cfg.dynamicSmemBytes = smem;
   cfg.stream = current_stream();
   cfg.attrs = &attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && runs_sm90_code(kernel) ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
 }  // namespace fused
 
-// Every launch is followed by this: it turns a bad launch into a C++ exception.
+// Every <<<>>> launch is followed by this: it turns a bad launch into a C++ exception
+// (launch_early and ClusterLaunch::launch check cudaLaunchKernelEx's result themselves).
 #define FUSED_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()

@@ -335,7 +335,6 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& gr
   TORCH_CHECK(row_blocks < 65536, op, ": too many rows (", M, ")");
   at::Tensor partial;
   if (bias_grad) partial = at::empty({row_blocks, N}, z.options().dtype(at::kFloat));
-  cudaStream_t stream = current_stream();
   FUSED_DISPATCH_CUDA(z.scalar_type(), "fused::linear_act_backward", [&] {
     constexpr int kVec = 16 / sizeof(scalar_t);
     const bool vec = N % kVec == 0 && is_aligned(g.const_data_ptr()) &&

@@ -1396,15 +1396,11 @@ void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kFixed = kFixedTypes<T, W, R, VEC>;
   const bool fixed = kFixed && fixed_enabled();
   if constexpr (kFixed) {
-    if (fixed && launch_fixed(p, FixedTprs{})) {
-      FUSED_LAUNCH_CHECK();
-      return;
-    }
+    if (fixed && launch_fixed(p, FixedTprs{})) return;
   }
   constexpr int VPT = fwd_vpt<R, VEC>();
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));  // threads per row
-  cudaStream_t stream = current_stream();
   const int need_wide = static_cast<int>(ceil_div(nvec, kFwdWideVpt));
   if (kFwdHasWide<T, R, VEC> && p.residual == nullptr && need > kFwdWideThreads &&
       need_wide <= kFwdMaxThreads) {
@@ -1446,7 +1442,6 @@ void forward_with(const FwdParams<T, W, R>& p) {
                  dim3(grid_for(std::min<int64_t>(p.rows, 4 * num_sms()))), dim3(kLongThreads), 0,
                  p);
   }
-  FUSED_LAUNCH_CHECK();
 }
 
 template <typename T, typename W, typename R>
@@ -1608,7 +1603,6 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));
-  cudaStream_t stream = current_stream();
   // The 16-byte path: the prefetching variant while a row fits 512 threads at its width
   // (16-bit rows: 8K columns; float32 x or a float32 residual stream: 4K), then (float32
   // 4K-8K) the same 16 elements per thread as the cluster kernel, without prefetch.

@@ -85,7 +85,8 @@ def _add_rms_norm_backward_fake(grad_out, grad_sum, sum, normalized_shape, rstd,
 
 # ---- autograd ---------------------------------------------------------------------------
 # mean / rstd are outputs for the backward only: their incoming gradients are ignored, and
-# arrive as None (no_zero_grads), as does dy or d_sum when that output was not used.
+# arrive as None (no_zero_grads), as does dy or d_sum when that output was not used (the add
+# forms with only the sum used pass d_sum straight through, without the norm's backward).
 
 
 def _needs_grad(ctx, i):
@@ -144,12 +145,6 @@ def _add_setup(ctx, x, residual, normalized_shape):
     ctx.residual_dtype = residual.dtype
 
 
-def _grad_out(ctx, dy, s):
-    # y unused (only the sum is): the norm contributes nothing; the backward op still
-    # wants a gradient for y (d_sum, when absent, is an optional argument).
-    return dy if dy is not None else s.new_zeros(s.shape, dtype=ctx.x_dtype)
-
-
 def _split_sum_grad(ctx, ds):
     # s = x + residual: both get ds, each in its own dtype.
     return ds.to(ctx.x_dtype), ds.to(ctx.residual_dtype)
@@ -163,11 +158,13 @@ def _add_layer_norm_setup(ctx, inputs, output):
 
 
 def _add_layer_norm_backward(ctx, dy, dsum, _dmean, _drstd):
-    if dy is None and dsum is None:
-        return None, None, None, None, None, None, None
+    if dy is None:  # only the sum was used: its gradient passes straight through
+        if dsum is None:
+            return None, None, None, None, None, None, None
+        return (*_split_sum_grad(ctx, dsum), None, None, None, None, None)
     s, weight, bias, mean, rstd = ctx.saved_tensors
     mask = [_needs_grad(ctx, 3), _needs_grad(ctx, 4)]
-    ds, dw, db = ops.add_layer_norm_backward(_grad_out(ctx, dy, s), dsum, s, ctx.normalized_shape, mean, rstd,
+    ds, dw, db = ops.add_layer_norm_backward(dy, dsum, s, ctx.normalized_shape, mean, rstd,
                                              weight, bias, mask)
     dx, dres = _split_sum_grad(ctx, ds)
     return dx, dres, None, dw if mask[0] else None, db if mask[1] else None, None, None
@@ -185,11 +182,14 @@ def _add_rms_norm_setup(ctx, inputs, output):
 
 
 def _add_rms_norm_backward(ctx, dy, dsum, _drstd):
-    if dy is None and dsum is None:
-        return None, None, None, None, None, None
+    if dy is None:  # only the sum was used: its gradient passes straight through
+        if dsum is None:
+            return None, None, None, None, None, None
+        return (*_split_sum_grad(ctx, dsum), None, None, None, None)
     s, weight, rstd = ctx.saved_tensors
     want_dw = _needs_grad(ctx, 3)
-    ds, dw = ops.add_rms_norm_backward(_grad_out(ctx, dy, s), dsum, s, ctx.normalized_shape, rstd, weight, want_dw)
+    ds, dw = ops.add_rms_norm_backward(dy, dsum, s, ctx.normalized_shape, rstd, weight,
+                                       want_dw)
     dx, dres = _split_sum_grad(ctx, ds)
     return dx, dres, None, dw if want_dw else None, None, None
 
