@@ -1046,7 +1046,8 @@ constexpr int kFixedBwdVpt = 2;
 // A 16-byte global -> shared copy that completes asynchronously (cp.async), into a thread's
 // own staging slot: the thread reads it back itself after stage_wait, so no block barrier
 // is involved. The memory clobbers keep the compiler from moving shared-memory reads of a
-// slot across the copy that refills it.
+// slot across the copy that refills it. (sm_90 code only, as norm_bwd_fixed's body.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void stage_copy(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
                : "memory");
@@ -1059,6 +1060,7 @@ template <int N>
 __device__ __forceinline__ void stage_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+#endif
 
 // Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
 // before cannot be reused after, so each half of a row unpacks afresh instead of keeping 16
