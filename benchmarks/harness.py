@@ -228,6 +228,11 @@ def as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
+def pass_bytes(pass_: str, fwd, bwd):
+    """A case's bytes for `pass_`, from its forward's and its backward's own."""
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_]
+
+
 def make_compiled(case: Case):
     """torch.compile of the unfused composition, specialised to each shape (dynamic=False).
 
@@ -628,9 +633,9 @@ def import_fused_ops() -> None:
 
 
 __all__ = [
-    "Case", "Plan", "Timer", "PASSES", "discover_cases", "parse_shape", "parse_shapes",
-    "parse_dtypes", "dtype_name", "shape_str", "sanitize_name", "select", "make_inputs",
-    "make_step", "make_compiled", "measure_ceilings", "rates", "interleave", "run_plan",
-    "environment", "configure_compile", "Progress", "total_measurements", "require_cuda",
-    "import_fused_ops", "add_speedups",
+    "Case", "Plan", "Timer", "PASSES", "pass_bytes", "discover_cases", "parse_shape",
+    "parse_shapes", "parse_dtypes", "dtype_name", "shape_str", "sanitize_name", "select",
+    "make_inputs", "make_step", "make_compiled", "measure_ceilings", "rates", "interleave",
+    "run_plan", "environment", "configure_compile", "Progress", "total_measurements",
+    "require_cuda", "import_fused_ops", "add_speedups",
 ]

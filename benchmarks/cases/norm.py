@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from benchmarks.harness import Case
+from benchmarks.harness import PASSES, Case, pass_bytes
 from fused_ops import reference
 
 # tokens x hidden: 16384x1024 is 32 MiB in bf16; the rest are >= 64 MiB (the target size);
@@ -39,7 +39,7 @@ def _norm_bytes(layer, residual):
         rows_bwd = 4 if residual else 3
         fwd = rows_fwd * m * n * s + nparams * n * s + stats
         bwd = rows_bwd * m * n * s + (1 + nparams) * n * s + stats  # read w; write dw (, db)
-        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_]
+        return pass_bytes(pass_, fwd, bwd)
 
     return count
 
@@ -79,7 +79,7 @@ CASES = [
             "native": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b),
             "unfused": lambda x, w, b: reference.layer_norm(x, x.shape[-1:], w, b),
         },
-        passes=("fwd", "fwd+bwd", "bwd"),
+        passes=PASSES,
         bytes=_norm_bytes(True, False),
     ),
     Case(
@@ -94,7 +94,7 @@ CASES = [
             "native": lambda x, w: F.rms_norm(x, x.shape[-1:], w),
             "unfused": lambda x, w: reference.rms_norm(x, x.shape[-1:], w),
         },
-        passes=("fwd", "fwd+bwd", "bwd"),
+        passes=PASSES,
         bytes=_norm_bytes(False, False),
     ),
     Case(
@@ -112,7 +112,7 @@ CASES = [
             "unfused": lambda x, residual, w, b: reference.add_layer_norm(
                 x, residual, x.shape[-1:], w, b),
         },
-        passes=("fwd", "fwd+bwd", "bwd"),
+        passes=PASSES,
         bytes=_norm_bytes(True, True),
     ),
     Case(
@@ -130,7 +130,7 @@ CASES = [
             "unfused": lambda x, residual, w: reference.add_rms_norm(
                 x, residual, x.shape[-1:], w),
         },
-        passes=("fwd", "fwd+bwd", "bwd"),
+        passes=PASSES,
         bytes=_norm_bytes(False, True),
     ),
 ]

@@ -18,7 +18,7 @@ import math
 import torch
 
 import fused_ops
-from benchmarks.harness import Case
+from benchmarks.harness import PASSES, Case, pass_bytes
 from fused_ops import reference
 
 # Row lengths 1K..256K. 16384x4096 and up are >= 128 MiB in bf16 (the >= 64 MB target);
@@ -33,7 +33,7 @@ CAUSAL_SCALE = 1 / math.sqrt(128)  # a head dim of 128
 
 def softmax_bytes(shape, dtype, pass_):
     n, s = math.prod(shape), dtype.itemsize
-    return {"fwd": 2, "bwd": 3, "fwd+bwd": 5}[pass_] * n * s
+    return pass_bytes(pass_, 2 * n * s, 3 * n * s)
 
 
 def _unmasked_fraction(lq, lk):
@@ -45,8 +45,7 @@ def _unmasked_fraction(lq, lk):
 def causal_bytes(shape, dtype, pass_):
     n, s = math.prod(shape), dtype.itemsize
     f = _unmasked_fraction(shape[-2], shape[-1])
-    fwd, bwd = (f + 1) * n * s, (2 * f + 1) * n * s
-    return int({"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_])
+    return int(pass_bytes(pass_, (f + 1) * n * s, (2 * f + 1) * n * s))
 
 
 def _make_inputs(shape, dtype, device):
@@ -72,7 +71,7 @@ CASES = [
         shapes=SHAPES,
         quick_shapes=[(16384, 4096), (1024, 131072)],
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
-        passes=("fwd", "fwd+bwd", "bwd"),
+        passes=PASSES,
         make_inputs=_make_inputs,
         grad_inputs=("x",),
         impls={
@@ -88,7 +87,7 @@ CASES = [
         shapes=CAUSAL_SHAPES,
         quick_shapes=CAUSAL_SHAPES,
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
-        passes=("fwd", "fwd+bwd", "bwd"),
+        passes=PASSES,
         make_inputs=_make_causal_inputs,
         grad_inputs=("x",),
         impls={
@@ -104,7 +103,7 @@ CASES = [
         shapes=[(16384, 4096), (1024, 131072)],
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16, torch.float32],
-        passes=("fwd", "fwd+bwd", "bwd"),
+        passes=PASSES,
         make_inputs=_make_inputs,
         grad_inputs=("x",),
         impls={

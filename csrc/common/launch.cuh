@@ -121,13 +121,26 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// Appends the early-launch attribute to cfg (its attrs array has room for one more) where
+// it applies: enabled, and the kernel's sm_90 code is what runs (runs_sm90_code: a newer
+// GPU running code JIT-compiled from the compute_80 PTX would lack the wait, which
+// compiles to nothing there). The one rule for launch_early and ClusterLaunch.
+template <typename Kernel>
+void allow_early_start(cudaLaunchConfig_t& cfg, Kernel kernel) {
+  if (!pdl_enabled() || !runs_sm90_code(kernel)) return;
+  cudaLaunchAttribute& a = cfg.attrs[cfg.numAttrs++];
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+}
+
 // A launch of thread-block clusters: `cluster` blocks per cluster, `threads` per block,
 // `smem` bytes of dynamic shared memory, on the current stream. cfg.attrs points into the
 // object, so it is not copied.
 struct ClusterLaunch {
-  cudaLaunchAttribute attr[2]{};
+  cudaLaunchAttribute attr[2]{};  // the cluster shape, and room for allow_early_start's
   cudaLaunchConfig_t cfg{};
   int blocks;  // per cluster
+  bool early = false;
 
   ClusterLaunch(dim3 cluster, int threads, int smem)
       : blocks(static_cast<int>(cluster.x * cluster.y * cluster.z)) {
@@ -143,14 +156,10 @@ struct ClusterLaunch {
     cfg.numAttrs = 1;
   }
 
-  // Launch with programmatic dependent launch where enabled (see pdl_enabled): the kernel
-  // calls grid_dependency_wait() first.
+  // Launch early where it applies (allow_early_start): the kernel calls
+  // grid_dependency_wait() first.
   ClusterLaunch& early_start() {
-    if (pdl_enabled()) {
-      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[1].val.programmaticStreamSerializationAllowed = 1;
-      cfg.numAttrs = 2;
-    }
+    early = true;
     return *this;
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
@@ -175,28 +184,27 @@ struct ClusterLaunch {
   template <typename Kernel, typename... Args>
   void launch(dim3 grid, Kernel kernel, const Args&... args) {
     cfg.gridDim = grid;
+    cfg.numAttrs = 1;
+    if (early) allow_early_start(cfg, kernel);
     C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
   }
 };
 
-// kernel<<<grid, block, smem, current stream>>>(args...) with programmatic dependent launch
-// where enabled: the kernel calls grid_dependency_wait() before touching global memory. Only
-// where the kernel's sm_90 code runs (runs_sm90_code): a newer GPU running code JIT-compiled
-// from the compute_80 PTX would lack the wait, which compiles to nothing there. Launch
-// errors throw here (C10_CUDA_CHECK).
+// kernel<<<grid, block, smem, current stream>>>(args...), launched early where it applies
+// (allow_early_start): the kernel calls grid_dependency_wait() before touching global
+// memory. Launch errors throw here (C10_CUDA_CHECK).
 template <typename... KArgs, typename... Args>
 void launch_early(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                   const Args&... args) {
   cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = current_stream();
   cfg.attrs = &attr;
-  cfg.numAttrs = pdl_enabled() && runs_sm90_code(kernel) ? 1 : 0;
+  cfg.numAttrs = 0;
+  allow_early_start(cfg, kernel);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
