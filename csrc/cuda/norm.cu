@@ -612,6 +612,37 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
 
 // ---- backward -----------------------------------------------------------------------------
 
+// Asynchronous global -> shared copies (cp.async, sm_80+) into a thread's own staging slots:
+// the thread reads them back itself after stage_wait, so no block barrier is involved (the
+// staged backwards: norm_bwd_regs with STAGES, norm_bwd_fixed at 12288 columns). The memory
+// clobbers keep the compiler from moving shared-memory reads of a slot across the copy that
+// refills it.
+__device__ __forceinline__ void stage_copy(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void stage_copy4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+// A whole 16-byte-multiple vector (a Raw of 16 or 32 bytes).
+template <typename V>
+__device__ __forceinline__ void stage_vec(V* dst, const V* src) {
+  static_assert(sizeof(V) % 16 == 0, "staged vectors are whole 16-byte chunks");
+#pragma unroll
+  for (int b = 0; b < static_cast<int>(sizeof(V)); b += 16) {
+    stage_copy(reinterpret_cast<char*>(dst) + b, reinterpret_cast<const char*>(src) + b);
+  }
+}
+__device__ __forceinline__ void stage_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Every group of this thread's copies but the newest N has landed.
+template <int N>
+__device__ __forceinline__ void stage_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // One thread's share of one row of the register backward (vector i of the row at column
 // i * tpr + lane): its vectors of x, dy (and d_sum) and the row's mean / rstd.
 template <typename T, typename R, int VEC, int VPT>
@@ -619,6 +650,24 @@ struct BwdTile {
   Raw<R, VEC> x[VPT], s[VPT];
   Raw<T, VEC> g[VPT];
   float mean, rstd;
+  __device__ __forceinline__ const Raw<R, VEC>& xv(int i) const { return x[i]; }
+  __device__ __forceinline__ const Raw<T, VEC>& gv(int i) const { return g[i]; }
+  __device__ __forceinline__ const Raw<R, VEC>& sv(int i) const { return s[i]; }
+};
+
+// The same share of a row staged in shared memory (norm_bwd_regs with STAGES): vector i of
+// x / dy / d_sum at [i * stride] from the thread's first, mean and rstd read from the
+// thread's own slots when the tile is made (after the copies have landed).
+template <typename T, typename R, int VEC>
+struct StagedBwdTile {
+  const Raw<R, VEC>* x;
+  const Raw<T, VEC>* g;
+  const Raw<R, VEC>* s;
+  int stride;
+  float mean, rstd;
+  __device__ __forceinline__ const Raw<R, VEC>& xv(int i) const { return x[i * stride]; }
+  __device__ __forceinline__ const Raw<T, VEC>& gv(int i) const { return g[i * stride]; }
+  __device__ __forceinline__ const Raw<R, VEC>& sv(int i) const { return s[i * stride]; }
 };
 
 // PIN: loads kept where they are issued (load_pinned), for the cluster kernel's prefetch.
@@ -648,18 +697,18 @@ __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t ro
 // The rest of a row once its tile is loaded, in two halves around the row reduction.
 // bwd_sums adds this thread's dweight / dbias terms to dw / db and returns its shares of the
 // two row sums; bwd_dx writes dx from the reduced sums. weight(i): w's vector i as floats.
-template <typename T, typename W, typename R, int VEC, int VPT, typename Weight>
-__device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p,
-                                         const BwdTile<T, R, VEC, VPT>& t, bool valid, int lane,
-                                         int tpr, Weight&& weight, float (&dw)[VPT][VEC],
-                                         float (&db)[VPT][VEC], float (&s)[2]) {
+template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
+__device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile& t, bool valid,
+                                         int lane, int tpr, Weight&& weight,
+                                         float (&dw)[VPT][VEC], float (&db)[VPT][VEC],
+                                         float (&s)[2]) {
   const int nvec = p.cols / VEC;
   s[0] = s[1] = 0.f;  // sum of g, sum of g * xhat
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (valid && i * tpr + lane < nvec) {
       const FVec<VEC> w = weight(i);
-      const FVec<VEC> xf = to_float(t.x[i]), df = to_float(t.g[i]);
+      const FVec<VEC> xf = to_float(t.xv(i)), df = to_float(t.gv(i));
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xhat = (xf.v[j] - t.mean) * t.rstd;
@@ -674,10 +723,10 @@ __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p,
   }
 }
 
-template <typename T, typename W, typename R, int VEC, int VPT, typename Weight>
-__device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
-                                       const BwdTile<T, R, VEC, VPT>& t, int64_t row, bool valid,
-                                       int lane, int tpr, Weight&& weight, const float (&s)[2]) {
+template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
+__device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& t, int64_t row,
+                                       bool valid, int lane, int tpr, Weight&& weight,
+                                       const float (&s)[2]) {
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
   const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
@@ -686,7 +735,7 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
   for (int i = 0; i < VPT; ++i) {
     if (valid && i * tpr + lane < nvec) {
       const FVec<VEC> w = weight(i);
-      const FVec<VEC> xf = to_float(t.x[i]), df = to_float(t.g[i]);
+      const FVec<VEC> xf = to_float(t.xv(i)), df = to_float(t.gv(i));
       FVec<VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -694,7 +743,7 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p,
         o.v[j] = t.rstd * (df.v[j] * w.v[j] - c1 - xhat * c2);
       }
       if (p.dsum) {
-        const FVec<VEC> sf = to_float(t.s[i]);
+        const FVec<VEC> sf = to_float(t.sv(i));
 #pragma unroll
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
@@ -742,13 +791,51 @@ __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, i
   }
 }
 
+// norm_bwd_regs' shared memory with STAGES > 0, per thread t of the block (`threads`): the
+// staging ring's x [STAGES][VPT][threads], dy the same, d_sum the same (when present), mean /
+// rstd [STAGES][2][threads], then w [VPT][threads]; the groups' combine buffer follows. Every
+// part is 16-byte aligned (threads is even).
+template <typename T, typename W, typename R, int VEC, int VPT, int STAGES>
+struct BwdStage {
+  static constexpr size_t kX = STAGES * VPT * sizeof(Raw<R, VEC>);  // bytes a thread
+  static constexpr size_t kG = STAGES * VPT * sizeof(Raw<T, VEC>);
+  static constexpr size_t kM = STAGES * 2 * sizeof(float);
+  static constexpr size_t kW = VPT * sizeof(Raw<W, VEC>);
+  __host__ __device__ static constexpr size_t g_at(int threads) { return kX * threads; }
+  __host__ __device__ static constexpr size_t s_at(int threads) { return (kX + kG) * threads; }
+  __host__ __device__ static constexpr size_t m_at(int threads, bool dsum) {
+    return (kX * (dsum ? 2 : 1) + kG) * threads;
+  }
+  __host__ __device__ static constexpr size_t w_at(int threads, bool dsum) {
+    return m_at(threads, dsum) + kM * threads;
+  }
+  __host__ __device__ static constexpr size_t bytes(int threads, bool dsum) {
+    return STAGES == 0 ? 0 : w_at(threads, dsum) + kW * threads;
+  }
+};
+
 // PF: the next row's tile is loaded before this row's reduction, so two rows of loads are
 // in flight per thread (the sweep's measured win: 16384x4096 bf16 79% -> 92% of copy).
-template <typename T, typename W, typename R, int VEC, int VPT, bool PF>
-__global__ void __launch_bounds__(kBwdMaxThreads)
+// STAGES > 0 (with PF): the tiles are staged in shared memory instead of registers, each
+// thread copying its own vectors (cp.async) STAGES - 1 rows ahead and reading them back
+// itself: no registers hold a prefetch, so more warps fit an SM (KERNEL_LOG norm v22).
+// Staged, the block size is bounded so that two blocks fit an SM at the staged register
+// count (16-bit rows: 320 threads at <= 96 registers, e.g. 5120 columns; float32 rows 512 at
+// <= 64); the launcher stages only blocks within the bound.
+template <typename R, int STAGES>
+constexpr int bwd_regs_max_threads() {
+  return STAGES > 0 && sizeof(R) == 2 ? 320 : kBwdMaxThreads;
+}
+
+template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES>
+__global__ void __launch_bounds__(bwd_regs_max_threads<R, STAGES>(), STAGES > 0 ? 2 : 1)
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
+  static_assert(STAGES == 0 || (PF && STAGES >= 2), "staging is a deeper prefetch");
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
-  extern __shared__ float combine[];  // [2][cols]: groups of one block merge their partials
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  using Stage = BwdStage<T, W, R, VEC, VPT, STAGES>;
+  // [2][cols]: groups of one block merge their partials (after the staging ring).
+  float* combine = reinterpret_cast<float*>(dyn_smem + Stage::bytes(blockDim.x, p.dsum));
   // Two scratch slots alternated by consecutive rows: one barrier per row (see
   // norm_fwd_regs).
   __shared__ float scratch[2][2][32];
@@ -756,14 +843,24 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   const RowGroup g(tpr);
   const int nvec = p.cols / VEC;
   // A thread owns the same columns in every row it visits: w is loaded once.
-  Raw<W, VEC> wv[VPT];
+  // Staged: in the thread's own shared-memory slots (no registers; read back by the thread).
+  Raw<W, VEC> wv[STAGES > 0 ? 1 : VPT];
+  auto* ws = reinterpret_cast<Raw<W, VEC>*>(dyn_smem + Stage::w_at(blockDim.x, p.dsum));
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = i * tpr + g.lane;
-    if (p.weight && c < nvec) wv[i] = load_raw<W, VEC>(p.weight + c * VEC);
+    if (p.weight && c < nvec) {
+      const Raw<W, VEC> v = load_raw<W, VEC>(p.weight + c * VEC);
+      if constexpr (STAGES > 0) ws[i * blockDim.x + threadIdx.x] = v;
+      else wv[i] = v;
+    }
   }
   auto weight = [&](int i) {
-    if (p.weight) return to_float(wv[i]);
+    if constexpr (STAGES > 0) {
+      if (p.weight) return to_float(ws[i * blockDim.x + threadIdx.x]);
+    } else {
+      if (p.weight) return to_float(wv[i]);
+    }
     FVec<VEC> f;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) f.v[j] = 1.f;
@@ -776,28 +873,75 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
     for (int j = 0; j < VEC; ++j) dw[i][j] = db[i][j] = 0.f;
   }
   using Tile = BwdTile<T, R, VEC, VPT>;
-  auto finish = [&](const Tile& t, int64_t row) {
+  auto finish = [&](const auto& t, int64_t row) {
     float s[2];
-    bwd_sums(p, t, row < p.rows, g.lane, tpr, weight, dw, db, s);
+    bwd_sums<VEC, VPT>(p, t, row < p.rows, g.lane, tpr, weight, dw, db, s);
     group_sum<2>(s, tpr, scratch[slot], false);
     slot ^= 1;
-    bwd_dx(p, t, row, row < p.rows, g.lane, tpr, weight, s);
+    bwd_dx<VEC, VPT>(p, t, row, row < p.rows, g.lane, tpr, weight, s);
   };
   // The groups of a block walk rows in step (first is uniform): barriers stay uniform.
   const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
   const int64_t first0 = static_cast<int64_t>(blockIdx.x) * g.groups;
-  Tile cur;
-  if constexpr (PF) bwd_load(p, first0 + g.group, first0 + g.group < p.rows, g.lane, tpr, cur);
-  for (int64_t first = first0; first < p.rows; first += step) {
-    const int64_t row = first + g.group;
-    if constexpr (PF) {
-      Tile next;
-      bwd_load(p, row + step, row + step < p.rows, g.lane, tpr, next);
-      finish(cur, row);
-      cur = next;
-    } else {
-      bwd_load(p, row, row < p.rows, g.lane, tpr, cur);
-      finish(cur, row);
+  if constexpr (STAGES > 0) {
+    const int threads = blockDim.x, t = threadIdx.x;
+    auto* xs = reinterpret_cast<Raw<R, VEC>*>(dyn_smem);
+    auto* gs = reinterpret_cast<Raw<T, VEC>*>(dyn_smem + Stage::g_at(threads));
+    auto* ss = reinterpret_cast<Raw<R, VEC>*>(dyn_smem + Stage::s_at(threads));
+    auto* ms = reinterpret_cast<float*>(dyn_smem + Stage::m_at(threads, p.dsum));
+    // Vector i of ring slot k at [(k * VPT + i) * threads + t]: 16 consecutive bytes a lane.
+    auto at = [&](int k, int i) { return (k * VPT + i) * threads + t; };
+    // One group a call (empty past the last row), so that stage_wait's count stays uniform.
+    auto stage = [&](int k, int64_t row) {
+      if (row < p.rows) {
+        const int64_t off = row * p.cols;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int c = i * tpr + g.lane;
+          if (c < nvec) {
+            const int64_t e = off + static_cast<int64_t>(c) * VEC;
+            stage_vec(&xs[at(k, i)], reinterpret_cast<const Raw<R, VEC>*>(p.x + e));
+            stage_vec(&gs[at(k, i)], reinterpret_cast<const Raw<T, VEC>*>(p.dy + e));
+            if (p.dsum) {
+              stage_vec(&ss[at(k, i)], reinterpret_cast<const Raw<R, VEC>*>(p.dsum + e));
+            }
+          }
+        }
+        if (p.mean) stage_copy4(&ms[(2 * k) * threads + t], p.mean + row);
+        stage_copy4(&ms[(2 * k + 1) * threads + t], p.rstd + row);
+      }
+      stage_commit();
+    };
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) stage(k, first0 + k * step + g.group);
+    int k = 0;  // the ring slot of this row; the row STAGES - 1 ahead goes to the one before
+    for (int64_t first = first0; first < p.rows; first += step) {
+      const int64_t row = first + g.group;
+      stage(k == 0 ? STAGES - 1 : k - 1, row + (STAGES - 1) * step);
+      stage_wait<STAGES - 1>();  // this row's copies have landed
+      StagedBwdTile<T, R, VEC> tile{&xs[at(k, 0)], &gs[at(k, 0)], &ss[at(k, 0)],
+                                    threads, 0.f, 0.f};
+      if (row < p.rows) {
+        tile.mean = p.mean ? ms[(2 * k) * threads + t] : 0.f;
+        tile.rstd = ms[(2 * k + 1) * threads + t];
+      }
+      finish(tile, row);
+      k = k == STAGES - 1 ? 0 : k + 1;
+    }
+  } else {
+    Tile cur;
+    if constexpr (PF) bwd_load(p, first0 + g.group, first0 + g.group < p.rows, g.lane, tpr, cur);
+    for (int64_t first = first0; first < p.rows; first += step) {
+      const int64_t row = first + g.group;
+      if constexpr (PF) {
+        Tile next;
+        bwd_load(p, row + step, row + step < p.rows, g.lane, tpr, next);
+        finish(cur, row);
+        cur = next;
+      } else {
+        bwd_load(p, row, row < p.rows, g.lane, tpr, cur);
+        finish(cur, row);
+      }
     }
   }
   if (!p.dw_part && !p.db_part) return;  // uniform across the grid
@@ -942,12 +1086,12 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
       p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar, scratch,
       [&](Tile& t, int64_t row) { bwd_load<true>(p, row, row < p.rows, lane, tpr, t); },
       [&](const Tile& t, int /*it*/, float (&s)[2]) {
-        bwd_sums(p, t, true, lane, tpr, weight, dw, db, s);
+        bwd_sums<VEC, VPT>(p, t, true, lane, tpr, weight, dw, db, s);
       },
       [&](const Tile& t, int64_t row, int it) {
         const float2 r = cluster_row_sums(slots, bar, it, csize);
         const float sr[2] = {r.x, r.y};
-        bwd_dx(p, t, row, true, lane, tpr, weight, sr);
+        bwd_dx<VEC, VPT>(p, t, row, true, lane, tpr, weight, sr);
       });
   store_partials(p.dw_part, p.db_part, cid, p.cols, lane, tpr, dw, db);
 #endif
@@ -1043,25 +1187,6 @@ __device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
 // shape reaches 43-50%. Exchange, lag and buffer rotation: fixed_row_walk.
 constexpr int kFixedBwdVpt = 2;
 
-// A 16-byte global -> shared copy that completes asynchronously (cp.async), into a thread's
-// own staging slot: the thread reads it back itself after stage_wait, so no block barrier
-// is involved. The memory clobbers keep the compiler from moving shared-memory reads of a
-// slot across the copy that refills it. (sm_90 code only, as norm_bwd_fixed's body.)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void stage_copy(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void stage_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-// Every group of this thread's copies but the newest N has landed.
-template <int N>
-__device__ __forceinline__ void stage_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-#endif
-
 // Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
 // before cannot be reused after, so each half of a row unpacks afresh instead of keeping 16
 // floats a vector alive across the row exchange.
@@ -1071,17 +1196,17 @@ __device__ __forceinline__ void opaque(Raw<T, N>& r) {
   for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
 }
 
-// STAGE (blocks of <= 192 threads: 12288 columns): the three live row tiles' x / dy sit in
-// shared memory instead of registers, each thread's own vectors copied there by cp.async
-// and read back by that thread, so that three blocks fit an SM (18 warps instead of 12 at
-// 166 registers; KERNEL_LOG norm v21).
-template <int TPB>
-constexpr bool fixed_bwd_staged() {
-  return TPB <= 192;
+// STAGE: the three live row tiles' x / dy sit in shared memory (dynamic: fixed_bwd_smem
+// bytes) instead of registers, each thread's own vectors copied there by cp.async and read
+// back by that thread, so that three blocks fit an SM (12288 columns: 18 warps instead of 12
+// at 166 registers; KERNEL_LOG norm v21, v22).
+template <typename T, int TPB>
+constexpr int fixed_bwd_smem() {
+  return 3 * 2 * kFixedBwdVpt * TPB * static_cast<int>(sizeof(Raw<T, kVecElems<T>>));
 }
 
-template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
-__global__ void __launch_bounds__(TPB, fixed_bwd_staged<TPB>() ? 3 : 2)
+template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM, bool STAGE>
+__global__ void __launch_bounds__(TPB, STAGE ? 3 : 2)
     norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   grid_dependency_wait();  // launched early (early_start): nothing global before this
@@ -1089,12 +1214,12 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_staged<TPB>() ? 3 : 2)
   constexpr int VEC = kVecElems<T>, VPT = kFixedBwdVpt, TPR = CS * TPB, COLS = TPR * VPT * VEC;
   constexpr int kSlots = 4, kWarps = TPB / 32;
   constexpr float kInv = 1.f / COLS;
-  constexpr bool STAGE = fixed_bwd_staged<TPB>();
   using V = Raw<T, VEC>;
   __shared__ float2 slots[kSlots][CS * kWarps];  // [rank][warp]
   __shared__ uint64_t bar[kSlots];
   // [tile][x vectors, then dy vectors][thread]: 16 consecutive bytes a lane, no conflicts.
-  __shared__ __align__(16) V stage[STAGE ? 3 : 1][STAGE ? 2 * VPT : 1][STAGE ? TPB : 1];
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  auto stage = reinterpret_cast<V (*)[2 * VPT][TPB]>(dyn_smem);
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int lane = rank * TPB + threadIdx.x;
@@ -1378,6 +1503,11 @@ constexpr bool kFixedTypes =
 // a test can switch it).
 bool fixed_enabled() { return !env_switched_off("FUSED_NORM_FIXED"); }
 
+// norm_bwd_regs' staging depth on the prefetching path: each thread's copies run two rows
+// ahead of the row it reduces. FUSED_NORM_STAGE=0: the tiles in registers (one row ahead).
+constexpr int kBwdStages = 3;
+bool bwd_stage_enabled() { return !env_switched_off("FUSED_NORM_STAGE"); }
+
 // norm_fwd_fixed for p if its row length is one of the fixed ones; false otherwise.
 template <typename T, int... TPRS>
 bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS...>) {
@@ -1506,13 +1636,19 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
 // fits or the kernel has no sm_90 code in this build (its no-op body).
 template <typename Kernel, typename T, typename W, typename R>
 bool launch_cluster_backward(Kernel kernel, int csize, int threads, BwdParams<T, W, R> p,
-                             NormBackward& nb) {
+                             NormBackward& nb, int smem = 0) {
   if (!runs_sm90_code(kernel)) return false;
-  ClusterLaunch cl(dim3(static_cast<unsigned>(csize)), threads, 0);
-  // Clusters resident at once on the whole GPU: the persistent grid.
+  ClusterLaunch cl(dim3(static_cast<unsigned>(csize)), threads, smem);
+  // Clusters resident at once on the whole GPU: the persistent grid. (A kernel's smem is
+  // the same at every launch: the attribute is set once, before the query.)
   const void* key = reinterpret_cast<const void*>(kernel);
-  const int active =
-      cached_launch_query(key, csize, threads, [&] { return cl.max_active(kernel); });
+  const int active = cached_launch_query(key, csize, threads, [&] {
+    if (smem > 48 * 1024) {
+      C10_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    }
+    return cl.max_active(kernel);
+  });
   if (active < 1) return false;
   // No more clusters than rows: an idle cluster would still add a partial row.
   const int64_t clusters = std::min<int64_t>(p.rows, active);
@@ -1543,16 +1679,16 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
                                  csize, threads, p, nb);
 }
 
-// norm_bwd_fixed at one shape (TPB threads x CS blocks, LAG) for p's norm and d_sum.
-template <typename T, int TPB, int CS, int LAG>
+// norm_bwd_fixed at one shape (TPB threads x CS blocks, LAG, STAGE) for p's norm and d_sum.
+template <typename T, int TPB, int CS, int LAG, bool STAGE>
 bool backward_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb) {
   TORCH_INTERNAL_ASSERT(TPB * CS * kFixedBwdVpt * kVecElems<T> == p.cols);
   const bool layer = p.mean != nullptr, dsum = p.dsum != nullptr;
-  auto kernel = layer ? (dsum ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1>
-                              : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0>)
-                      : (dsum ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1>
-                              : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0>);
-  return launch_cluster_backward(kernel, CS, TPB, p, nb);
+  auto kernel = layer ? (dsum ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1, STAGE>
+                              : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0, STAGE>)
+                      : (dsum ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1, STAGE>
+                              : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0, STAGE>);
+  return launch_cluster_backward(kernel, CS, TPB, p, nb, STAGE ? fixed_bwd_smem<T, TPB>() : 0);
 }
 
 // norm_bwd_fixed for p if its row length is one of the fixed ones (16-bit rows, parameters
@@ -1565,11 +1701,13 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   if (!fixed_enabled()) return false;
   switch (p.cols) {
     case 12288:
-      return backward_fixed_at<T, 192, 4, 1>(p, nb);
+      return backward_fixed_at<T, 192, 4, 1, true>(p, nb);
     case 16384:
-      return backward_fixed_at<T, 256, 4, 1>(p, nb);
+      return bwd_stage_enabled() ? backward_fixed_at<T, 256, 4, 1, true>(p, nb)
+                                 : backward_fixed_at<T, 256, 4, 1, false>(p, nb);
     case 32768:
-      return backward_fixed_at<T, 256, 8, 1>(p, nb);
+      return bwd_stage_enabled() ? backward_fixed_at<T, 256, 8, 1, true>(p, nb)
+                                 : backward_fixed_at<T, 256, 8, 1, false>(p, nb);
   }
   return false;
 }
@@ -1577,17 +1715,26 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
 // Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
 // A block is one row group, or several of under kBwdBlock threads; a persistent grid of up
 // to kBwdBlocksPerSm blocks per SM (the sweep's best: 128 x 4, 256 x 2, 512 x 1 per SM).
-template <typename T, typename W, typename R, int VEC, int VPT, bool PF>
-void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
+// STAGES > 0: the staged variant; false (nothing launched) where its ring does not fit a
+// block's shared memory.
+template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES = 0>
+bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
   int groups = std::max(1, kBwdBlock / tpr);
   const size_t combine_bytes = 2 * sizeof(float) * p.cols;
   if (combine_bytes > 48 * 1024) groups = 1;
-  const size_t smem = groups > 1 ? combine_bytes : 0;
   const int threads = tpr * groups;
-  auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF>;
+  const size_t smem = BwdStage<T, W, R, VEC, VPT, STAGES>::bytes(threads, p.dsum != nullptr) +
+                      (groups > 1 ? combine_bytes : 0);
+  const size_t smem_max = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+  if (threads > bwd_regs_max_threads<R, STAGES>() || smem > smem_max) return false;
+  auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF, STAGES>;
   int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
                                    static_cast<int>(smem), [&] {
+    if (smem > 48 * 1024) {  // every launch of this kernel may use up to the device's limit
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem_max)));
+    }
     int n = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     return n;
@@ -1598,7 +1745,9 @@ void backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   point_partials(p, part, blocks, nb);
   launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p, tpr);
   if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+  return true;
 }
+
 
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
@@ -1612,7 +1761,10 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
     constexpr int kPfVpt = bwd_pf_vpt<R, VEC>();
     const int need_pf = static_cast<int>(ceil_div(nvec, kPfVpt));
     if (need_pf <= kBwdMaxThreads) {
-      backward_regs<T, W, R, VEC, kPfVpt, true>(p, nb, need_pf);
+      if (!bwd_stage_enabled() ||
+          !backward_regs<T, W, R, VEC, kPfVpt, true, kBwdStages>(p, nb, need_pf)) {
+        backward_regs<T, W, R, VEC, kPfVpt, true>(p, nb, need_pf);
+      }
       return;
     }
   }
