@@ -72,6 +72,25 @@ inline bool env_switched_off(const char* name) {
   return e != nullptr && e[0] == '0';
 }
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory: past the default 48 KB (which
+// counts the kernel's static shared memory too) a kernel must opt in, up to the device's
+// limit. Raises the kernel's limit, never lowers it, so other launch shapes of the same
+// kernel stay valid. False where static + dynamic would pass the device's limit. Callers
+// run it once per launch shape (inside cached_launch_query).
+template <typename Kernel>
+bool allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  cudaFuncAttributes fa;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  const size_t limit = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+  if (fa.sharedSizeBytes + bytes > limit) return false;
+  if (fa.sharedSizeBytes + bytes > 48 * 1024 &&
+      bytes > static_cast<size_t>(fa.maxDynamicSharedSizeBytes)) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+  }
+  return true;
+}
+
 // compute() for (current device, kernel, a, b), remembered: launch-shape queries such as
 // cudaOccupancyMaxActiveClusters cost the host microseconds each, which on every op call
 // can leave the GPU waiting for the next launch. One cache per call site (per F).

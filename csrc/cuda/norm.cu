@@ -1640,14 +1640,10 @@ bool launch_cluster_backward(Kernel kernel, int csize, int threads, BwdParams<T,
   if (!runs_sm90_code(kernel)) return false;
   ClusterLaunch cl(dim3(static_cast<unsigned>(csize)), threads, smem);
   // Clusters resident at once on the whole GPU: the persistent grid. (A kernel's smem is
-  // the same at every launch: the attribute is set once, before the query.)
+  // the same at every launch: its opt-in happens once, before the query.)
   const void* key = reinterpret_cast<const void*>(kernel);
   const int active = cached_launch_query(key, csize, threads, [&] {
-    if (smem > 48 * 1024) {
-      C10_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    }
-    return cl.max_active(kernel);
+    return allow_dynamic_smem(kernel, smem) ? cl.max_active(kernel) : 0;
   });
   if (active < 1) return false;
   // No more clusters than rows: an idle cluster would still add a partial row.
@@ -1726,19 +1722,16 @@ bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const int threads = tpr * groups;
   const size_t smem = BwdStage<T, W, R, VEC, VPT, STAGES>::bytes(threads, p.dsum != nullptr) +
                       (groups > 1 ? combine_bytes : 0);
-  const size_t smem_max = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
-  if (threads > bwd_regs_max_threads<R, STAGES>() || smem > smem_max) return false;
+  if (threads > bwd_regs_max_threads<R, STAGES>()) return false;
   auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF, STAGES>;
   int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
                                    static_cast<int>(smem), [&] {
-    if (smem > 48 * 1024) {  // every launch of this kernel may use up to the device's limit
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_max)));
-    }
+    if (!allow_dynamic_smem(kernel, smem)) return 0;
     int n = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     return n;
   });
+  if (STAGES > 0 && per_sm < 1) return false;
   per_sm = std::clamp(per_sm, 1, kBwdBlocksPerSm);
   const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, groups), per_sm * int64_t{num_sms()});
   at::Tensor part = alloc_partials(nb, blocks);
