@@ -34,7 +34,9 @@
 //     rows of loads in flight), keeps its columns of w in registers and accumulates their
 //     dweight / dbias across the rows it visits, written as float32 partials [blocks, cols].
 //     16 elements per thread for 16-bit rows (up to 8K), 8 for float32 ones (up to 4K;
-//     then 16 without prefetch up to 8K); rows under 128 threads share a block.
+//     then 16 without prefetch up to 8K); rows under 128 threads share a block. Float32
+//     rows stage their tiles, mean / rstd and w in shared memory instead (per-thread
+//     cp.async, two rows ahead): two 512-thread blocks an SM (FUSED_NORM_STAGE=0: off).
 //   * rows over 8K elements (one block has not enough registers for row + accumulators):
 //     on sm_90, norm_bwd_cluster: the row spread over a thread-block cluster of up to 16
 //     blocks (8 elements per thread, up to 64K elements), one read of x and dy, the next
@@ -43,8 +45,8 @@
 //     not wait for its slowest peer at every row). norm_bwd_fixed: the same with the
 //     launch shape a compile-time constant, for 16-bit rows of 12288, 16384 or 32768
 //     columns with parameters (and the add forms' sum) in x's dtype (FUSED_NORM_FIXED=0
-//     turns it off); at 12288 its live row tiles sit in shared memory (per-thread
-//     cp.async), three blocks an SM. Elsewhere (older GPUs, longer rows)
+//     turns it off); its live row tiles sit in shared memory (per-thread cp.async), three
+//     blocks an SM. Elsewhere (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
@@ -819,18 +821,20 @@ struct BwdStage {
 // STAGES > 0 (with PF): the tiles are staged in shared memory instead of registers, each
 // thread copying its own vectors (cp.async) STAGES - 1 rows ahead and reading them back
 // itself: no registers hold a prefetch, so more warps fit an SM (KERNEL_LOG norm v22).
-// Staged, the block size is bounded so that two blocks fit an SM at the staged register
-// count (16-bit rows: 320 threads at <= 96 registers, e.g. 5120 columns; float32 rows 512 at
-// <= 64); the launcher stages only blocks within the bound.
-template <typename R, int STAGES>
-constexpr int bwd_regs_max_threads() {
-  return STAGES > 0 && sizeof(R) == 2 ? 320 : kBwdMaxThreads;
+// Staged only for float32 rows (x, or the add forms' float32 sum): 8 elements a thread, up
+// to 512 threads, two blocks an SM at <= 64 registers. 16-bit rows (16 elements a thread, 32
+// accumulators) measured slower staged at the register counts that would fit more blocks
+// (KERNEL_LOG norm v22).
+template <typename R>
+constexpr bool bwd_regs_staged() {
+  return sizeof(R) == 4;
 }
 
 template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES>
-__global__ void __launch_bounds__(bwd_regs_max_threads<R, STAGES>(), STAGES > 0 ? 2 : 1)
+__global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
 norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
-  static_assert(STAGES == 0 || (PF && STAGES >= 2), "staging is a deeper prefetch");
+  static_assert(STAGES == 0 || (PF && STAGES >= 2 && bwd_regs_staged<R>()),
+                "staging is a deeper prefetch, for float32 rows");
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   using Stage = BwdStage<T, W, R, VEC, VPT, STAGES>;
@@ -1103,8 +1107,8 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
 // its two sums and its lanes 0..csize-1 push them (st.async) into entry [rank * warps + warp]
 // of the row's slot in every block, so a block's warps meet only at the slot's mbarrier (no
 // block barrier per row); and the three tiles (next, this row's, the row LAG behind) rotate
-// through t[0..2] by unrolling the walk three times (no copies; tile i keeps its registers,
-// or its shared-memory staging slot i where norm_bwd_fixed stages the rows). The slot
+// through t[0..2] by unrolling the walk three times (no copies; tile i keeps its
+// shared-memory staging slot i, where norm_bwd_fixed stages the rows). The slot
 // reuse argument of norm_bwd_cluster holds per warp: a warp pushes row r only after its wait
 // for row r - 1 - LAG, i.e. after every warp's push of that row, each sent after that warp's
 // own reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4. norm_bwd_cluster keeps
@@ -1180,15 +1184,15 @@ __device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
 // and the add forms' sum and its gradient d_sum, in x's dtype): 12288, 16384 and 32768
 // columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
 // (16 elements) per thread, no bounds checks, the thread's columns of w held in registers
-// for every row, x / dy / w unpacked afresh in each half (opaque(): the floats are not kept
-// live across the row exchange, which would cost 32 registers). The standalone sweep
+// for every row, w unpacked afresh in each half (opaque(): its floats are not kept live
+// across the row exchange), the row tiles staged in shared memory. The standalone sweep
 // (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
 // (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
 // shape reaches 43-50%. Exchange, lag and buffer rotation: fixed_row_walk.
 constexpr int kFixedBwdVpt = 2;
 
 // Marks r's words as changed (an empty asm, no instruction): the floats unpacked from them
-// before cannot be reused after, so each half of a row unpacks afresh instead of keeping 16
+// before cannot be reused after, so each half of a row unpacks afresh instead of keeping 8
 // floats a vector alive across the row exchange.
 template <typename T, int N>
 __device__ __forceinline__ void opaque(Raw<T, N>& r) {
@@ -1196,17 +1200,17 @@ __device__ __forceinline__ void opaque(Raw<T, N>& r) {
   for (int i = 0; i < static_cast<int>(sizeof(r.w) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
 }
 
-// STAGE: the three live row tiles' x / dy sit in shared memory (dynamic: fixed_bwd_smem
-// bytes) instead of registers, each thread's own vectors copied there by cp.async and read
-// back by that thread, so that three blocks fit an SM (12288 columns: 18 warps instead of 12
-// at 166 registers; KERNEL_LOG norm v21, v22).
+// The three live row tiles' x / dy sit in shared memory (dynamic: fixed_bwd_smem bytes), not
+// in registers: each thread's own vectors copied there by cp.async and read back by that
+// thread, so that three blocks fit an SM (96 / 80 registers at 192 / 256 threads instead of
+// 153-167 / 128: 18 / 24 warps an SM instead of 12 / 16; KERNEL_LOG norm v21, v22).
 template <typename T, int TPB>
 constexpr int fixed_bwd_smem() {
   return 3 * 2 * kFixedBwdVpt * TPB * static_cast<int>(sizeof(Raw<T, kVecElems<T>>));
 }
 
-template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM, bool STAGE>
-__global__ void __launch_bounds__(TPB, STAGE ? 3 : 2)
+template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
+__global__ void __launch_bounds__(TPB, 3)
     norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   grid_dependency_wait();  // launched early (early_start): nothing global before this
@@ -1238,19 +1242,12 @@ __global__ void __launch_bounds__(TPB, STAGE ? 3 : 2)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = 0.f;
   }
-  struct Tile {
-    V x[STAGE ? 1 : VPT], g[STAGE ? 1 : VPT];  // STAGE: in stage[slot]
+  struct Tile {  // x / dy in stage[slot]
     float mean, rstd;
     int slot;
   };
-  auto xv = [&](const Tile& t, int k) -> V {
-    if constexpr (STAGE) return stage[t.slot][k][threadIdx.x];
-    else return t.x[k];
-  };
-  auto gv = [&](const Tile& t, int k) -> V {
-    if constexpr (STAGE) return stage[t.slot][VPT + k][threadIdx.x];
-    else return t.g[k];
-  };
+  auto xv = [&](const Tile& t, int k) -> V { return stage[t.slot][k][threadIdx.x]; };
+  auto gv = [&](const Tile& t, int k) -> V { return stage[t.slot][VPT + k][threadIdx.x]; };
   auto load = [&](Tile& t, int64_t row) {
     if (row < p.rows) {
       const int64_t off = row * COLS + lane * VEC;
@@ -1258,26 +1255,21 @@ __global__ void __launch_bounds__(TPB, STAGE ? 3 : 2)
       for (int k = 0; k < VPT; ++k) {
         const T* xs = p.x + off + k * TPR * VEC;
         const T* gs = p.dy + off + k * TPR * VEC;
-        if constexpr (STAGE) {
-          stage_copy(&stage[t.slot][k][threadIdx.x], xs);
-          stage_copy(&stage[t.slot][VPT + k][threadIdx.x], gs);
-        } else {
-          t.x[k] = load_pinned(reinterpret_cast<const V*>(xs));
-          t.g[k] = load_pinned(reinterpret_cast<const V*>(gs));
-        }
+        stage_copy(&stage[t.slot][k][threadIdx.x], xs);
+        stage_copy(&stage[t.slot][VPT + k][threadIdx.x], gs);
       }
       t.mean = LAYER ? load_pinned(p.mean + row) : 0.f;
       t.rstd = load_pinned(p.rstd + row);
     }
     // One group a call, empty past the last row, so that stage_wait's count stays uniform.
-    if constexpr (STAGE) stage_commit();
+    stage_commit();
   };
   // x - mean (layer norm) or x.
   auto centered = [&](float x, const Tile& t) { return LAYER ? x - t.mean : x; };
   // This thread's dweight / dbias terms and its shares of the two row sums.
   auto sums = [&](Tile& t, float (&s)[2]) {
     // The walk loads the next row first: every copy group but that newest one has landed.
-    if constexpr (STAGE) stage_wait<1>();
+    stage_wait<1>();
     s[0] = s[1] = 0.f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -1289,10 +1281,6 @@ __global__ void __launch_bounds__(TPB, STAGE ? 3 : 2)
         s[1] += gw * xhat;
         dw[k][j] += df.v[j] * xhat;
         if constexpr (LAYER) db[k][j] += df.v[j];
-      }
-      if constexpr (!STAGE) {
-        opaque(t.x[k]);
-        opaque(t.g[k]);
       }
       opaque(wv[k]);
     }
@@ -1675,16 +1663,16 @@ bool backward_cluster(BwdParams<T, W, R> p, NormBackward& nb) {
                                  csize, threads, p, nb);
 }
 
-// norm_bwd_fixed at one shape (TPB threads x CS blocks, LAG, STAGE) for p's norm and d_sum.
-template <typename T, int TPB, int CS, int LAG, bool STAGE>
+// norm_bwd_fixed at one shape (TPB threads x CS blocks, LAG) for p's norm and d_sum.
+template <typename T, int TPB, int CS, int LAG>
 bool backward_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb) {
   TORCH_INTERNAL_ASSERT(TPB * CS * kFixedBwdVpt * kVecElems<T> == p.cols);
   const bool layer = p.mean != nullptr, dsum = p.dsum != nullptr;
-  auto kernel = layer ? (dsum ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1, STAGE>
-                              : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0, STAGE>)
-                      : (dsum ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1, STAGE>
-                              : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0, STAGE>);
-  return launch_cluster_backward(kernel, CS, TPB, p, nb, STAGE ? fixed_bwd_smem<T, TPB>() : 0);
+  auto kernel = layer ? (dsum ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1>
+                              : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0>)
+                      : (dsum ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1>
+                              : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0>);
+  return launch_cluster_backward(kernel, CS, TPB, p, nb, fixed_bwd_smem<T, TPB>());
 }
 
 // norm_bwd_fixed for p if its row length is one of the fixed ones (16-bit rows, parameters
@@ -1697,13 +1685,11 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   if (!fixed_enabled()) return false;
   switch (p.cols) {
     case 12288:
-      return backward_fixed_at<T, 192, 4, 1, true>(p, nb);
+      return backward_fixed_at<T, 192, 4, 1>(p, nb);
     case 16384:
-      return bwd_stage_enabled() ? backward_fixed_at<T, 256, 4, 1, true>(p, nb)
-                                 : backward_fixed_at<T, 256, 4, 1, false>(p, nb);
+      return backward_fixed_at<T, 256, 4, 1>(p, nb);
     case 32768:
-      return bwd_stage_enabled() ? backward_fixed_at<T, 256, 8, 1, true>(p, nb)
-                                 : backward_fixed_at<T, 256, 8, 1, false>(p, nb);
+      return backward_fixed_at<T, 256, 8, 1>(p, nb);
   }
   return false;
 }
@@ -1722,7 +1708,6 @@ bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const int threads = tpr * groups;
   const size_t smem = BwdStage<T, W, R, VEC, VPT, STAGES>::bytes(threads, p.dsum != nullptr) +
                       (groups > 1 ? combine_bytes : 0);
-  if (threads > bwd_regs_max_threads<R, STAGES>()) return false;
   auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF, STAGES>;
   int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
                                    static_cast<int>(smem), [&] {
@@ -1754,10 +1739,13 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
     constexpr int kPfVpt = bwd_pf_vpt<R, VEC>();
     const int need_pf = static_cast<int>(ceil_div(nvec, kPfVpt));
     if (need_pf <= kBwdMaxThreads) {
-      if (!bwd_stage_enabled() ||
-          !backward_regs<T, W, R, VEC, kPfVpt, true, kBwdStages>(p, nb, need_pf)) {
-        backward_regs<T, W, R, VEC, kPfVpt, true>(p, nb, need_pf);
+      if constexpr (bwd_regs_staged<R>()) {
+        if (bwd_stage_enabled() &&
+            backward_regs<T, W, R, VEC, kPfVpt, true, kBwdStages>(p, nb, need_pf)) {
+          return;
+        }
       }
+      backward_regs<T, W, R, VEC, kPfVpt, true>(p, nb, need_pf);
       return;
     }
   }
