@@ -675,7 +675,7 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols", [12288, 16384, 32768])
+@pytest.mark.parametrize("cols", [4096, 5120, 8192, 12288, 16384, 32768])
 def test_cuda_fixed_backward(cols, kind, dtype):
     rows = 600 if cols < 32768 else 300
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1

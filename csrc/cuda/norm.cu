@@ -1209,8 +1209,12 @@ constexpr int fixed_bwd_smem() {
   return 3 * 2 * kFixedBwdVpt * TPB * static_cast<int>(sizeof(Raw<T, kVecElems<T>>));
 }
 
+// Blocks an SM the register budget is sized for: at least 640 threads (20 warps), three
+// blocks of 192 / 256.
+constexpr int fixed_bwd_min_blocks(int tpb) { return std::max(3, 640 / tpb); }
+
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
-__global__ void __launch_bounds__(TPB, 3)
+__global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
     norm_bwd_fixed(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   grid_dependency_wait();  // launched early (early_start): nothing global before this
@@ -1684,6 +1688,12 @@ template <typename T>
 bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   if (!fixed_enabled()) return false;
   switch (p.cols) {
+    case 4096:
+      return backward_fixed_at<T, 128, 2, 1>(p, nb);
+    case 5120:
+      return backward_fixed_at<T, 160, 2, 1>(p, nb);
+    case 8192:
+      return backward_fixed_at<T, 256, 2, 1>(p, nb);
     case 12288:
       return backward_fixed_at<T, 192, 4, 1>(p, nb);
     case 16384:
@@ -1732,6 +1742,9 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));
+  if constexpr (kFixedTypes<T, W, R, VEC>) {
+    if (backward_fixed(p, nb)) return;
+  }
   // The 16-byte path: the prefetching variant while a row fits 512 threads at its width
   // (16-bit rows: 8K columns; float32 x or a float32 residual stream: 4K), then (float32
   // 4K-8K) the same 16 elements per thread as the cluster kernel, without prefetch.
@@ -1754,9 +1767,6 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
       backward_regs<T, W, R, VEC, VPT, false>(p, nb, need);
       return;
     }
-  }
-  if constexpr (kFixedTypes<T, W, R, VEC>) {
-    if (backward_fixed(p, nb)) return;
   }
   if (backward_cluster<T, W, R, VEC>(p, nb)) return;
   // Longer rows, or no clusters: the two row sums first, then column tiles x row chunks.
