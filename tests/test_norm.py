@@ -801,13 +801,13 @@ def test_cuda_staged_backward(dtype, cols, kind, stage, monkeypatch):
 
 
 @CUDA
-@pytest.mark.parametrize("dtype,cols,staged", [(torch.bfloat16, 4096, False),
-                                               (torch.bfloat16, 5120, False),
+@pytest.mark.parametrize("dtype,cols,staged", [(torch.bfloat16, 1000, False),
+                                               (torch.bfloat16, 4104, False),
                                                (torch.float32, 1000, True),
                                                (torch.float32, 4096, True)])
 def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
-    # Float32 rows on the prefetching path are staged, 16-bit ones keep the register tiles;
-    # FUSED_NORM_STAGE=0 turns staging off.
+    # Float32 rows on the prefetching path are staged, 16-bit ones keep the register tiles
+    # (at lengths no fixed backward takes); FUSED_NORM_STAGE=0 turns staging off.
     x = torch.randn(64, cols, device="cuda", dtype=dtype)
     dy = torch.randn_like(x)
     _, mean, rstd = fused_forward("layer", x, [cols], None, None, 1e-5)
@@ -820,6 +820,27 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
                   for m in [re.search(r"norm_bwd_regs<.*, (?:true|false), (\d+)>", n)] if m]
         assert len(stages) == 1, names
         assert (stages[0] > 0) == want, (env, names)
+
+
+@CUDA
+@pytest.mark.parametrize("cols", [4096, 5120, 8192])
+def test_cuda_fixed_backward_short_dispatch(cols, monkeypatch):
+    # 16-bit rows of 4096 / 5120 / 8192 columns with parameters in x's dtype take
+    # norm_bwd_fixed where clusters run (sm_90 code on an sm_90 GPU), else (and with
+    # FUSED_NORM_FIXED=0) the register backward.
+    x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+    _, _, rstd = fused_forward("rms", x, [cols], w, None, 1e-5)
+    call = lambda: ops.rms_norm_backward(dy, x, [cols], rstd, w, True)  # noqa: E731
+    names = cuda_kernel_names(call)
+    clusters = torch.cuda.get_device_capability() >= (9, 0) and any(
+        "norm_bwd_fixed" in n or "norm_bwd_regs" in n for n in names)
+    assert any("norm_bwd_fixed" in n for n in names) or not clusters, names
+    monkeypatch.setenv("FUSED_NORM_FIXED", "0")
+    names = cuda_kernel_names(call)
+    assert any("norm_bwd_regs" in n for n in names) and not any(
+        "norm_bwd_fixed" in n for n in names), names
 
 
 @CUDA
@@ -839,11 +860,11 @@ def test_cuda_add_strategies(dtype, kind, residual_in_fp32, cols):
 
 # Forward and backward captured in a CUDA graph and replayed on new data: the backward
 # kernels and column_sum are launched with programmatic dependent launch on sm_90, which a
-# graph keeps as programmatic edges. 4096 takes norm_bwd_regs, 12288 norm_bwd_fixed
+# graph keeps as programmatic edges. 4104 takes norm_bwd_regs, 12288 norm_bwd_fixed
 # (clusters), 12296 norm_bwd_cluster; the replay must match an eager run on the same data.
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols", [4096, 12288, 12296])
+@pytest.mark.parametrize("cols", [4104, 12288, 12296])
 def test_cuda_graph_replay_backward(kind, cols):
     rows = 300
     x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16).requires_grad_()

@@ -43,10 +43,10 @@
 //     row's loads in flight; the blocks' row sums exchanged through distributed shared
 //     memory with no cluster barrier, dx written a row later on 16-bit rows (a block need
 //     not wait for its slowest peer at every row). norm_bwd_fixed: the same with the
-//     launch shape a compile-time constant, for 16-bit rows of 12288, 16384 or 32768
-//     columns with parameters (and the add forms' sum) in x's dtype (FUSED_NORM_FIXED=0
-//     turns it off); its live row tiles sit in shared memory (per-thread cp.async), three
-//     blocks an SM. Elsewhere (older GPUs, longer rows)
+//     launch shape a compile-time constant, for 16-bit rows of 4096, 5120, 8192, 12288,
+//     16384 or 32768 columns with parameters (and the add forms' sum) in x's dtype, ahead
+//     of norm_bwd_regs (FUSED_NORM_FIXED=0 turns it off); its live row tiles sit in shared
+//     memory (per-thread cp.async), >= 640 threads an SM. Elsewhere (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
@@ -1180,9 +1180,9 @@ __device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
   return make_float2(warp_sum(r.x), warp_sum(r.y));
 }
 
-// norm_bwd_fixed: norm_bwd_cluster for the long hidden sizes of 16-bit norms (parameters,
-// and the add forms' sum and its gradient d_sum, in x's dtype): 12288, 16384 and 32768
-// columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
+// norm_bwd_fixed: norm_bwd_cluster for the common hidden sizes of 16-bit norms (parameters,
+// and the add forms' sum and its gradient d_sum, in x's dtype): 4096, 5120, 8192, 12288,
+// 16384 and 32768 columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
 // (16 elements) per thread, no bounds checks, the thread's columns of w held in registers
 // for every row, w unpacked afresh in each half (opaque(): its floats are not kept live
 // across the row exchange), the row tiles staged in shared memory. The standalone sweep
@@ -1683,7 +1683,8 @@ bool backward_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb) {
 // and the add forms' sum in x's dtype); false otherwise. The shapes are the sweep's best
 // per row length (KERNEL_LOG norm v8): TPB threads x CS blocks, LAG. At 12288 the sweep's
 // best for layer norm (2 x 384, lag 0) measured no better than norm_bwd_cluster in the
-// library (GPU call 3): both norms take rms norm's 4 x 192.
+// library (GPU call 3): both norms take rms norm's 4 x 192. 4096 / 5120 / 8192 (norm v23):
+// two blocks a row, against norm_bwd_regs +1-2 points at 4096 / 8192 and +14 at 5120.
 template <typename T>
 bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   if (!fixed_enabled()) return false;
