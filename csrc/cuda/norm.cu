@@ -1490,6 +1490,11 @@ template <typename T, typename W, typename R, int VEC>
 constexpr bool kFixedTypes =
     VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>;
 
+// The compile-time-shaped backward also takes float32 rows (parameters float32 too).
+template <typename T, typename W, typename R, int VEC>
+constexpr bool kFixedBwdTypes = VEC > 1 && std::is_same_v<T, W> && std::is_same_v<T, R> &&
+                                (sizeof(T) == 2 || std::is_same_v<T, float>);
+
 // FUSED_NORM_FIXED=0 turns the fixed kernels off, forward and backward (norm_fwd_regs /
 // norm_bwd_cluster then take those rows: for comparisons and tests; read on every call, so
 // a test can switch it).
@@ -1688,21 +1693,33 @@ bool backward_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb) {
 template <typename T>
 bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   if (!fixed_enabled()) return false;
-  switch (p.cols) {
-    case 4096:
-      return backward_fixed_at<T, 128, 2, 1>(p, nb);
-    case 5120:
-      return backward_fixed_at<T, 160, 2, 1>(p, nb);
-    case 8192:
-      return backward_fixed_at<T, 256, 2, 1>(p, nb);
-    case 12288:
-      return backward_fixed_at<T, 192, 4, 1>(p, nb);
-    case 16384:
-      return backward_fixed_at<T, 256, 4, 1>(p, nb);
-    case 32768:
-      return backward_fixed_at<T, 256, 8, 1>(p, nb);
+  if constexpr (sizeof(T) == 4) {  // 8 elements a thread (norm v24)
+    switch (p.cols) {
+      case 12288:
+        return backward_fixed_at<T, 192, 8, 1>(p, nb);
+      case 16384:
+        return backward_fixed_at<T, 256, 8, 1>(p, nb);
+    }
+    return false;
+  } else {
+    switch (p.cols) {
+      case 1024:
+        return backward_fixed_at<T, 64, 1, 1>(p, nb);
+      case 4096:
+        return backward_fixed_at<T, 128, 2, 1>(p, nb);
+      case 5120:
+        return backward_fixed_at<T, 160, 2, 1>(p, nb);
+      case 8192:
+        return backward_fixed_at<T, 256, 2, 1>(p, nb);
+      case 12288:
+        return backward_fixed_at<T, 192, 4, 1>(p, nb);
+      case 16384:
+        return backward_fixed_at<T, 256, 4, 1>(p, nb);
+      case 32768:
+        return backward_fixed_at<T, 256, 8, 1>(p, nb);
+    }
+    return false;
   }
-  return false;
 }
 
 // Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
@@ -1743,7 +1760,7 @@ void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));
-  if constexpr (kFixedTypes<T, W, R, VEC>) {
+  if constexpr (kFixedBwdTypes<T, W, R, VEC>) {
     if (backward_fixed(p, nb)) return;
   }
   // The 16-byte path: the prefetching variant while a row fits 512 threads at its width
