@@ -666,7 +666,7 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
     assert got == want, names
 
 
-# The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 1024-32768
+# The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 4096-32768
 # columns and float32 rows of 12288 / 16384, parameters (and the add forms' sum) in x's
 # dtype. Rows enough for 6 or more per cluster (the exchange slots cycle every 4 rows, the
 # staging slots every 3), of different spreads and offsets, a row far from zero, every
@@ -674,11 +674,11 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
 # FUSED_NORM_FIXED=0 (norm_bwd_cluster) runs the same rows in
 # test_cuda_cluster_backward_many_rows through its float32-parameter and float32-residual cases.
 FIXED_BWD_CASES = ([(d, c) for d in (torch.bfloat16, torch.float16)
-                    for c in (1024, 4096, 5120, 8192, 12288, 16384, 32768)]
+                    for c in (4096, 5120, 8192, 12288, 16384, 32768)]
                    + [(torch.float32, 12288), (torch.float32, 16384)])
-# Clusters resident on an H100 / H200 are ~1320 / 330 / 264 / 198 at 1024 / 4096 / 5120 /
-# 8192 columns (16-bit), ~50 past that.
-FIXED_BWD_ROWS = {1024: 8000, 4096: 2000, 5120: 1600, 8192: 1200, 32768: 300}
+# Clusters resident on an H100 / H200 are ~330 / 264 / 198 at 4096 / 5120 / 8192 columns
+# (16-bit), ~50 past that.
+FIXED_BWD_ROWS = {4096: 2000, 5120: 1600, 8192: 1200, 32768: 300}
 
 
 @CUDA
@@ -833,9 +833,9 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
 
 
 @CUDA
-@pytest.mark.parametrize("cols", [1024, 4096, 5120, 8192])
+@pytest.mark.parametrize("cols", [4096, 5120, 8192])
 def test_cuda_fixed_backward_short_dispatch(cols, monkeypatch):
-    # 16-bit rows of 1024 / 4096 / 5120 / 8192 columns with parameters in x's dtype take
+    # 16-bit rows of 4096 / 5120 / 8192 columns with parameters in x's dtype take
     # norm_bwd_fixed where clusters run (sm_90 code on an sm_90 GPU), else (and with
     # FUSED_NORM_FIXED=0) the register backward.
     x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)

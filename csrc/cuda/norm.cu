@@ -1216,6 +1216,9 @@ constexpr int fixed_bwd_min_blocks(int tpb) { return std::max(3, 640 / tpb); }
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
 __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
     norm_bwd_fixed(BwdParams<T, T, T> p) {
+  // The row sums go to every block of the cluster by st.async into peer shared memory, which
+  // a cluster of one does not have (compute-sanitizer: invalid __shared__ write; norm v24).
+  static_assert(CS >= 2, "norm_bwd_fixed needs clusters of two or more blocks");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   grid_dependency_wait();  // launched early (early_start): nothing global before this
   namespace cg = cooperative_groups;
@@ -1703,8 +1706,6 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
     return false;
   } else {
     switch (p.cols) {
-      case 1024:
-        return backward_fixed_at<T, 64, 1, 1>(p, nb);
       case 4096:
         return backward_fixed_at<T, 128, 2, 1>(p, nb);
       case 5120:
