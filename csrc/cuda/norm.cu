@@ -1687,8 +1687,8 @@ bool backward_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb) {
   return launch_cluster_backward(kernel, CS, TPB, p, nb, fixed_bwd_smem<T, TPB>());
 }
 
-// norm_bwd_fixed for p if its row length is one of the fixed ones (16-bit rows, parameters
-// and the add forms' sum in x's dtype); false otherwise. The shapes are the sweep's best
+// norm_bwd_fixed for p if its row length is one of the fixed ones (16-bit or float32 rows,
+// parameters and the add forms' sum in x's dtype); false otherwise. The shapes are the sweep's best
 // per row length (KERNEL_LOG norm v8): TPB threads x CS blocks, LAG. At 12288 the sweep's
 // best for layer norm (2 x 384, lag 0) measured no better than norm_bwd_cluster in the
 // library (GPU call 3): both norms take rms norm's 4 x 192. 4096 / 5120 / 8192 (norm v23):
