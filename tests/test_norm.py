@@ -671,8 +671,9 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
 # dtype. Rows enough for 6 or more per cluster (the exchange slots cycle every 4 rows, the
 # staging slots every 3), of different spreads and offsets, a row far from zero, every
 # weight / bias combination (no weight: w = 1 in the kernel; no bias: no dbias partials).
-# FUSED_NORM_FIXED=0 (norm_bwd_cluster) runs the same rows in
-# test_cuda_cluster_backward_many_rows through its float32-parameter and float32-residual cases.
+# FUSED_NORM_FIXED=0 sends such rows to norm_bwd_regs (4096-8192) or norm_bwd_cluster, which
+# test_cuda_cluster_backward_many_rows runs at 12288-32768 through its float32-parameter and
+# float32-residual cases.
 FIXED_BWD_CASES = ([(d, c) for d in (torch.bfloat16, torch.float16)
                     for c in (4096, 5120, 8192, 12288, 16384, 32768)]
                    + [(torch.float32, 12288), (torch.float32, 16384)])
@@ -818,6 +819,10 @@ def test_cuda_staged_backward(dtype, cols, kind, stage, monkeypatch):
 def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
     # Float32 rows on the prefetching path are staged, 16-bit ones keep the register tiles
     # (at lengths no fixed backward takes); FUSED_NORM_STAGE=0 turns staging off.
+    # The float32 4096 ring is 124 KB a block: GPUs with less shared memory a block
+    # (sm_86 / sm_89: 99 KB) keep the register tiles.
+    optin = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", None)
+    staged = staged and (cols < 4096 or optin is None or optin >= 128 * 1024)
     x = torch.randn(64, cols, device="cuda", dtype=dtype)
     dy = torch.randn_like(x)
     _, mean, rstd = fused_forward("layer", x, [cols], None, None, 1e-5)
@@ -832,25 +837,49 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
         assert (stages[0] > 0) == want, (env, names)
 
 
+def _clusters_run():
+    """Whether the cluster backwards run here (sm_90 code on an sm_90 GPU): the 16384-column
+    rms backward with the fixed kernels off takes norm_bwd_cluster, else the two-pass path."""
+    x = torch.randn(64, 16384, device="cuda", dtype=torch.bfloat16)
+    _, _, rstd = fused_forward("rms", x, [16384], None, None, 1e-5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FUSED_NORM_FIXED", "0")
+        names = cuda_kernel_names(
+            lambda: ops.add_rms_norm_backward(torch.randn_like(x), None, x, [16384], rstd, None,
+                                              False))
+    return any("norm_bwd_cluster" in n for n in names)
+
+
 @CUDA
-@pytest.mark.parametrize("cols", [4096, 5120, 8192])
-def test_cuda_fixed_backward_short_dispatch(cols, monkeypatch):
-    # 16-bit rows of 4096 / 5120 / 8192 columns with parameters in x's dtype take
-    # norm_bwd_fixed where clusters run (sm_90 code on an sm_90 GPU), else (and with
-    # FUSED_NORM_FIXED=0) the register backward.
-    x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 4096), (torch.bfloat16, 5120),
+                                        (torch.float16, 8192), (torch.float32, 12288),
+                                        (torch.float32, 16384)])
+def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, monkeypatch):
+    # The fixed backward's lengths beside 12288-32768 16-bit (test_cuda_fixed_backward_dispatch):
+    # 16-bit rows of 4096 / 5120 / 8192 and float32 rows of 12288 / 16384, parameters in x's
+    # dtype, with and without the add forms' d_sum, take norm_bwd_fixed where clusters run;
+    # FUSED_NORM_FIXED=0 sends them to the register (16-bit) or runtime cluster (float32)
+    # backward.
+    if not _clusters_run():
+        pytest.skip("no thread-block clusters here")
+    x = torch.randn(64, cols, device="cuda", dtype=dtype)
     dy = torch.randn_like(x)
-    w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
-    _, _, rstd = fused_forward("rms", x, [cols], w, None, 1e-5)
-    call = lambda: ops.rms_norm_backward(dy, x, [cols], rstd, w, True)  # noqa: E731
-    names = cuda_kernel_names(call)
-    clusters = torch.cuda.get_device_capability() >= (9, 0) and any(
-        "norm_bwd_fixed" in n or "norm_bwd_regs" in n for n in names)
-    assert any("norm_bwd_fixed" in n for n in names) or not clusters, names
-    monkeypatch.setenv("FUSED_NORM_FIXED", "0")
-    names = cuda_kernel_names(call)
-    assert any("norm_bwd_regs" in n for n in names) and not any(
-        "norm_bwd_fixed" in n for n in names), names
+    w = torch.randn(cols, device="cuda", dtype=dtype)
+    _, mean, rstd = fused_forward(kind, x, [cols], w, None, 1e-5)
+    other = "norm_bwd_regs" if dtype != torch.float32 else "norm_bwd_cluster"
+    for fixed, dsum in [("1", False), ("1", True), ("0", False)]:
+        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+        ds = torch.randn_like(x) if dsum else None
+        if kind == "layer":
+            call = lambda: ops.add_layer_norm_backward(  # noqa: E731
+                dy, ds, x, [cols], mean, rstd, w, None, [True, False])
+        else:
+            call = lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)  # noqa: E731
+        names = cuda_kernel_names(call)
+        want = "norm_bwd_fixed" if fixed == "1" else other
+        assert any(want in n for n in names), (fixed, dsum, names)
+        assert fixed == "1" or not any("norm_bwd_fixed" in n for n in names), names
 
 
 @CUDA

@@ -36,17 +36,19 @@
 //     16 elements per thread for 16-bit rows (up to 8K), 8 for float32 ones (up to 4K;
 //     then 16 without prefetch up to 8K); rows under 128 threads share a block. Float32
 //     rows stage their tiles, mean / rstd and w in shared memory instead (per-thread
-//     cp.async, two rows ahead): two 512-thread blocks an SM (FUSED_NORM_STAGE=0: off).
-//   * rows over 8K elements (one block has not enough registers for row + accumulators):
-//     on sm_90, norm_bwd_cluster: the row spread over a thread-block cluster of up to 16
+//     cp.async, two rows ahead instead of one; FUSED_NORM_STAGE=0: off).
+//   * norm_bwd_fixed (sm_90), ahead of norm_bwd_regs: the launch shape a compile-time
+//     constant for 16-bit rows of 4096, 5120, 8192, 12288, 16384 or 32768 columns and
+//     float32 rows of 12288 or 16384, parameters (and the add forms' sum) in x's dtype: a
+//     row spread over a cluster of 2-8 blocks exchanging their row sums as norm_bwd_cluster
+//     does, the live row tiles in shared memory (per-thread cp.async), 576-768 threads an
+//     SM (FUSED_NORM_FIXED=0 turns it off).
+//   * other rows over 8K elements (one block has not enough registers for row +
+//     accumulators): on sm_90, norm_bwd_cluster: the row spread over a thread-block cluster of up to 16
 //     blocks (8 elements per thread, up to 64K elements), one read of x and dy, the next
 //     row's loads in flight; the blocks' row sums exchanged through distributed shared
 //     memory with no cluster barrier, dx written a row later on 16-bit rows (a block need
-//     not wait for its slowest peer at every row). norm_bwd_fixed: the same with the
-//     launch shape a compile-time constant, for 16-bit rows of 4096, 5120, 8192, 12288,
-//     16384 or 32768 columns with parameters (and the add forms' sum) in x's dtype, ahead
-//     of norm_bwd_regs (FUSED_NORM_FIXED=0 turns it off); its live row tiles sit in shared
-//     memory (per-thread cp.async), >= 640 threads an SM. Elsewhere (older GPUs, longer rows)
+//     not wait for its slowest peer at every row). Elsewhere (older GPUs, longer rows)
 //     norm_bwd_row_sums (the two row sums) then norm_bwd_tiles (column tiles x row chunks:
 //     dx and partials); x and dy are read twice.
 //   * column_sum: reduces the partials over blocks in a fixed order (deterministic, no
@@ -616,7 +618,7 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
 
 // Asynchronous global -> shared copies (cp.async, sm_80+) into a thread's own staging slots:
 // the thread reads them back itself after stage_wait, so no block barrier is involved (the
-// staged backwards: norm_bwd_regs with STAGES, norm_bwd_fixed at 12288 columns). The memory
+// staged backwards: norm_bwd_regs with STAGES, norm_bwd_fixed). The memory
 // clobbers keep the compiler from moving shared-memory reads of a slot across the copy that
 // refills it.
 __device__ __forceinline__ void stage_copy(void* dst, const void* src) {
@@ -822,9 +824,11 @@ struct BwdStage {
 // thread copying its own vectors (cp.async) STAGES - 1 rows ahead and reading them back
 // itself: no registers hold a prefetch, so more warps fit an SM (KERNEL_LOG norm v22).
 // Staged only for float32 rows (x, or the add forms' float32 sum): 8 elements a thread, up
-// to 512 threads, two blocks an SM at <= 64 registers. 16-bit rows (16 elements a thread, 32
-// accumulators) measured slower staged at the register counts that would fit more blocks
-// (KERNEL_LOG norm v22).
+// to 512 threads. The launch bound sizes registers for two blocks an SM, but at 512 threads
+// the ring (248 bytes a thread, 124 KB) leaves room for one: what it buys there is the
+// deeper prefetch (two rows in flight instead of one), as measured. 16-bit rows (16
+// elements a thread, 32 accumulators) measured slower staged at the register counts that
+// would fit more blocks (KERNEL_LOG norm v22).
 template <typename R>
 constexpr bool bwd_regs_staged() {
   return sizeof(R) == 4;
@@ -849,7 +853,9 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   // A thread owns the same columns in every row it visits: w is loaded once.
   // Staged: in the thread's own shared-memory slots (no registers; read back by the thread).
   Raw<W, VEC> wv[STAGES > 0 ? 1 : VPT];
-  auto* ws = reinterpret_cast<Raw<W, VEC>*>(dyn_smem + Stage::w_at(blockDim.x, p.dsum));
+  auto* ws = STAGES > 0
+                 ? reinterpret_cast<Raw<W, VEC>*>(dyn_smem + Stage::w_at(blockDim.x, p.dsum))
+                 : nullptr;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = i * tpr + g.lane;
@@ -1180,10 +1186,11 @@ __device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
   return make_float2(warp_sum(r.x), warp_sum(r.y));
 }
 
-// norm_bwd_fixed: norm_bwd_cluster for the common hidden sizes of 16-bit norms (parameters,
-// and the add forms' sum and its gradient d_sum, in x's dtype): 4096, 5120, 8192, 12288,
-// 16384 and 32768 columns, the whole launch shape a constant. CS blocks of TPB threads per row, 2 vectors
-// (16 elements) per thread, no bounds checks, the thread's columns of w held in registers
+// norm_bwd_fixed: norm_bwd_cluster for the common hidden sizes (parameters, and the add
+// forms' sum and its gradient d_sum, in x's dtype): 16-bit rows of 4096-32768 columns and
+// float32 rows of 12288 / 16384 (backward_fixed), the whole launch shape a constant. CS
+// blocks of TPB threads per row, 2 16-byte vectors per thread (16 elements of 16-bit rows, 8
+// of float32 ones), no bounds checks, the thread's columns of w held in registers
 // for every row, w unpacked afresh in each half (opaque(): its floats are not kept live
 // across the row exchange), the row tiles staged in shared memory. The standalone sweep
 // (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
@@ -1202,15 +1209,15 @@ __device__ __forceinline__ void opaque(Raw<T, N>& r) {
 
 // The three live row tiles' x / dy sit in shared memory (dynamic: fixed_bwd_smem bytes), not
 // in registers: each thread's own vectors copied there by cp.async and read back by that
-// thread, so that three blocks fit an SM (96 / 80 registers at 192 / 256 threads instead of
-// 153-167 / 128: 18 / 24 warps an SM instead of 12 / 16; KERNEL_LOG norm v21, v22).
+// thread, so that more blocks fit an SM (e.g. 96 / 80 registers at 192 / 256 threads instead
+// of 153-167 / 128: 18 / 24 warps an SM instead of 12 / 16; KERNEL_LOG norm v21-v23).
 template <typename T, int TPB>
 constexpr int fixed_bwd_smem() {
   return 3 * 2 * kFixedBwdVpt * TPB * static_cast<int>(sizeof(Raw<T, kVecElems<T>>));
 }
 
-// Blocks an SM the register budget is sized for: at least 640 threads (20 warps), three
-// blocks of 192 / 256.
+// Blocks an SM the register budget is sized for: 640 threads (20 warps) at 128 / 160 threads
+// a block, three blocks (576 / 768 threads) at 192 / 256.
 constexpr int fixed_bwd_min_blocks(int tpb) { return std::max(3, 640 / tpb); }
 
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
@@ -1487,8 +1494,8 @@ void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
 template <typename T, typename R, int VEC>
 constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R>;
 
-// The compile-time-shaped kernels (forward and backward) take 16-bit rows with parameters
-// (and the add forms' sum) in x's dtype, on the 16-byte path.
+// The compile-time-shaped forwards take 16-bit rows with parameters (and the add forms'
+// sum) in x's dtype, on the 16-byte path.
 template <typename T, typename W, typename R, int VEC>
 constexpr bool kFixedTypes =
     VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>;
@@ -1499,8 +1506,8 @@ constexpr bool kFixedBwdTypes = VEC > 1 && std::is_same_v<T, W> && std::is_same_
                                 (sizeof(T) == 2 || std::is_same_v<T, float>);
 
 // FUSED_NORM_FIXED=0 turns the fixed kernels off, forward and backward (norm_fwd_regs /
-// norm_bwd_cluster then take those rows: for comparisons and tests; read on every call, so
-// a test can switch it).
+// norm_bwd_regs or norm_bwd_cluster then take those rows: for comparisons and tests; read
+// on every call, so a test can switch it).
 bool fixed_enabled() { return !env_switched_off("FUSED_NORM_FIXED"); }
 
 // norm_bwd_regs' staging depth on the prefetching path: each thread's copies run two rows
@@ -1754,7 +1761,6 @@ bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
   return true;
 }
-
 
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
