@@ -740,6 +740,27 @@ def test_cuda_fixed_forward_dispatch(kind, cols, add, is_fixed, monkeypatch):
         assert any(is_fixed(n) for n in names) == want, (w_dtype, fixed, names)
 
 
+def _clusters_run():
+    """Whether the cluster backwards run here (sm_90 code on an sm_90 GPU): the 16384-column
+    rms backward with the fixed kernels off takes norm_bwd_cluster, else the two-pass path."""
+    x = torch.randn(64, 16384, device="cuda", dtype=torch.bfloat16)
+    _, _, rstd = fused_forward("rms", x, [16384], None, None, 1e-5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FUSED_NORM_FIXED", "0")
+        names = cuda_kernel_names(
+            lambda: ops.add_rms_norm_backward(torch.randn_like(x), None, x, [16384], rstd, None,
+                                              False))
+    return any("norm_bwd_cluster" in n for n in names)
+
+
+def _add_backward(kind, dy, ds, x, cols, mean, rstd, w):
+    """The add form's backward op (d_sum ds, or None) as a call, for dispatch tests."""
+    if kind == "layer":
+        return lambda: ops.add_layer_norm_backward(dy, ds, x, [cols], mean, rstd, w, None,
+                                                   [True, False])
+    return lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)
+
+
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
 def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
@@ -748,13 +769,10 @@ def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
     # and FUSED_NORM_FIXED=0 take norm_bwd_cluster. Where clusters run only (sm_90 code on
     # an sm_90 GPU): skipped where the rms backward takes the two-pass path instead.
     cols = 16384
+    if not _clusters_run():
+        pytest.skip("no thread-block clusters here")
     x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
-    monkeypatch.setenv("FUSED_NORM_FIXED", "0")
-    _, _, rstd0 = fused_forward("rms", x, [cols], None, None, 1e-5)
-    if not any("norm_bwd_cluster" in n for n in cuda_kernel_names(
-            lambda: ops.add_rms_norm_backward(dy, None, x, [cols], rstd0, None, False))):
-        pytest.skip("no thread-block clusters here")
     for w_dtype, fixed, dsum, want in [(torch.bfloat16, "1", False, True),
                                        (torch.float32, "1", False, False),
                                        (torch.bfloat16, "1", True, True),
@@ -763,12 +781,7 @@ def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
         w = torch.randn(cols, device="cuda", dtype=w_dtype)
         _, mean, rstd = fused_forward(kind, x, [cols], w, None, 1e-5)
         ds = torch.randn_like(x) if dsum else None
-        if kind == "layer":
-            call = lambda: ops.add_layer_norm_backward(  # noqa: E731
-                dy, ds, x, [cols], mean, rstd, w, None, [True, False])
-        else:
-            call = lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)  # noqa: E731
-        names = cuda_kernel_names(call)
+        names = cuda_kernel_names(_add_backward(kind, dy, ds, x, cols, mean, rstd, w))
         assert any("norm_bwd_cluster" in n or "norm_bwd_fixed" in n for n in names), names
         assert any("norm_bwd_fixed" in n for n in names) == want, (w_dtype, fixed, dsum, names)
 
@@ -837,19 +850,6 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
         assert (stages[0] > 0) == want, (env, names)
 
 
-def _clusters_run():
-    """Whether the cluster backwards run here (sm_90 code on an sm_90 GPU): the 16384-column
-    rms backward with the fixed kernels off takes norm_bwd_cluster, else the two-pass path."""
-    x = torch.randn(64, 16384, device="cuda", dtype=torch.bfloat16)
-    _, _, rstd = fused_forward("rms", x, [16384], None, None, 1e-5)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FUSED_NORM_FIXED", "0")
-        names = cuda_kernel_names(
-            lambda: ops.add_rms_norm_backward(torch.randn_like(x), None, x, [16384], rstd, None,
-                                              False))
-    return any("norm_bwd_cluster" in n for n in names)
-
-
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 4096), (torch.bfloat16, 5120),
@@ -871,12 +871,7 @@ def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, monkeypatch):
     for fixed, dsum in [("1", False), ("1", True), ("0", False)]:
         monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
         ds = torch.randn_like(x) if dsum else None
-        if kind == "layer":
-            call = lambda: ops.add_layer_norm_backward(  # noqa: E731
-                dy, ds, x, [cols], mean, rstd, w, None, [True, False])
-        else:
-            call = lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)  # noqa: E731
-        names = cuda_kernel_names(call)
+        names = cuda_kernel_names(_add_backward(kind, dy, ds, x, cols, mean, rstd, w))
         want = "norm_bwd_fixed" if fixed == "1" else other
         assert any(want in n for n in names), (fixed, dsum, names)
         assert fixed == "1" or not any("norm_bwd_fixed" in n for n in names), names

@@ -44,8 +44,9 @@
 //     does, the live row tiles in shared memory (per-thread cp.async), 576-768 threads an
 //     SM (FUSED_NORM_FIXED=0 turns it off).
 //   * other rows over 8K elements (one block has not enough registers for row +
-//     accumulators): on sm_90, norm_bwd_cluster: the row spread over a thread-block cluster of up to 16
-//     blocks (8 elements per thread, up to 64K elements), one read of x and dy, the next
+//     accumulators): on sm_90, norm_bwd_cluster: the row spread over a thread-block
+//     cluster of up to 16 blocks (8 elements per thread, up to 64K elements), one read of
+//     x and dy, the next
 //     row's loads in flight; the blocks' row sums exchanged through distributed shared
 //     memory with no cluster barrier, dx written a row later on 16-bit rows (a block need
 //     not wait for its slowest peer at every row). Elsewhere (older GPUs, longer rows)
@@ -1695,8 +1696,8 @@ bool backward_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb) {
 }
 
 // norm_bwd_fixed for p if its row length is one of the fixed ones (16-bit or float32 rows,
-// parameters and the add forms' sum in x's dtype); false otherwise. The shapes are the sweep's best
-// per row length (KERNEL_LOG norm v8): TPB threads x CS blocks, LAG. At 12288 the sweep's
+// parameters and the add forms' sum in x's dtype); false otherwise. One table per element
+// width (a row's threads differ). The shapes are the sweep's best per row length (KERNEL_LOG norm v8): TPB threads x CS blocks, LAG. At 12288 the sweep's
 // best for layer norm (2 x 384, lag 0) measured no better than norm_bwd_cluster in the
 // library (GPU call 3): both norms take rms norm's 4 x 192. 4096 / 5120 / 8192 (norm v23):
 // two blocks a row, against norm_bwd_regs +1-2 points at 4096 / 8192 and +14 at 5120.
