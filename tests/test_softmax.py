@@ -181,30 +181,21 @@ def test_cuda_long_rows_persistent(dtype, length):
 
 
 # softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns, or (sm_90) 2, 4
-# or 8 times that in a cluster (scale > 0, no mask), shaped at compile time; those
-# clustered rows run in persistent clusters with a ring of 2 staged rows
-# (softmax_fwd_ring), or 3 (FUSED_SOFTMAX_RING=3), or one row a cluster
-# (FUSED_SOFTMAX_RING=0). FUSED_SOFTMAX_FIXED=0 sends the same rows to the general path
-# (persistent clusters on sm_90), which float32 rows and 16384 take either way. Enough rows
-# that every persistent cluster's ring wraps (>= 5 rows a cluster at one block an SM on
-# 132 SMs); rows of different spreads and offsets (a row mixed with another's max or sum
-# would show), a constant row (exactly 1 / length each), a row at +-1e4 (only the max
+# or 8 times that in a cluster (scale > 0, no mask), shaped at compile time;
+# FUSED_SOFTMAX_FIXED=0 sends the same rows to the general path (persistent clusters on
+# sm_90), which float32 rows and 16384 take either way. More rows than clusters fit at
+# once; rows of different spreads and offsets (a row mixed with another's max or sum would
+# show), a constant row (exactly 1 / length each), a row at +-1e4 (only the max
 # subtraction keeps exp finite), a row whose first half is -inf and the rest near -100,
 # the special rows, scales either side of 1 and a negative one (which takes the general
 # path).
-FIXED_ROW_CASES = (
-    [(n, d, f, "2") for n in (16384, 32768, 65536, 131072, 262144) for d in DTYPES
-     for f in ("1", "0")]
-    + [(n, d, "1", r) for n in (65536, 131072, 262144) for d in (torch.float16, torch.bfloat16)
-       for r in ("3", "0")])
-
-
 @CUDA
-@pytest.mark.parametrize("length,dtype,fixed,ring", FIXED_ROW_CASES)
-def test_cuda_fixed_rows(length, dtype, fixed, ring, monkeypatch):
+@pytest.mark.parametrize("fixed", ["1", "0"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [16384, 32768, 65536, 131072, 262144])
+def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
     monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
-    monkeypatch.setenv("FUSED_SOFTMAX_RING", ring)
-    rows = 5 * 132 * 32768 // length + 45  # 705 rows of 32768, ..., 127 of 262144
+    rows = (1 << 23) // length + 45  # 301 rows of 32768, ..., 77 of 262144
     spread = torch.rand(rows, 1, device="cuda") * 6 + 0.5
     x = torch.randn(rows, length, device="cuda") * spread + torch.randn(rows, 1, device="cuda") * 4
     x[3] = 2.5
@@ -238,8 +229,7 @@ def test_cuda_fixed_dispatch(monkeypatch):
     # result would still be right): 16-bit, 1, 2, 4 or 8 (sm_90) x 32768 columns, aligned,
     # scale > 0, no mask, FUSED_SOFTMAX_FIXED unset; the backward never.
     def kernels(fn):
-        names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_fixed",
-                 "softmax_fwd_ring")
+        names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_fixed")
         return [n for n in cuda_kernel_names(fn) if any(k in n for k in names)]
 
     x = torch.randn(4, 32768, device="cuda", dtype=torch.bfloat16)
@@ -267,17 +257,7 @@ def test_cuda_fixed_dispatch(monkeypatch):
         monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
         names = kernels(call)
         assert names, name
-        assert any("softmax_fwd_fixed" in n or "softmax_fwd_ring" in n for n in names) == want, (
-            name, names)
-    # The clustered rows: the ring (2 or 3 slots), or one row a cluster with RING=0.
-    monkeypatch.setenv("FUSED_SOFTMAX_FIXED", "1")
-    for ring, kernel in (("2", "softmax_fwd_ring"), ("3", "softmax_fwd_ring"),
-                         ("0", "softmax_fwd_fixed")):
-        monkeypatch.setenv("FUSED_SOFTMAX_RING", ring)
-        names = kernels(lambda: fused_ops.softmax(x.view(2, 65536)))
-        assert any(kernel in n for n in names) == sm90, (ring, names)
-        if ring == "0":
-            assert not any("softmax_fwd_ring" in n for n in names), names
+        assert any("softmax_fwd_fixed" in n for n in names) == want, (name, names)
 
 
 @CUDA

@@ -64,7 +64,6 @@
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
 #include "common/softmax.h"
-#include "common/stage.cuh"
 #include "common/vec.cuh"
 
 namespace fused {
@@ -824,65 +823,6 @@ __device__ __forceinline__ float vec_max(const uint4 (&raw)[K]) {
   return fmaxf(vec_elem<T>(m4, 0), vec_elem<T>(m4, 1));
 }
 
-// The share's max of scale x (block-reduced into bm) and its sum of exp(scale x - that max)
-// (into bs), given the thread's max of x, mx (scale > 0: max(scale x) = scale max(x), rounding
-// is monotonic). v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then
-// - M: two).
-template <typename T, int K>
-__device__ __forceinline__ MaxSum fixed_share(const uint4 (&raw)[K], float mx, float scale,
-                                              const Group<kFixedBlock>& g, float* bm,
-                                              float* bs) {
-  const float m = g.reduce(mx, bm, MaxOp{}) * scale;
-  const float o = exp_offset(m);
-  float s = 0.f;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
-  }
-  return {m, g.reduce(s, bs, SumOp{})};
-}
-
-// The outputs of the thread's vectors (vector k at y[k * kFixedBlock * 8]) given the row's
-// (max, sum). The write pass converts the words again. Without the (empty) asm the compiler
-// keeps the sum pass's 64 values of x * scale - M live across the reduction instead, and
-// spills them (ptxas: 328 bytes for bf16).
-template <int K>
-__device__ __forceinline__ void opaque(uint4 (&raw)[K]) {
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
-  }
-}
-template <typename T, int K>
-__device__ __forceinline__ void fixed_write(uint4 (&raw)[K], T* y, MaxSum row, float scale,
-                                            bool log) {
-  opaque(raw);
-  const float o = exp_offset(row.m);
-  // elem(x): the output of the element x. The flag is uniform: each case its own loop (no
-  // element pays for the other's work).
-  auto write = [&](auto elem) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float lo = elem(vec_elem<T>(raw[k], 2 * j));
-        const float hi = elem(vec_elem<T>(raw[k], 2 * j + 1));
-        w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
-      }
-      *reinterpret_cast<uint4*>(y + k * kFixedBlock * 8) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  };
-  if (log) {
-    const float f = logf(row.s);
-    write([&](float v) { return fmaf(v, scale, -o) - f; });
-  } else {
-    const float f = 1.f / row.s;
-    write([&](float v) { return exp_elem<T>(fmaf(v, scale, -o)) * f; });
-  }
-}
-
 template <typename T, int N>
 __global__ void __launch_bounds__(kFixedBlock, 2)
     softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
@@ -901,90 +841,61 @@ __global__ void __launch_bounds__(kFixedBlock, 2)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (N > 1) cluster_arrive_relaxed();  // this block has started (waited for below)
 #endif
-  MaxSum row = fixed_share<T>(raw, vec_max<T>(raw), scale, g, buf[0], buf[1]);
+  // The share's max: max(scale x) = scale max(x) for scale > 0 (rounding is monotonic).
+  float m = g.reduce(vec_max<T>(raw), buf[0], MaxOp{}) * scale;
+  float o = exp_offset(m);
+  // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two).
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
+  }
+  s = g.reduce(s, buf[1], SumOp{});
   if constexpr (N > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cluster_wait();  // every block of the cluster has started: its slots may be written
-    if (threadIdx.x < N) *cl.map_shared_rank(&slots[blockIdx.y], threadIdx.x) = row;
+    if (threadIdx.x < N) *cl.map_shared_rank(&slots[blockIdx.y], threadIdx.x) = MaxSum{m, s};
     cl.sync();  // release / acquire: every block has its N pairs; none is written again
-    row = Fwd{}.combine_lanes(slots, N);
+    const MaxSum row = Fwd{}.combine_lanes(slots, N);
+    m = row.m;
+    s = row.s;
+    o = exp_offset(m);
 #else
     __trap();  // the host launches clusters only where sm_90 code runs (cluster_fit)
 #endif
   }
-  fixed_write<T>(raw, y + off, row, scale, log);
-}
-
-// softmax_fwd_ring: the rows of softmax_fwd_fixed with N > 1 (sm_90), in persistent
-// clusters (grid (clusters, N)) that walk the rows, each thread's next S rows in flight.
-// softmax_fwd_fixed runs one row a cluster: every block of a cluster loads, reduces,
-// exchanges and writes in step, and so does every cluster of a wave, so the SMs' loads come
-// in bursts with little in flight between them (256x262144 bf16: 73% of copy, where one
-// block a row of 32768 reaches 93%). Here each thread copies its vectors of the row S rows
-// ahead into its own slots of a shared-memory ring (cp.async, no register held, no block
-// barrier: the thread alone reads them back) as soon as it has read this row's, so the
-// loads stay in flight through the reductions, the exchange and the stores. The pairs are
-// exchanged as in softmax_cluster_kernel (st.async into each peer, a wait on the block's own
-// mbarrier; no cluster barrier, whose release would wait for the copies). S slots of 64 KB:
-// one block an SM (S = 1 with two blocks an SM would need 64 registers: ptxas spills 332
-// bytes there, keeping the sum pass's conversions for the write pass).
-template <typename T, int N, int S>
-__global__ void __launch_bounds__(kFixedBlock, 1)
-    softmax_fwd_ring(const T* __restrict__ x, T* __restrict__ y, int64_t rows, float scale,
-                     bool log) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  grid_dependency_wait();  // launched early (early_start): nothing global before this
-  constexpr int K = kFixedVectors, VEC = 8;
-  __shared__ float buf[2][2][kFixedBlock / 32];  // by row parity, as the slots and bars
-  __shared__ MaxSum slots[2][N];
-  __shared__ uint64_t bar[2];
-  extern __shared__ uint4 ring[];  // [S][K][kFixedBlock]
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-  const Group<kFixedBlock> g{kFixedBlock};
-  const int rank = static_cast<int>(cl.block_rank());
-  const int64_t step = gridDim.x;
-  // Vector k of this thread in `row`, and its slot in ring stage s.
-  const int64_t col = static_cast<int64_t>(blockIdx.y) * kFixedLen + threadIdx.x * VEC;
-  auto at = [&](int64_t row) { return row * (N * static_cast<int64_t>(kFixedLen)) + col; };
-  auto slot = [&](int s, int k) { return ring + (s * K + k) * kFixedBlock + threadIdx.x; };
-  // One copy group a row, empty past the last, so that stage_wait's count stays uniform.
-  auto stage = [&](int64_t row, int s) {
-    if (row < rows) {
+  // The write pass converts the words again. Without this (empty) asm the compiler keeps
+  // the sum pass's 64 values of x * scale - M live across the reduction instead, and
+  // spills them (ptxas: 328 bytes for bf16).
 #pragma unroll
-      for (int k = 0; k < K; ++k) stage_copy(slot(s, k), x + at(row) + k * kFixedBlock * VEC);
-    }
-    stage_commit();
-  };
-  if (threadIdx.x < 2) mbar_init(&bar[threadIdx.x]);
-  int64_t row = blockIdx.x;
-#pragma unroll
-  for (int s = 0; s < S; ++s) stage(row + s * step, s);
-  cl.sync();  // every block's mbarriers are set up before any push
-  for (int it = 0; row < rows; row += step, ++it) {
-    const int s = it % S, par = it & 1;
-    stage_wait<S - 1>();  // this row's copies (this thread's own) have landed
-    uint4 raw[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) raw[k] = *slot(s, k);
-    // The max uses every word read: the slot's reads are done before its refill is issued.
-    const float mx = vec_max<T>(raw);
-    stage(row + S * step, s);
-    const MaxSum mine = fixed_share<T>(raw, mx, scale, g, buf[par][0], buf[par][1]);
-    // Slots and bars alternate by row parity: a block pushes row r + 2 only after it has
-    // every push of row r + 1, which each peer sends after its barriers of row r + 1, after
-    // it read row r's slots.
-    if (threadIdx.x < N) push_to_peer(&slots[par][rank], &bar[par], threadIdx.x, mine);
-    if (threadIdx.x == 0) mbar_expect(&bar[par], N * static_cast<uint32_t>(sizeof(MaxSum)));
-    mbar_wait(&bar[par], (it >> 1) & 1);  // bar[par]'s (it / 2)-th phase
-    fixed_write<T>(raw, y + at(row), Fwd{}.combine_lanes(slots[par], N), scale, log);
+  for (int k = 0; k < K; ++k) {
+    asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
   }
-  cl.sync();  // no block leaves while a peer may still push into its shared memory
-#else
-  __trap();  // the host launches it only where sm_90 code runs (cluster_fit)
-#endif
+  // elem(x): the output of the element x. The flag is uniform: each case its own loop (no
+  // element pays for the other's work).
+  auto write = [&](auto elem) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = elem(vec_elem<T>(raw[k], 2 * j));
+        const float hi = elem(vec_elem<T>(raw[k], 2 * j + 1));
+        w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
+      }
+      *reinterpret_cast<uint4*>(y + off + k * kStride) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  };
+  if (log) {
+    const float f = logf(s);
+    write([&](float v) { return fmaf(v, scale, -o) - f; });
+  } else {
+    const float f = 1.f / s;
+    write([&](float v) { return exp_elem<T>(fmaf(v, scale, -o)) * f; });
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1143,15 +1054,6 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
 // caller; N > 1 where such clusters run: cluster_fit, so FUSED_SOFTMAX_CLUSTER=0 turns those
 // off too); false otherwise. FUSED_SOFTMAX_FIXED=0 turns it off (read on every call, so a
 // test or a comparison can switch it).
-// softmax_fwd_ring's slots (for the rows of softmax_fwd_fixed with N > 1): 2, or
-// FUSED_SOFTMAX_RING=3 (three) or 0 (one row a cluster: softmax_fwd_fixed). Read on every
-// call, so a test or a comparison can switch it.
-int ring_stages() {
-  const char* e = std::getenv("FUSED_SOFTMAX_RING");
-  if (e == nullptr) return 2;
-  return e[0] == '0' ? 0 : e[0] == '3' ? 3 : 2;
-}
-
 template <typename T, typename Op>
 bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
   if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
@@ -1163,7 +1065,6 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
       return false;
     }
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(n));
-    const int ring = ring_stages();
     auto go = [&](auto kn) {
       constexpr int N = decltype(kn)::value;
       constexpr auto kernel = softmax_fwd_fixed<T, N>;
@@ -1171,24 +1072,6 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
         launch_early(kernel, grid, dim3(kFixedBlock), 0, a.in[0], a.out, op.scale, op.log);
         return true;
       } else {
-        if (ring > 0) {
-          auto run_ring = [&](auto ks) {
-            constexpr int S = decltype(ks)::value;
-            constexpr int smem = S * kFixedVectors * kFixedBlock * 16;
-            constexpr auto rk = softmax_fwd_ring<T, N, S>;
-            const int fit = cluster_fit(rk, kFixedBlock, N, smem);
-            if (fit == 0) return false;
-            ClusterLaunch(dim3(1, N), kFixedBlock, smem)
-                .early_start()
-                .launch(dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)), N), rk,
-                        a.in[0], a.out, a.rows, op.scale, op.log);
-            return true;
-          };
-          if (ring == 3 ? run_ring(std::integral_constant<int, 3>{})
-                        : run_ring(std::integral_constant<int, 2>{})) {
-            return true;
-          }
-        }
         if (cluster_fit(kernel, kFixedBlock, N, 0) == 0) return false;
         ClusterLaunch(dim3(1, N), kFixedBlock, 0)
             .early_start()
