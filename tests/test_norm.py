@@ -610,12 +610,20 @@ def _fixed_params(kind, cols, dtype, weight, bias):
     return w, b
 
 
+# norm_fwd_regs' wide variant shaped at compile time, one row per block of 384, 512 or 1024
+# threads (8 vectors each) for plain rows with parameters in x's dtype: float32 rows of
+# 12288, 16384, 32768 and 16-bit rows of 24576 and 65536 (and 32768, above).
+FIXED_WIDE = [(12288, torch.float32), (16384, torch.float32), (32768, torch.float32),
+              (24576, torch.bfloat16), (65536, torch.float16)]
+FIXED_LENGTH_CASES = ([(c, d) for c in FIXED_COLS_ALL for d in (torch.bfloat16, torch.float16)]
+                      + FIXED_WIDE)
+
+
 @CUDA
 @pytest.mark.parametrize("fixed", ["1", "0"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols", FIXED_COLS_ALL)
-def test_cuda_fixed_lengths(cols, kind, dtype, fixed, monkeypatch):
+@pytest.mark.parametrize("cols,dtype", FIXED_LENGTH_CASES)
+def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
     monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
     rows = (1 << 20) // cols + 1  # 1025 rows of 1024, ..., 65 of 16384, 33 of 32768
     x = torch.randn(rows, cols, device="cuda")

@@ -1471,6 +1471,11 @@ template <typename T, typename W, typename R, int VEC>
 constexpr bool kFixedTypes =
     VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>;
 
+// The compile-time-shaped wide forward (norm_fwd_regs with FIXED_TPR) takes 16-bit and
+// float32 rows with parameters in x's dtype (kFwdHasWide: T == R).
+template <typename T, typename W, typename R, int VEC>
+constexpr bool kFixedWideTypes = kFwdHasWide<T, R, VEC> && std::is_same_v<T, W>;
+
 // The compile-time-shaped backward also takes float32 rows (parameters float32 too).
 template <typename T, typename W, typename R, int VEC>
 constexpr bool kFixedBwdTypes = VEC > 1 && std::is_same_v<T, W> && std::is_same_v<T, R> &&
@@ -1504,7 +1509,8 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kFixed = kFixedTypes<T, W, R, VEC>;
-  const bool fixed = kFixed && fixed_enabled();
+  const bool fixed_on = fixed_enabled();
+  const bool fixed = kFixed && fixed_on;
   if constexpr (kFixed) {
     if (fixed && launch_fixed(p, FixedTprs{})) return;
   }
@@ -1516,14 +1522,22 @@ void forward_with(const FwdParams<T, W, R>& p) {
       need_wide <= kFwdMaxThreads) {
     if constexpr (kFwdHasWide<T, R, VEC>) {  // one row per block
       const int tpr = round_up(need_wide, 32);
-      // 32768 elements (every thread's 8 vectors whole): the compile-time-shaped variant.
-      constexpr int kW = kFwdWideThreads;
       auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
                             : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
-      if constexpr (kFixed) {
-        if (fixed && nvec == kW * kFwdWideVpt) {
-          kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, kW>
-                           : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, kW>;
+      // Every thread's 8 vectors whole at 384, 512 or 1024 threads (16-bit rows of 24576,
+      // 32768, 65536; float32 12288, 16384, 32768): the compile-time-shaped variant.
+      if constexpr (kFixedWideTypes<T, W, R, VEC>) {
+        auto at = [&](auto k) {
+          constexpr int K = decltype(k)::value;
+          kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, K>
+                           : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, K>;
+        };
+        if (fixed_on && nvec == tpr * kFwdWideVpt) {
+          switch (tpr) {
+            case 384: at(std::integral_constant<int, 384>{}); break;
+            case kFwdWideThreads: at(std::integral_constant<int, kFwdWideThreads>{}); break;
+            case kFwdMaxThreads: at(std::integral_constant<int, kFwdMaxThreads>{}); break;
+          }
         }
       }
       launch_early(kernel, dim3(grid_for(p.rows)), dim3(tpr), 0, p, tpr);
