@@ -1506,11 +1506,42 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
   return (launch(std::integral_constant<int, TPRS>{}) || ...);
 }
 
+// norm_fwd_regs' wide variant (8 vectors a thread) shaped at compile time for a plain row of
+// exactly TPR * 8 vectors, for a TPR of TPRS; false otherwise. One row a block.
+template <typename T, typename W, typename R, int VEC, int... TPRS>
+bool launch_wide_fixed(const FwdParams<T, W, R>& p, std::integer_sequence<int, TPRS...>) {
+  auto launch = [&](auto tpr) {
+    constexpr int TPR = decltype(tpr)::value;
+    if (p.cols != TPR * kFwdWideVpt * VEC) return false;
+    auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, TPR>
+                          : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, TPR>;
+    launch_early(kernel, dim3(grid_for(p.rows)), dim3(TPR), 0, p, TPR);
+    return true;
+  };
+  return (launch(std::integral_constant<int, TPRS>{}) || ...);
+}
+// The rows the wide variant takes anyway (over 512 threads at 4 vectors): 16-bit 24576 /
+// 32768 / 65536, float32 12288 / 16384 / 32768 (norm v10, v25).
+using WideTprs = std::integer_sequence<int, 384, kFwdWideThreads, kFwdMaxThreads>;
+// Shorter rows, FUSED_NORM_WIDE_SHORT=1 (norm v26, measuring): 16-bit 4096-16384, float32
+// 2048-8192, half the threads a row of norm_fwd_fixed / norm_fwd_regs at 4 vectors.
+using ShortWideTprs = std::integer_sequence<int, 64, 128, 192, 256>;
+bool wide_short_enabled() {
+  const char* e = std::getenv("FUSED_NORM_WIDE_SHORT");
+  return e != nullptr && e[0] == '1';
+}
+
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kFixed = kFixedTypes<T, W, R, VEC>;
   const bool fixed_on = fixed_enabled();
   const bool fixed = kFixed && fixed_on;
+  if constexpr (kFixedWideTypes<T, W, R, VEC>) {
+    if (fixed_on && p.residual == nullptr && wide_short_enabled() &&
+        launch_wide_fixed<T, W, R, VEC>(p, ShortWideTprs{})) {
+      return;
+    }
+  }
   if constexpr (kFixed) {
     if (fixed && launch_fixed(p, FixedTprs{})) return;
   }
@@ -1521,25 +1552,13 @@ void forward_with(const FwdParams<T, W, R>& p) {
   if (kFwdHasWide<T, R, VEC> && p.residual == nullptr && need > kFwdWideThreads &&
       need_wide <= kFwdMaxThreads) {
     if constexpr (kFwdHasWide<T, R, VEC>) {  // one row per block
+      // Every thread's 8 vectors whole: the compile-time-shaped variant.
+      if constexpr (kFixedWideTypes<T, W, R, VEC>) {
+        if (fixed_on && launch_wide_fixed<T, W, R, VEC>(p, WideTprs{})) return;
+      }
       const int tpr = round_up(need_wide, 32);
       auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0>
                             : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0>;
-      // Every thread's 8 vectors whole at 384, 512 or 1024 threads (16-bit rows of 24576,
-      // 32768, 65536; float32 12288, 16384, 32768): the compile-time-shaped variant.
-      if constexpr (kFixedWideTypes<T, W, R, VEC>) {
-        auto at = [&](auto k) {
-          constexpr int K = decltype(k)::value;
-          kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, K>
-                           : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, K>;
-        };
-        if (fixed_on && nvec == tpr * kFwdWideVpt) {
-          switch (tpr) {
-            case 384: at(std::integral_constant<int, 384>{}); break;
-            case kFwdWideThreads: at(std::integral_constant<int, kFwdWideThreads>{}); break;
-            case kFwdMaxThreads: at(std::integral_constant<int, kFwdMaxThreads>{}); break;
-          }
-        }
-      }
       launch_early(kernel, dim3(grid_for(p.rows)), dim3(tpr), 0, p, tpr);
     }
   } else if (fixed && p.residual != nullptr && nvec == kFwdMaxThreads * VPT) {
