@@ -612,9 +612,10 @@ def _fixed_params(kind, cols, dtype, weight, bias):
 
 # norm_fwd_regs' wide variant shaped at compile time, one row per block of 384, 512 or 1024
 # threads (8 vectors each) for plain rows with parameters in x's dtype: float32 rows of
-# 12288, 16384, 32768 and 16-bit rows of 24576 and 65536 (and 32768, above).
-FIXED_WIDE = [(12288, torch.float32), (16384, torch.float32), (32768, torch.float32),
-              (24576, torch.bfloat16), (65536, torch.float16)]
+# 12288, 16384, 32768 and 16-bit rows of 24576 and 65536 (and 32768, above); and float32
+# layer_norm rows of 8192 (256 threads).
+FIXED_WIDE = [(8192, torch.float32), (12288, torch.float32), (16384, torch.float32),
+              (32768, torch.float32), (24576, torch.bfloat16), (65536, torch.float16)]
 FIXED_LENGTH_CASES = ([(c, d) for c in FIXED_COLS_ALL for d in (torch.bfloat16, torch.float16)]
                       + FIXED_WIDE)
 
@@ -654,18 +655,22 @@ def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
 # The forward's wide variant (norm_fwd_regs at 8 vectors per thread) for plain norms whose
 # rows need more than 512 threads at 4 (float32 over 8192 columns, 16-bit over 16384 where
 # no fixed kernel takes them), up to 1024 threads; past that norm_fwd_long (two reads).
-# Parameters in float32, so no fixed kernel intervenes.
-# (dtype, columns, kernel): "wide" (8 vectors a thread), "regs" (the default 4), "long".
+# Parameters in float32, so no 16-bit fixed kernel intervenes (float32 rows of 12288 /
+# 16384 / 32768 take the wide variant at a compile-time shape, still 8 vectors a thread).
+# float32 layer_norm rows of 8192 take the wide variant too (norm v26), rms_norm's 512 threads
+# at 4 vectors. (dtype, columns, kernel): "wide" (8 vectors a thread), "regs" (the default
+# 4), "long"; or the kernel per norm.
 WIDE_CASES = [(torch.float32, 8200, "wide"), (torch.float32, 12288, "wide"),
               (torch.float32, 32768, "wide"), (torch.float32, 32776, "long"),
               (torch.bfloat16, 65536, "wide"), (torch.bfloat16, 65544, "long"),
-              (torch.float32, 8192, "regs")]  # 512 threads at 4 vectors
+              (torch.float32, 8192, {"layer": "wide", "rms": "regs"})]
 
 
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols,want", WIDE_CASES)
 def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
+    want = want[kind] if isinstance(want, dict) else want
     x = torch.randn(4, cols, device="cuda", dtype=dtype)
     w = torch.randn(cols, device="cuda", dtype=torch.float32)
     names = [n for n in cuda_kernel_names(lambda: fused_forward(kind, x, [cols], w, None, 1e-5))

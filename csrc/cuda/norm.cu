@@ -1523,22 +1523,18 @@ bool launch_wide_fixed(const FwdParams<T, W, R>& p, std::integer_sequence<int, T
 // The rows the wide variant takes anyway (over 512 threads at 4 vectors): 16-bit 24576 /
 // 32768 / 65536, float32 12288 / 16384 / 32768 (norm v10, v25).
 using WideTprs = std::integer_sequence<int, 384, kFwdWideThreads, kFwdMaxThreads>;
-// Shorter rows, FUSED_NORM_WIDE_SHORT=1 (norm v26, measuring): 16-bit 4096-16384, float32
-// 2048-8192, half the threads a row of norm_fwd_fixed / norm_fwd_regs at 4 vectors.
-using ShortWideTprs = std::integer_sequence<int, 64, 128, 192, 256>;
-bool wide_short_enabled() {
-  const char* e = std::getenv("FUSED_NORM_WIDE_SHORT");
-  return e != nullptr && e[0] == '1';
-}
 
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kFixed = kFixedTypes<T, W, R, VEC>;
   const bool fixed_on = fixed_enabled();
   const bool fixed = kFixed && fixed_on;
-  if constexpr (kFixedWideTypes<T, W, R, VEC>) {
-    if (fixed_on && p.residual == nullptr && wide_short_enabled() &&
-        launch_wide_fixed<T, W, R, VEC>(p, ShortWideTprs{})) {
+  // float32 layer_norm rows of 8192 too (256 threads), which would take norm_fwd_regs at 4
+  // vectors: +2 points of copy; not rms_norm (-0.7) nor 16-bit rows of 4096-16384 (-1 to -5.5
+  // against norm_fwd_fixed) (KERNEL_LOG norm v26).
+  if constexpr (kFixedWideTypes<T, W, R, VEC> && sizeof(T) == 4) {
+    if (fixed_on && p.layer && p.residual == nullptr &&
+        launch_wide_fixed<T, W, R, VEC>(p, std::integer_sequence<int, 256>{})) {
       return;
     }
   }
