@@ -105,6 +105,15 @@ int cached_launch_query(const void* kernel, int a, int b, F&& compute) {
   return cache[key] = compute();
 }
 
+// allow_dynamic_smem once per device, kernel and size: for launchers that run on every call
+// (a driver call per launch costs host time the GPU may wait for).
+template <typename Kernel>
+bool allow_dynamic_smem_once(Kernel kernel, int bytes) {
+  return cached_launch_query(reinterpret_cast<const void*>(kernel), bytes, -1, [&] {
+           return allow_dynamic_smem(kernel, static_cast<size_t>(bytes)) ? 1 : 0;
+         }) != 0;
+}
+
 // Whether the code of `kernel` that runs on this device was compiled for sm_90 or later:
 // kernels whose Hopper paths (clusters, wgmma) compile to no-ops in the 8.0 pass, which a
 // Hopper GPU would also run as PTX JIT-compiled from compute_80. PTX JIT-compiled here

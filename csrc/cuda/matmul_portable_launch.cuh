@@ -35,7 +35,8 @@ template <typename T, typename Cfg, bool AK, bool BK>
 void launch_portable_layout(const GemmProblem& p, cudaStream_t stream) {
   auto kernel = portable_gemm_kernel<T, Cfg, AK, BK>;
   constexpr int smem = Cfg::template smem_bytes<AK, BK>();
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  TORCH_CHECK(allow_dynamic_smem_once(kernel, smem), "fused::matmul: the portable kernel's ",
+              smem, " bytes of shared memory a block are more than this GPU allows");
   const int64_t tiles = ceil_div(p.M, Cfg::BM) * ceil_div(p.N, Cfg::BN);
   TORCH_CHECK(tiles < (int64_t(1) << 31), "fused::matmul: problem too large (", tiles, " tiles)");
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(p.batch, 65535)));

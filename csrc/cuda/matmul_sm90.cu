@@ -510,7 +510,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
       !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::BN, dtype)) {
     return Sm90Result::kNotApplicable;  // TMA refused these strides
   }
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
+  if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
