@@ -1,0 +1,114 @@
+// The issue rate ceiling of the portable GEMM's tensor-core instruction on this GPU:
+// mma.sync.m16n8k16 (bf16 in, float32 accumulate) issued back to back from registers, no
+// memory traffic, against cuBLAS's bf16 GEMM (what torch.mm runs) in the same process.
+// The portable kernel cannot run faster than the first figure (its operands here are
+// constant per thread, which draws less power than a GEMM's: an upper bound).
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/dev/mma_peak.cu -lcublas -o /tmp/mma_peak
+//   /tmp/mma_peak
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#define CHECK(x)                                                             \
+  do {                                                                       \
+    cudaError_t e = (x);                                                     \
+    if (e != cudaSuccess) {                                                  \
+      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                    \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
+// NACC independent accumulator chains a warp (the mma's latency is covered by the other
+// chains and the other warps); each mma is 2 * 16 * 8 * 16 = 4096 FLOPs.
+template <int NACC>
+__global__ void __launch_bounds__(256) mma_chain(float* out, int iters) {
+  uint32_t a[4], b[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = 0x3f803f80u ^ (threadIdx.x * (i + 1));  // bf16 ~1.0 pairs
+  b[0] = 0x3f803f80u ^ threadIdx.x;
+  b[1] = 0x3f803f80u ^ (threadIdx.x << 1);
+  float acc[NACC][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};"
+          : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < NACC; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s;  // keeps the chains alive
+}
+
+// Pseudo-random bf16 in [-1, 1) (the harness times torch.mm on random data, which draws
+// more power than constant data).
+__global__ void fill_random(__nv_bfloat16* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(static_cast<float>(h & 0xffffff) / 8388608.f - 1.f);
+  }
+}
+
+template <typename F>
+float time_ms(F&& f, int reps) {
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  f();  // warm-up
+  cudaEventRecord(t0);
+  for (int r = 0; r < reps; ++r) f();
+  cudaEventRecord(t1);
+  cudaEventSynchronize(t1);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, t0, t1);
+  return ms / reps;
+}
+
+int main() {
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::printf("%s, %d SMs\n", prop.name, sms);
+  float* out;
+  CHECK(cudaMalloc(&out, sizeof(float) * sms * 8 * 256));
+  const int iters = 4096;
+  for (int per_sm : {2, 4, 8}) {  // 256-thread blocks an SM: 16, 32, 64 warps
+    const int blocks = sms * per_sm;
+    const float ms = time_ms([&] { mma_chain<8><<<blocks, 256>>>(out, iters); }, 5);
+    CHECK(cudaGetLastError());
+    const double flops = double(blocks) * 8 * iters * 8 * 4096.0;
+    std::printf("mma.sync m16n8k16 bf16, %2d warps/SM, 8 chains: %.1f TFLOP/s\n", per_sm * 8,
+                flops / (ms * 1e-3) / 1e12);
+  }
+  // cuBLAS bf16 GEMM, 8192^3 (torch.mm's kernel family), float32 accumulate.
+  const int n = 8192;
+  __nv_bfloat16 *A, *B, *C;
+  CHECK(cudaMalloc(&A, sizeof(__nv_bfloat16) * n * n));
+  CHECK(cudaMalloc(&B, sizeof(__nv_bfloat16) * n * n));
+  CHECK(cudaMalloc(&C, sizeof(__nv_bfloat16) * n * n));
+  fill_random<<<1024, 256>>>(A, size_t(n) * n);
+  fill_random<<<1024, 256>>>(B, size_t(n) * n);
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float one = 1.f, zero = 0.f;
+  auto gemm = [&] {
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF,
+                 n, &zero, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  const float ms = time_ms(gemm, 10);
+  CHECK(cudaGetLastError());
+  std::printf("cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s\n", 2.0 * n * n * n / (ms * 1e-3) / 1e12);
+  return 0;
+}
