@@ -1537,13 +1537,6 @@ void forward_with(const FwdParams<T, W, R>& p) {
         launch_wide_fixed<T, W, R, VEC>(p, std::integer_sequence<int, 256>{})) {
       return;
     }
-    // FUSED_NORM_WARP_ROWS=1 (norm v27, measuring): float32 rows of 1024 on the wide
-    // variant at one warp a row (no block barrier in the reductions).
-    const char* e = std::getenv("FUSED_NORM_WARP_ROWS");
-    if (fixed_on && e != nullptr && e[0] == '1' && p.residual == nullptr &&
-        launch_wide_fixed<T, W, R, VEC>(p, std::integer_sequence<int, 32>{})) {
-      return;
-    }
   }
   if constexpr (kFixed) {
     if (fixed && launch_fixed(p, FixedTprs{})) return;
