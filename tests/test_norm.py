@@ -724,25 +724,39 @@ def test_cuda_fixed_backward(cols, kind, dtype):
 
 # Which forward kernel the compile-time-shaped lengths reach (a dispatch slip would fall
 # back to the run-time kernels silently: every result would still be right): per (columns,
-# add form), a predicate on the kernel names. Only with 16-bit x, parameters in x's dtype
-# and FUSED_NORM_FIXED unset.
+# dtype, add form), a predicate on the kernel names. Only with parameters in x's dtype and
+# FUSED_NORM_FIXED unset (16-bit x: not with float32 parameters either).
+def _wide_at(tpr):
+    return lambda n: "norm_fwd_regs" in n and f", {tpr}>" in n
+
+
 FWD_FIXED_KERNELS = [
-    (4096, False, lambda n: "norm_fwd_fixed" in n),
-    (4096, True, lambda n: "norm_fwd_fixed" in n),
-    (32768, False, lambda n: "norm_fwd_regs" in n and ", 512>" in n),   # the wide variant
-    (32768, True, lambda n: "norm_fwd_regs" in n and ", 1024>" in n),  # the add forms
+    (4096, torch.bfloat16, False, lambda n: "norm_fwd_fixed" in n),
+    (4096, torch.bfloat16, True, lambda n: "norm_fwd_fixed" in n),
+    (32768, torch.bfloat16, False, _wide_at(512)),   # the wide variant
+    (32768, torch.bfloat16, True, _wide_at(1024)),   # the add forms
+    (24576, torch.bfloat16, False, _wide_at(384)),
+    (65536, torch.float16, False, _wide_at(1024)),
+    (12288, torch.float32, False, _wide_at(384)),
+    (16384, torch.float32, False, _wide_at(512)),
+    (32768, torch.float32, False, _wide_at(1024)),
+    (8192, torch.float32, False, _wide_at(256)),     # layer norm only (norm v26)
 ]
 
 
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols,add,is_fixed", FWD_FIXED_KERNELS,
-                         ids=[f"{c}-{'add' if a else 'plain'}" for c, a, _ in FWD_FIXED_KERNELS])
-def test_cuda_fixed_forward_dispatch(kind, cols, add, is_fixed, monkeypatch):
-    x = torch.randn(8, cols, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize(
+    "cols,dtype,add,is_fixed", FWD_FIXED_KERNELS,
+    ids=[f"{c}-{str(d)[6:]}-{'add' if a else 'plain'}" for c, d, a, _ in FWD_FIXED_KERNELS])
+def test_cuda_fixed_forward_dispatch(kind, cols, dtype, add, is_fixed, monkeypatch):
+    x = torch.randn(8, cols, device="cuda", dtype=dtype)
     r = torch.randn_like(x)
-    for w_dtype, fixed, want in [(torch.bfloat16, "1", True), (torch.float32, "1", False),
-                                 (torch.bfloat16, "0", False)]:
+    runs = [(dtype, "1", kind == "layer" or cols != 8192 or dtype != torch.float32),
+            (dtype, "0", False)]
+    if dtype != torch.float32:
+        runs.append((torch.float32, "1", False))
+    for w_dtype, fixed, want in runs:
         monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
         w = torch.randn(cols, device="cuda", dtype=w_dtype)
         if not add:

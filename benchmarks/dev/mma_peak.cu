@@ -28,7 +28,7 @@ template <int NACC>
 __global__ void __launch_bounds__(256) mma_chain(float* out, int iters) {
   uint32_t a[4], b[2];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = 0x3f803f80u ^ (threadIdx.x * (i + 1));  // bf16 ~1.0 pairs
+  for (int i = 0; i < 4; ++i) a[i] = 0x3f803f80u ^ (threadIdx.x * (i + 1));  // bf16 pairs, 2^-7..1
   b[0] = 0x3f803f80u ^ threadIdx.x;
   b[1] = 0x3f803f80u ^ (threadIdx.x << 1);
   float acc[NACC][4] = {};
@@ -101,14 +101,25 @@ int main() {
   fill_random<<<1024, 256>>>(A, size_t(n) * n);
   fill_random<<<1024, 256>>>(B, size_t(n) * n);
   cublasHandle_t h;
-  cublasCreate(&h);
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    std::printf("cublasCreate failed\n");
+    return 1;
+  }
   const float one = 1.f, zero = 0.f;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   auto gemm = [&] {
-    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF,
-                 n, &zero, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t st =
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B,
+                     CUDA_R_16BF, n, &zero, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) status = st;
   };
   const float ms = time_ms(gemm, 10);
   CHECK(cudaGetLastError());
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::printf("cublasGemmEx failed: %d\n", static_cast<int>(status));
+    return 1;
+  }
   std::printf("cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s\n", 2.0 * n * n * n / (ms * 1e-3) / 1e12);
   return 0;
 }

@@ -65,8 +65,8 @@ void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
     if (r == matmul::Sm90Result::kLaunched) return;
     TORCH_CHECK(r != matmul::Sm90Result::kUnavailable || choice != KernelChoice::kHopper,
                 "fused::matmul: FUSED_OPS_MATMUL_KERNEL=hopper, but the Hopper kernel is not "
-                "available here (it needs a compute capability 9.0 GPU and a build with sm_90a, "
-                "e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
+                "available here (it needs a compute capability 9.0 GPU with room for its shared "
+                "memory pipeline and a build with sm_90a, e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
   }
   if (dtype == at::kBFloat16) {
     matmul::launch_portable_gemm<__nv_bfloat16>(p, stream);

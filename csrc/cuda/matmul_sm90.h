@@ -11,7 +11,8 @@ namespace matmul {
 enum class Sm90Result {
   kLaunched,       // ran on the Hopper kernel
   kNotApplicable,  // this problem's shape or layout is not for the Hopper kernel
-  kUnavailable,    // no Hopper kernel here: not a CC 9.0 device, or a build without sm_90a
+  kUnavailable,    // no Hopper kernel here: not a CC 9.0 device, a build without sm_90a,
+                   // or a device whose block shared memory cannot hold its pipeline
 };
 
 // Runs the problem on the Hopper kernel, or launches nothing and says why not (matmul_sm90.cu

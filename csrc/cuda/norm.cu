@@ -12,7 +12,10 @@
 //     16384 elements with parameters in x's dtype: norm_fwd_regs with the whole launch
 //     shape a compile-time constant (faster: see its comment); 16-bit rows of 32768 take
 //     norm_fwd_regs shaped at compile time (FIXED_TPR): its wide variant (512 threads)
-//     for the plain norms, 1024 threads for the add forms.
+//     for the plain norms, 1024 threads for the add forms. The wide variant is shaped at
+//     compile time for other plain rows too, parameters in x's dtype (launch_wide_fixed):
+//     16-bit 24576 / 65536, float32 12288 / 16384 / 32768 (384 / 512 / 1024 threads) and
+//     float32 layer norm rows of 8192 (256).
 //     FUSED_NORM_FIXED=0 turns these off. Everything else:
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
@@ -288,14 +291,16 @@ constexpr int fwd_vpt() {
 // blocks of up to 512 threads, two per SM, and one block's loads cover the other's
 // reductions (one 1024-thread block per SM would idle in them). Up to 1024 threads (one
 // block per SM) for the rows of up to twice that: float32 16K-32K, 16-bit 32K-64K, which
-// would otherwise take norm_fwd_long's two reads.
+// would otherwise take norm_fwd_long's two reads. (Also float32 layer norm rows of 8192,
+// at 256 threads, shaped at compile time: forward_with.)
 constexpr int kFwdWideVpt = 8;
 constexpr int kFwdWideThreads = 512;
 
 // FIXED_TPR > 0: the row length is FIXED_TPR * VPT * VEC and tpr == FIXED_TPR, both known at
 // compile time (no per-vector bounds checks, constant index math), as norm_fwd_fixed does
-// for shorter rows; used at 32768 16-bit elements: the wide variant (VPT 8, 512 threads) for
-// the plain norms, VPT 4 with 1024 threads for the add forms.
+// for shorter rows; used for the wide variant's rows whose every vector is whole
+// (launch_wide_fixed: VPT 8 at 256-1024 threads) and for the add forms at 32768 16-bit
+// elements (VPT 4, 1024 threads).
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
           int FIXED_TPR = 0>
 __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
@@ -1533,8 +1538,10 @@ void forward_with(const FwdParams<T, W, R>& p) {
   // vectors: +2 points of copy; not rms_norm (-0.7) nor 16-bit rows of 4096-16384 (-1 to -5.5
   // against norm_fwd_fixed) (KERNEL_LOG norm v26).
   if constexpr (kFixedWideTypes<T, W, R, VEC> && sizeof(T) == 4) {
-    if (fixed_on && p.layer && p.residual == nullptr &&
-        launch_wide_fixed<T, W, R, VEC>(p, std::integer_sequence<int, 256>{})) {
+    constexpr int kTpr = 256;
+    if (fixed_on && p.layer && p.residual == nullptr && p.cols == kTpr * kFwdWideVpt * VEC) {
+      launch_early(norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, kTpr>,
+                   dim3(grid_for(p.rows)), dim3(kTpr), 0, p, kTpr);
       return;
     }
   }
