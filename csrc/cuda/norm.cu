@@ -1512,14 +1512,17 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
 }
 
 // norm_fwd_regs' wide variant (8 vectors a thread) shaped at compile time for a plain row of
-// exactly TPR * 8 vectors, for a TPR of TPRS; false otherwise. One row a block.
-template <typename T, typename W, typename R, int VEC, int... TPRS>
+// exactly TPR * 8 vectors, for a TPR of TPRS; false otherwise. One row a block. LAYER_ONLY:
+// the caller sends layer norm rows only (no rms kernel is built for those shapes).
+template <typename T, typename W, typename R, int VEC, bool LAYER_ONLY = false, int... TPRS>
 bool launch_wide_fixed(const FwdParams<T, W, R>& p, std::integer_sequence<int, TPRS...>) {
   auto launch = [&](auto tpr) {
     constexpr int TPR = decltype(tpr)::value;
     if (p.cols != TPR * kFwdWideVpt * VEC) return false;
-    auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, TPR>
-                          : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, TPR>;
+    auto kernel = norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, TPR>;
+    if constexpr (!LAYER_ONLY) {
+      if (!p.layer) kernel = norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, TPR>;
+    }
     launch_early(kernel, dim3(grid_for(p.rows)), dim3(TPR), 0, p, TPR);
     return true;
   };
@@ -1538,10 +1541,8 @@ void forward_with(const FwdParams<T, W, R>& p) {
   // vectors: +2 points of copy; not rms_norm (-0.7) nor 16-bit rows of 4096-16384 (-1 to -5.5
   // against norm_fwd_fixed) (KERNEL_LOG norm v26).
   if constexpr (kFixedWideTypes<T, W, R, VEC> && sizeof(T) == 4) {
-    constexpr int kTpr = 256;
-    if (fixed_on && p.layer && p.residual == nullptr && p.cols == kTpr * kFwdWideVpt * VEC) {
-      launch_early(norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, kTpr>,
-                   dim3(grid_for(p.rows)), dim3(kTpr), 0, p, kTpr);
+    if (fixed_on && p.layer && p.residual == nullptr &&
+        launch_wide_fixed<T, W, R, VEC, true>(p, std::integer_sequence<int, 256>{})) {
       return;
     }
   }
@@ -1745,9 +1746,10 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
 template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES = 0>
 bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const int tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
-  int groups = std::max(1, kBwdBlock / tpr);
+  // Groups share a block only for rows of under kBwdBlock threads (at most 2K columns), so
+  // their combine buffer is a few KB; allow_dynamic_smem opts in past 48 KB in any case.
+  const int groups = std::max(1, kBwdBlock / tpr);
   const size_t combine_bytes = 2 * sizeof(float) * p.cols;
-  if (combine_bytes > 48 * 1024) groups = 1;
   const int threads = tpr * groups;
   const size_t smem = BwdStage<T, W, R, VEC, VPT, STAGES>::bytes(threads, p.dsum != nullptr) +
                       (groups > 1 ? combine_bytes : 0);
