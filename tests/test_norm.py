@@ -592,6 +592,14 @@ def test_cuda_cluster_backward_many_rows(kind, cols):
         check_add(kind, x, r, [cols], w, b, fp32, msg=f"cols={cols} rows={rows} fp32={fp32}")
 
 
+def _far_row(cols, dtype):
+    """A row far from zero (E[x^2] - E[x]^2 would lose its variance): mean 1e4, spread 300;
+    float32 rows at 1e3, since at 1e4 the float32 rounding of the mean is ~2e-6 of xhat, past
+    float32's tolerance for any float32 kernel (test_large_mean_rows holds float32 at 1e4 to
+    its own bound)."""
+    return (1e3 if dtype == torch.float32 else 1e4) + 300 * torch.randn(cols, device="cuda")
+
+
 # The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the
 # TPRs of FixedTprs (csrc/cuda/norm.cu), parameters in x's dtype; FUSED_NORM_FIXED=0 sends
 # the same rows to norm_fwd_regs. Rows: a count that is not a multiple of 4 (a partly empty
@@ -630,10 +638,7 @@ def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
     x = torch.randn(rows, cols, device="cuda")
     const = [3, rows - 1]  # the last row: the last block
     x[const] = torch.randn(len(const), 1, device="cuda") * 3
-    # float32 rows at 1e3: at 1e4 the ulp of x over a spread of 300 is past the float32
-    # forward tolerance (any float32 kernel's: FUSED_NORM_FIXED=0 alike; test_large_mean_rows
-    # holds float32 at 1e4 to its own bound).
-    x[5] = (1e3 if dtype == torch.float32 else 1e4) + 300 * torch.randn(cols, device="cuda")
+    x[5] = _far_row(cols, dtype)
     x = x.to(dtype)
     configs = [(True, True), (False, False)]
     if kind == "layer":
@@ -705,9 +710,7 @@ def test_cuda_fixed_backward(cols, kind, dtype):
     rows = FIXED_BWD_ROWS.get(cols, 600)
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
     x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
-    # float32 rows at 1e3: at 1e4 the ulp of x over a spread of 300 is past the float32
-    # forward tolerance of the add form's check (see test_cuda_staged_backward).
-    x[7] = (1e3 if dtype == torch.float32 else 1e4) + 300 * torch.randn(cols, device="cuda")
+    x[7] = _far_row(cols, dtype)
     x = x.to(dtype)
     configs = [(True, True), (False, False)]
     if kind == "layer" and dtype == torch.bfloat16:
@@ -839,11 +842,9 @@ def test_cuda_staged_backward(dtype, cols, kind, stage, monkeypatch):
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
     x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
     x[7] = 2.5
-    # A row far from zero (float32 rows: 1e3, since at 1e4 the ulp of x over a spread of 300
-    # is ~2e-6 of xhat, past the float32 forward tolerance of any float32 kernel).
-    fp32_rows = dtype == torch.float32
-    x[rows - 2] = (1e3 if fp32_rows else 1e4) + 300 * torch.randn(cols, device="cuda")
+    x[rows - 2] = _far_row(cols, dtype)
     x = x.to(dtype)
+    fp32_rows = dtype == torch.float32
     if fp32_rows:
         for wcfg in ["same", None]:
             w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
