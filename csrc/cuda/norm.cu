@@ -16,7 +16,10 @@
 //     compile time for other plain rows too, parameters in x's dtype (launch_wide_fixed):
 //     16-bit 24576 / 65536, float32 12288 / 16384 / 32768 (384 / 512 / 1024 threads) and
 //     float32 layer norm rows of 8192 (256).
-//     FUSED_NORM_FIXED=0 turns these off. Everything else:
+//     The plain norms' rows of 1024 take norm_fwd_fixed_staged instead: the same row
+//     code on a persistent grid, each thread's next two rows staged in shared memory by
+//     cp.async (FUSED_NORM_FWD_STAGE=0: off). FUSED_NORM_FIXED=0 turns these off.
+//     Everything else:
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
@@ -634,7 +637,8 @@ norm_fwd_fixed(FwdParams<T, T, T> p) {
   fixed_fwd_row<T, TPR, LAYER, RES>(p, row, in, res, scratch, 0);
 }
 
-// norm_fwd_fixed_staged: the plain norms' fixed rows on a persistent grid, each thread
+// norm_fwd_fixed_staged: the plain norms' fixed rows of fwd_staged_tpr's lengths (1024
+// columns) on a persistent grid, each thread
 // copying its vectors of the rows kFwdStages - 1 ahead into its own shared-memory slots
 // (per-thread cp.async, read back by the thread itself: no barrier), so that a block keeps
 // loads in flight through its reductions and stores, where norm_fwd_fixed's block has none
@@ -1565,6 +1569,10 @@ bool bwd_stage_enabled() { return !env_switched_off("FUSED_NORM_STAGE"); }
 
 // FUSED_NORM_FWD_STAGE=0: the plain norms' fixed rows on norm_fwd_fixed (a block a row)
 // instead of norm_fwd_fixed_staged.
+// The row lengths norm_fwd_fixed_staged takes: 1024 columns (32 threads), +1-2.5 points of
+// copy on an H100 at 16384x1024; at 4096-16384 it measured 1-5 points below norm_fwd_fixed
+// (KERNEL_LOG norm v28), so those rows keep a block a row.
+constexpr bool fwd_staged_tpr(int tpr) { return tpr == 32; }
 bool fwd_stage_enabled() { return !env_switched_off("FUSED_NORM_FWD_STAGE"); }
 
 // norm_fwd_fixed_staged for a plain row of TPR threads: a persistent grid of as many blocks
@@ -1593,7 +1601,9 @@ bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS..
     constexpr int TPR = decltype(tpr)::value;
     if (p.cols != TPR * kFixedVpt * kVecElems<T>) return false;
     const bool res = p.residual != nullptr;
-    if (!res && fwd_stage_enabled() && launch_fixed_staged<T, TPR>(p)) return true;
+    if constexpr (fwd_staged_tpr(TPR)) {
+      if (!res && fwd_stage_enabled() && launch_fixed_staged<T, TPR>(p)) return true;
+    }
     if (p.rows > (1 << 30)) return false;
     auto kernel = res ? (p.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
                       : (p.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
