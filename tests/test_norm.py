@@ -657,64 +657,6 @@ def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
     check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add FUSED_NORM_FIXED={fixed}")
 
 
-# The staged fixed forward (norm_fwd_fixed_staged: the plain norms' 16-bit rows of 1024 on a
-# persistent grid, each thread's next two rows copied into its own 3-slot ring; the lengths
-# of fwd_staged_tpr in csrc/cuda/norm.cu) against FUSED_NORM_FWD_STAGE=0 (norm_fwd_fixed, a
-# block a row). Rows enough that every block walks 4 or more (its ring wraps; <= 2048
-# threads and <= 32 blocks resident an SM), plus a partial last round; constant rows (layer
-# norm: exactly b) spread over the rounds, a row far from zero, rows of different spreads.
-STAGED_FWD_CASES = [(1024, torch.bfloat16), (1024, torch.float16)]
-
-
-@CUDA
-@pytest.mark.parametrize("stage", ["1", "0"])
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cols,dtype", STAGED_FWD_CASES)
-def test_cuda_staged_forward(cols, dtype, kind, stage, monkeypatch):
-    monkeypatch.setenv("FUSED_NORM_FWD_STAGE", stage)
-    tpr = cols // 32
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = 4 * sms * min(32, 2048 // tpr) + 5
-    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
-    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
-    const = [0, 1, rows // 3, rows // 2 + 1, rows - 1]
-    x[const] = torch.randn(len(const), 1, device="cuda") * 3
-    x[rows // 4] = _far_row(cols, dtype)
-    x = x.to(dtype)
-    configs = [(True, True), (False, False)] + ([(True, False)] if kind == "layer" else [])
-    for weight, bias in configs:
-        w, b = _fixed_params(kind, cols, dtype, weight, bias)
-        msg = f"cols={cols} rows={rows} weight={weight} bias={bias} STAGE={stage}"
-        check_forward(kind, x, [cols], w, b, msg=msg)
-        if kind == "layer":
-            y, _, _ = fused_forward(kind, x, [cols], w, b, _eps(kind, dtype))
-            want = b if b is not None else torch.zeros(cols, device="cuda", dtype=dtype)
-            for r in const:
-                assert torch.equal(y[r], want), f"{msg}: constant row {r} not exactly b"
-
-
-@CUDA
-@pytest.mark.parametrize("kind", KINDS)
-def test_cuda_staged_forward_dispatch(kind, monkeypatch):
-    # The plain norms' 1024-column rows take the staged kernel unless FUSED_NORM_FWD_STAGE=0;
-    # the add forms and other fixed lengths keep norm_fwd_fixed.
-    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
-    r = torch.randn_like(x)
-    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
-    add = ((lambda: ops.add_layer_norm(x, r, [1024], w, None, 1e-5, False)) if kind == "layer"
-           else (lambda: ops.add_rms_norm(x, r, [1024], w, 1e-5, False)))
-    plain = lambda: fused_forward(kind, x, [1024], w, None, 1e-5)  # noqa: E731
-    x2 = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
-    w2 = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
-    longer = lambda: fused_forward(kind, x2, [2048], w2, None, 1e-5)  # noqa: E731
-    for env, call, want in [("1", plain, True), ("0", plain, False), ("1", add, False),
-                            ("1", longer, False)]:
-        monkeypatch.setenv("FUSED_NORM_FWD_STAGE", env)
-        names = [n for n in cuda_kernel_names(call) if "norm_fwd" in n]
-        assert any("norm_fwd_fixed" in n for n in names), (env, names)
-        assert any("norm_fwd_fixed_staged" in n for n in names) == want, (env, names)
-
-
 # The forward's wide variant (norm_fwd_regs at 8 vectors per thread) for plain norms whose
 # rows need more than 512 threads at 4 (float32 over 8192 columns, 16-bit over 16384 where
 # no fixed kernel takes them), up to 1024 threads; past that norm_fwd_long (two reads).

@@ -16,10 +16,7 @@
 //     compile time for other plain rows too, parameters in x's dtype (launch_wide_fixed):
 //     16-bit 24576 / 65536, float32 12288 / 16384 / 32768 (384 / 512 / 1024 threads) and
 //     float32 layer norm rows of 8192 (256).
-//     The plain norms' rows of 1024 take norm_fwd_fixed_staged instead: the same row
-//     code on a persistent grid, each thread's next two rows staged in shared memory by
-//     cp.async (FUSED_NORM_FWD_STAGE=0: off). FUSED_NORM_FIXED=0 turns these off.
-//     Everything else:
+//     FUSED_NORM_FIXED=0 turns these off. Everything else:
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
 //     a row: a power of two <= 32 (several rows per 128-thread block, warp-shuffle
@@ -554,17 +551,25 @@ constexpr int fixed_min_blocks(int block) {
                                                                    : kFwdMaxThreads / block;
 }
 
-// One row of norm_fwd_fixed, its vectors (and the residual's) already loaded into `in` /
-// `res`: the sums, the two reductions (scratch slots `slot` and `slot ^ 1`), the stores.
-template <typename T, int TPR, int LAYER, int RES, int VEC, int VPT>
-__device__ __forceinline__ void fixed_fwd_row(const FwdParams<T, T, T>& p, int64_t row,
-                                              const Raw<T, VEC> (&in)[VPT],
-                                              const Raw<T, VEC> (&res)[RES ? VPT : 1],
-                                              float (*scratch)[1][32], int slot) {
-  constexpr int COLS = TPR * VPT * VEC;
+template <typename T, int TPR, int LAYER, int RES>
+__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR))
+norm_fwd_fixed(FwdParams<T, T, T> p) {
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
+  constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
+  static_assert(TPR % 32 == 0, "whole warps");
+  __shared__ float scratch[2][1][32];
   const int lane = threadIdx.x;
+  const int64_t row = blockIdx.x;
   const int64_t base = row * COLS + lane * VEC;
   auto at = [&](int i) { return base + i * TPR * VEC; };  // element offset of vector i
+  // Every load of the row first; then the row as floats (the sum of the add forms is
+  // stored as soon as it is formed: no load is left to overtake).
+  Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    in[i] = load_raw<T, VEC>(p.x + at(i));
+    if constexpr (RES) res[i] = load_raw<T, VEC>(p.residual + at(i));
+  }
   FVec<VEC> v[VPT];
   float sum = 0.f;
 #pragma unroll
@@ -584,8 +589,7 @@ __device__ __forceinline__ void fixed_fwd_row(const FwdParams<T, T, T>& p, int64
   float mean = 0.f;
   if constexpr (LAYER) {
     float t[1] = {sum};
-    group_sum<1>(t, TPR, scratch[slot], false);
-    slot ^= 1;
+    group_sum<1>(t, TPR, scratch[0], false);
     mean = __fdiv_rn(t[0], static_cast<float>(COLS));
   }
   float q[1] = {0.f};
@@ -597,7 +601,7 @@ __device__ __forceinline__ void fixed_fwd_row(const FwdParams<T, T, T>& p, int64
       q[0] += d * d;
     }
   }
-  group_sum<1>(q, TPR, scratch[slot], false);  // the other slot: no barrier between the two
+  group_sum<1>(q, TPR, scratch[1], false);  // the other slot: no barrier between the two
   const float rstd = rsqrtf(q[0] * (1.f / COLS) + p.eps);
   // w / b two vectors at a time: the empty asm keeps the compiler from hoisting all of
   // them above the stores (32 more live registers: spills at the 64-register bound).
@@ -615,81 +619,6 @@ __device__ __forceinline__ void fixed_fwd_row(const FwdParams<T, T, T>& p, int64
     if constexpr (LAYER) p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
-}
-
-// A block a row: every load of the row first, then the row as floats (the sum of the add
-// forms is stored as soon as it is formed: no load is left to overtake).
-template <typename T, int TPR, int LAYER, int RES>
-__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR))
-norm_fwd_fixed(FwdParams<T, T, T> p) {
-  grid_dependency_wait();  // launched early (launch_early): nothing global before this
-  constexpr int VEC = kVecElems<T>, VPT = kFixedVpt;
-  static_assert(TPR % 32 == 0, "whole warps");
-  __shared__ float scratch[2][1][32];
-  const int64_t row = blockIdx.x;
-  const int64_t base = row * (TPR * VPT * VEC) + threadIdx.x * VEC;
-  Raw<T, VEC> in[VPT], res[RES ? VPT : 1];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    in[i] = load_raw<T, VEC>(p.x + base + i * TPR * VEC);
-    if constexpr (RES) res[i] = load_raw<T, VEC>(p.residual + base + i * TPR * VEC);
-  }
-  fixed_fwd_row<T, TPR, LAYER, RES>(p, row, in, res, scratch, 0);
-}
-
-// norm_fwd_fixed_staged: the plain norms' fixed rows of fwd_staged_tpr's lengths (1024
-// columns) on a persistent grid, each thread
-// copying its vectors of the rows kFwdStages - 1 ahead into its own shared-memory slots
-// (per-thread cp.async, read back by the thread itself: no barrier), so that a block keeps
-// loads in flight through its reductions and stores, where norm_fwd_fixed's block has none
-// then (the staging that took the norm backward's rows from 70-80 to 84-97% of copy).
-// Slots: [kFwdStages][VPT][TPR] 16-byte vectors (conflict-free reads). Rows are walked
-// blockIdx.x + k * gridDim.x; a slot is refilled only after its reader (the same thread)
-// has used it a row earlier.
-constexpr int kFwdStages = 3;
-template <int TPR, int VEC, typename T>
-constexpr int fixed_stage_bytes() {
-  return kFwdStages * kFixedVpt * TPR * VEC * static_cast<int>(sizeof(T));
-}
-
-template <typename T, int TPR, int LAYER>
-__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR))
-norm_fwd_fixed_staged(FwdParams<T, T, T> p) {
-  grid_dependency_wait();  // launched early (launch_early): nothing global before this
-  constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
-  using V = Raw<T, VEC>;
-  static_assert(TPR % 32 == 0 && sizeof(V) == 16, "whole warps, 16-byte vectors");
-  __shared__ float scratch[2][1][32];
-  extern __shared__ __align__(16) unsigned char dyn_smem[];
-  auto stage = reinterpret_cast<V (*)[VPT][TPR]>(dyn_smem);
-  const int lane = threadIdx.x;
-  const int64_t step = gridDim.x;
-  // One group a call (empty past the last row), so that stage_wait's count stays uniform.
-  auto copy_row = [&](int k, int64_t row) {
-    if (row < p.rows) {
-      const T* src = p.x + row * COLS + lane * VEC;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) stage_vec(&stage[k][i][lane], reinterpret_cast<const V*>(src + i * TPR * VEC));
-    }
-    stage_commit();
-  };
-  const int64_t first = blockIdx.x;
-#pragma unroll
-  for (int k = 0; k < kFwdStages - 1; ++k) copy_row(k, first + k * step);
-  int k = 0, slot = 0;
-  const V none[1] = {};
-  for (int64_t row = first; row < p.rows; row += step) {
-    // Refill the slot read a row ago, then wait for this row's copies.
-    copy_row(k == 0 ? kFwdStages - 1 : k - 1, row + (kFwdStages - 1) * step);
-    stage_wait<kFwdStages - 1>();
-    V in[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) in[i] = stage[k][i][lane];
-    fixed_fwd_row<T, TPR, LAYER, 0>(p, row, in, none, scratch, slot);
-    slot ^= LAYER ? 0 : 1;  // layer norm uses both slots a row; rms norm alternates rows
-    k = k == kFwdStages - 1 ? 0 : k + 1;
-  }
-  stage_wait<0>();  // no copy outlives the block
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -1567,44 +1496,13 @@ bool fixed_enabled() { return !env_switched_off("FUSED_NORM_FIXED"); }
 constexpr int kBwdStages = 3;
 bool bwd_stage_enabled() { return !env_switched_off("FUSED_NORM_STAGE"); }
 
-// FUSED_NORM_FWD_STAGE=0: the plain norms' fixed rows on norm_fwd_fixed (a block a row)
-// instead of norm_fwd_fixed_staged.
-// The row lengths norm_fwd_fixed_staged takes: 1024 columns (32 threads), +1-2.5 points of
-// copy on an H100 at 16384x1024; at 4096-16384 it measured 1-5 points below norm_fwd_fixed
-// (KERNEL_LOG norm v28), so those rows keep a block a row.
-constexpr bool fwd_staged_tpr(int tpr) { return tpr == 32; }
-bool fwd_stage_enabled() { return !env_switched_off("FUSED_NORM_FWD_STAGE"); }
-
-// norm_fwd_fixed_staged for a plain row of TPR threads: a persistent grid of as many blocks
-// as fit (occupancy with the slots' shared memory); false where none fits.
-template <typename T, int TPR>
-bool launch_fixed_staged(const FwdParams<T, T, T>& p) {
-  constexpr int smem = fixed_stage_bytes<TPR, kVecElems<T>, T>();
-  auto kernel = p.layer ? norm_fwd_fixed_staged<T, TPR, 1> : norm_fwd_fixed_staged<T, TPR, 0>;
-  const int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), TPR, smem, [&] {
-    if (!allow_dynamic_smem(kernel, smem)) return 0;
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, TPR, smem));
-    return n;
-  });
-  if (per_sm < 1) return false;
-  const int64_t blocks = std::min<int64_t>(p.rows, int64_t{per_sm} * num_sms());
-  launch_early(kernel, dim3(grid_for(blocks)), dim3(TPR), smem, p);
-  return true;
-}
-
-// norm_fwd_fixed (or, for the plain norms, norm_fwd_fixed_staged) for p if its row length
-// is one of the fixed ones; false otherwise.
+// norm_fwd_fixed for p if its row length is one of the fixed ones; false otherwise.
 template <typename T, int... TPRS>
 bool launch_fixed(const FwdParams<T, T, T>& p, std::integer_sequence<int, TPRS...>) {
   auto launch = [&](auto tpr) {
     constexpr int TPR = decltype(tpr)::value;
-    if (p.cols != TPR * kFixedVpt * kVecElems<T>) return false;
+    if (p.cols != TPR * kFixedVpt * kVecElems<T> || p.rows > (1 << 30)) return false;
     const bool res = p.residual != nullptr;
-    if constexpr (fwd_staged_tpr(TPR)) {
-      if (!res && fwd_stage_enabled() && launch_fixed_staged<T, TPR>(p)) return true;
-    }
-    if (p.rows > (1 << 30)) return false;
     auto kernel = res ? (p.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
                       : (p.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
     launch_early(kernel, dim3(static_cast<unsigned>(p.rows)), dim3(TPR), 0, p);  // a block a row
