@@ -687,6 +687,47 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
     assert got == want, names
 
 
+# The add forms' rows past 4 vectors a thread (float32 16K-32K, 16-bit sums in x's dtype
+# 32K-64K): the wide variant with the residual staged in shared memory (norm_fwd_regs with
+# RES = 2), compile-time shaped at 32768 float32 / 65536 16-bit with parameters in x's
+# dtype; longer rows, and a float32 residual stream with 16-bit x (no wide variant), take
+# norm_fwd_long. (x dtype, columns, residual_in_fp32, kernel.) Rows of different spreads,
+# a row whose sum is constant up to rounding (variance ~0), a row far from zero;
+# parameters in x's dtype and in float32.
+ADD_WIDE_CASES = [(torch.float32, 32768, False, "staged"), (torch.float32, 20004, False, "staged"),
+                  (torch.float32, 32776, False, "long"), (torch.bfloat16, 65536, False, "staged"),
+                  (torch.float16, 40008, False, "staged"), (torch.bfloat16, 65544, False, "long"),
+                  (torch.bfloat16, 40008, True, "long")]
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,cols,res32,want", ADD_WIDE_CASES)
+def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
+    rows = 6
+    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
+    x = (torch.randn(rows, cols, device="cuda") * spread).to(dtype)
+    r = (torch.randn(rows, cols, device="cuda") + torch.randn(rows, 1, device="cuda"))
+    r[2] = torch.randn(1, device="cuda") * 3 - x[2].float()  # x + r constant (up to rounding)
+    r[4] = _far_row(cols, dtype)
+    r = r.to(torch.float32 if res32 else dtype)
+    for wdtype in ("same", "fp32"):
+        w, b = _params(kind, (cols,), dtype, "cuda", wdtype)
+        check_add(kind, x, r, [cols], w, b, res32, msg=f"cols={cols} params={wdtype}")
+        call = ((lambda: ops.add_layer_norm(x, r, [cols], w, b, 1e-5, res32)) if kind == "layer"
+                else (lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, res32)))
+        names = [n for n in cuda_kernel_names(call) if "norm_fwd" in n]
+        # norm_fwd_regs<T, W, R, VEC, VPT = 8, LAYER, RES = 2, FIXED_TPR>
+        staged = [m.group(1) for n in names
+                  for m in [re.search(r"norm_fwd_regs<[^>]*, 8, [01], 2, (\d+)>", n)] if m]
+        got = "staged" if staged else ("long" if any("norm_fwd_long" in n for n in names)
+                                       else f"? {names}")
+        assert got == want, (wdtype, names)
+        if want == "staged":  # compile-time shaped where every vector is whole
+            whole = wdtype == "same" and cols in (32768, 65536)
+            assert staged == (["1024"] if whole else ["0"]), (wdtype, names)
+
+
 # The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 4096-32768
 # columns and float32 rows of 12288 / 16384, parameters (and the add forms' sum) in x's
 # dtype. Rows enough for 6 or more per cluster (the exchange slots cycle every 4 rows, the

@@ -29,6 +29,9 @@
 //     Rows in registers up to 32K elements for 16-bit x, 16K for float32 x or a float32
 //     residual stream, 8K scalar; plain norms twice that (the wide variant, 8 vectors a
 //     thread: 64K 16-bit, 32K float32).
+//     The add forms' rows past 4 vectors a thread (float32 16K-32K, 16-bit sums in x's
+//     dtype 32K-64K) take the wide variant too, the residual staged in shared memory
+//     (RES = kStagedRes: x's 8 vectors and the residual's would not fit 64 registers).
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
@@ -301,6 +304,12 @@ constexpr int kFwdWideThreads = 512;
 // for shorter rows; used for the wide variant's rows whose every vector is whole
 // (launch_wide_fixed: VPT 8 at 256-1024 threads) and for the add forms at 32768 16-bit
 // elements (VPT 4, 1024 threads).
+// RES == kStagedRes: the add forms on the wide variant (T == R, rows past what 4 vectors a
+// thread hold): the residual is not held in registers (next to x's 8 vectors it would
+// spill) but copied by each thread into its own slots of dynamic shared memory ([VPT][tpr]
+// vectors, cp.async, in flight with x's loads) and read back by the same thread after
+// stage_wait (no barrier).
+constexpr int kStagedRes = 2;
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
           int FIXED_TPR = 0>
 __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
@@ -314,7 +323,11 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
   __shared__ float scratch[2][1][32];
   int slot = 0;
   const bool layer = LAYER == kRuntime ? p.layer : LAYER == 1;
-  const bool res = RES == kRuntime ? p.residual != nullptr : RES == 1;
+  const bool res = RES == kRuntime ? p.residual != nullptr : RES >= 1;
+  constexpr bool kStaged = RES == kStagedRes;
+  static_assert(!kStaged || (std::is_same_v<T, R> && VEC > 1), "staged: rows in x's dtype");
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  auto* rstage = reinterpret_cast<Raw<R, VEC>*>(dyn_smem);  // [VPT][tpr] when kStaged
   const RowGroup g(tpr);
   const int64_t cols = kFixed ? kFixedCols : p.cols;
   const int nvec = static_cast<int>(cols / VEC);
@@ -333,7 +346,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
     // packed words. When T == R, x is loaded straight into v (no second copy of the row).
     constexpr bool kSame = std::is_same_v<T, R>;
-    Raw<R, VEC> v[VPT], rv[VPT];
+    Raw<R, VEC> v[VPT], rv[kStaged ? 1 : VPT];
     Raw<T, VEC> xsep[kSame ? 1 : VPT];
     auto xv = [&](int i) -> Raw<T, VEC>& {
       if constexpr (kSame) {
@@ -346,8 +359,17 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
         xv(i) = load_raw<T, VEC>(p.x + off + col(i) * VEC);
-        if (res) rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
+        if constexpr (kStaged) {
+          stage_vec(&rstage[i * tpr + g.lane], reinterpret_cast<const Raw<R, VEC>*>(
+                                                   p.residual + off + col(i) * VEC));
+        } else if (res) {
+          rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
+        }
       }
+    }
+    if constexpr (kStaged) {
+      stage_commit();
+      stage_wait<0>();
     }
     float sum = 0.f;
 #pragma unroll
@@ -356,7 +378,12 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
         FVec<VEC> f = to_float(xv(i));
         if (res || !kSame) {
           if (res) {
-            const FVec<VEC> r = to_float(rv[i]);
+            FVec<VEC> r;
+            if constexpr (kStaged) {
+              r = to_float(rstage[i * tpr + g.lane]);
+            } else {
+              r = to_float(rv[i]);
+            }
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
           }
@@ -1532,6 +1559,33 @@ bool launch_wide_fixed(const FwdParams<T, W, R>& p, std::integer_sequence<int, T
 // 32768 / 65536, float32 12288 / 16384 / 32768 (norm v10, v25).
 using WideTprs = std::integer_sequence<int, 384, kFwdWideThreads, kFwdMaxThreads>;
 
+// The add forms' rows past 4 vectors a thread on the wide variant with the residual staged
+// (RES = kStagedRes): float32 rows of 16K-32K, 16-bit rows in x's dtype of 32K-64K, which
+// norm_fwd_long would read twice. Shaped at compile time where every thread's 8 vectors are
+// whole at 1024 threads (float32 32768, 16-bit 65536; parameters in x's dtype). False
+// (nothing launched) for other types, or where the block's shared memory cannot hold the
+// residual's slots (128 KB at 1024 threads; sm_86 / sm_89 hold ~100 KB).
+template <typename T, typename W, typename R, int VEC>
+bool forward_add_wide(const FwdParams<T, W, R>& p, int need_wide, bool fixed_on) {
+  if constexpr (kFwdHasWide<T, R, VEC>) {
+    const int tpr = round_up(need_wide, 32);
+    auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, kStagedRes>
+                          : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, kStagedRes>;
+    if constexpr (kFixedWideTypes<T, W, R, VEC>) {
+      constexpr int kM = kFwdMaxThreads;
+      if (fixed_on && p.cols == kM * kFwdWideVpt * VEC) {
+        kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, kStagedRes, kM>
+                         : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, kStagedRes, kM>;
+      }
+    }
+    const int smem = kFwdWideVpt * tpr * static_cast<int>(sizeof(Raw<R, VEC>));
+    if (!allow_dynamic_smem_once(kernel, smem)) return false;
+    launch_early(kernel, dim3(grid_for(p.rows)), dim3(tpr), smem, p, tpr);
+    return true;
+  }
+  return false;
+}
+
 template <typename T, typename W, typename R, int VEC>
 void forward_with(const FwdParams<T, W, R>& p) {
   constexpr bool kFixed = kFixedTypes<T, W, R, VEC>;
@@ -1574,6 +1628,9 @@ void forward_with(const FwdParams<T, W, R>& p) {
                             : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1, kM>;
       launch_early(kernel, dim3(grid_for(p.rows)), dim3(kM), 0, p, kM);
     }
+  } else if (p.residual != nullptr && need > kFwdMaxThreads && need_wide <= kFwdMaxThreads &&
+             forward_add_wide<T, W, R, VEC>(p, need_wide, fixed_on)) {
+    // launched: the add forms' long rows on the wide variant, residual staged
   } else if (need <= kFwdMaxThreads) {
     // A power-of-two group of <= 32 threads per row, several rows per 128-thread block; or
     // whole warps, one row per block. Small blocks, one per row group (no grid-stride
