@@ -1,7 +1,8 @@
 """Refreshes the README's results rows from a results .md (its first table), matching rows
-by their first five cells (op, variant, pass, shape, dtype):
+by their first five cells (op, variant, pass, shape, dtype), only under the README heading
+that names the GPU (the "### <heading>" section: each GPU has its own table):
 
-    python benchmarks/dev/readme_rows.py benchmarks/results/NVIDIA_H200.md README.md
+    python benchmarks/dev/readme_rows.py benchmarks/results/NVIDIA_H200.md README.md "NVIDIA H200"
 """
 import sys
 
@@ -10,7 +11,7 @@ def key(line):
     return tuple(c.strip() for c in line.strip().strip("|").split("|")[:5])
 
 
-def main(md_path, readme_path):
+def main(md_path, readme_path, heading):
     md = open(md_path).read().split("\n")
     start = next(i for i, l in enumerate(md) if l.startswith("| op | variant | pass |"))
     rows = {}
@@ -18,9 +19,11 @@ def main(md_path, readme_path):
         if not l.startswith("|"):
             break
         rows[key(l)] = l
-    out, changed = [], 0
+    out, changed, inside = [], 0, False
     for l in open(readme_path).read().split("\n"):
-        new = rows.get(key(l)) if l.startswith("| ") else None
+        if l.startswith("#"):
+            inside = l.strip() == f"### {heading}"
+        new = rows.get(key(l)) if inside and l.startswith("| ") else None
         if new is not None and new != l:
             l, changed = new, changed + 1
         out.append(l)
@@ -29,4 +32,4 @@ def main(md_path, readme_path):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
