@@ -692,9 +692,12 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
 # RES = 2), compile-time shaped at 32768 float32 / 65536 16-bit with parameters in x's
 # dtype; longer rows, and a float32 residual stream with 16-bit x (no wide variant), take
 # norm_fwd_long. (x dtype, columns, residual_in_fp32, kernel.) Rows of different spreads,
-# a row whose sum is constant (variance 0), a row far from zero;
-# parameters in x's dtype and in float32.
+# a row whose sum is constant (variance 0: layer norm gives exactly b on the staged kernel,
+# whose mean is the row's first sum element plus an exact 0), a row far from zero;
+# parameters in x's dtype, in float32, and none. (float32 16384: the last length that
+# takes neither, 4 vectors a thread.)
 ADD_WIDE_CASES = [(torch.float32, 32768, False, "staged"), (torch.float32, 20004, False, "staged"),
+                  (torch.float32, 16388, False, "staged"), (torch.float32, 16384, False, "other"),
                   (torch.float32, 32776, False, "long"), (torch.bfloat16, 65536, False, "staged"),
                   (torch.float16, 40008, False, "staged"), (torch.bfloat16, 65544, False, "long"),
                   (torch.bfloat16, 40008, True, "long")]
@@ -712,9 +715,14 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
     r[2] = torch.randn(1, device="cuda") * 3
     r[4] = _far_row(cols, dtype)
     r = r.to(torch.float32 if res32 else dtype)
-    for wdtype in ("same", "fp32"):
+    for wdtype in ("same", "fp32", None):
         w, b = _params(kind, (cols,), dtype, "cuda", wdtype)
         check_add(kind, x, r, [cols], w, b, res32, msg=f"cols={cols} params={wdtype}")
+        if want == "staged" and kind == "layer":
+            y, _ = fused_ops.add_layer_norm(x, r, [cols], w, b, 1e-5, res32)
+            want_row = (b.to(dtype) if b is not None
+                        else torch.zeros(cols, device="cuda", dtype=dtype))
+            assert torch.equal(y[2], want_row), f"cols={cols} params={wdtype}: constant row"
         call = ((lambda: ops.add_layer_norm(x, r, [cols], w, b, 1e-5, res32)) if kind == "layer"
                 else (lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, res32)))
         names = [n for n in cuda_kernel_names(call) if "norm_fwd" in n]
@@ -722,10 +730,10 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
         staged = [m.group(1) for n in names
                   for m in [re.search(r"norm_fwd_regs<[^>]*, 8, [01], 2, (\d+)>", n)] if m]
         got = "staged" if staged else ("long" if any("norm_fwd_long" in n for n in names)
-                                       else f"? {names}")
+                                       else "other")
         assert got == want, (wdtype, names)
         if want == "staged":  # compile-time shaped: whole vectors, parameters in x's dtype
-            whole = w.dtype == dtype and cols in (32768, 65536)
+            whole = (w is None or w.dtype == dtype) and cols in (32768, 65536)
             assert staged == (["1024"] if whole else ["0"]), (wdtype, names)
 
 

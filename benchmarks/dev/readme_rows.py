@@ -4,6 +4,7 @@ that names the GPU (the "### <heading>" section: each GPU has its own table):
 
     python benchmarks/dev/readme_rows.py benchmarks/results/NVIDIA_H200.md README.md "NVIDIA H200"
 """
+import argparse
 import sys
 
 
@@ -11,25 +12,33 @@ def key(line):
     return tuple(c.strip() for c in line.strip().strip("|").split("|")[:5])
 
 
-def main(md_path, readme_path, heading):
-    md = open(md_path).read().split("\n")
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("md", help="a results .md (benchmarks/results/<gpu>.md)")
+    ap.add_argument("readme", help="the README to refresh in place")
+    ap.add_argument("heading", help='the GPU section\'s heading, without "### "')
+    a = ap.parse_args()
+    md = open(a.md).read().split("\n")
     start = next(i for i, l in enumerate(md) if l.startswith("| op | variant | pass |"))
     rows = {}
     for l in md[start + 2:]:
         if not l.startswith("|"):
             break
         rows[key(l)] = l
-    out, changed, inside = [], 0, False
-    for l in open(readme_path).read().split("\n"):
-        if l.startswith("#"):
-            inside = l.strip() == f"### {heading}"
+    out, changed, inside, found = [], 0, False, False
+    for l in open(a.readme).read().split("\n"):
+        if l.startswith("## ") or l.startswith("### "):  # headings (not code comments)
+            inside = l.strip() == f"### {a.heading}"
+            found = found or inside
         new = rows.get(key(l)) if inside and l.startswith("| ") else None
         if new is not None and new != l:
             l, changed = new, changed + 1
         out.append(l)
-    open(readme_path, "w").write("\n".join(out))
+    if not found:
+        sys.exit(f"no '### {a.heading}' heading in {a.readme}")
+    open(a.readme, "w").write("\n".join(out))
     print(f"{changed} README rows refreshed")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main()

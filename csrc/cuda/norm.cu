@@ -15,7 +15,8 @@
 //     for the plain norms, 1024 threads for the add forms. The wide variant is shaped at
 //     compile time for other plain rows too, parameters in x's dtype (launch_wide_fixed):
 //     16-bit 24576 / 65536, float32 12288 / 16384 / 32768 (384 / 512 / 1024 threads) and
-//     float32 layer norm rows of 8192 (256).
+//     float32 layer norm rows of 8192 (256); and for the add forms' float32 rows of 32768 and
+//     16-bit rows of 65536 (1024 threads, the residual staged: below).
 //     FUSED_NORM_FIXED=0 turns these off. Everything else:
 //   * norm_fwd_regs: the row lives in registers (64 bytes of row per thread, or 8 elements
 //     on the scalar path) and is read from memory once. A row group of `tpr` threads owns
@@ -31,7 +32,8 @@
 //     thread: 64K 16-bit, 32K float32).
 //     The add forms' rows past 4 vectors a thread (float32 16K-32K, 16-bit sums in x's
 //     dtype 32K-64K) take the wide variant too, the residual staged in shared memory
-//     (RES = kStagedRes: x's 8 vectors and the residual's would not fit 64 registers).
+//     (RES = kStagedRes: x's 8 vectors and the residual's would not fit 64 registers; the
+//     run-time-shaped layer variants still spill 8-48 bytes, the compile-time ones none).
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
@@ -272,8 +274,9 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr, float (*scratc
 // ---- forward ------------------------------------------------------------------------------
 
 // norm_fwd_regs' launch bound: any block size up to 1024 threads, hence at most 64
-// registers per thread, so every launch shape keeps >= 32 warps resident per SM (enough
-// loads in flight to cover the memory latency while other rows reduce).
+// registers per thread, so launch shapes whose blocks tile 1024 threads keep >= 32 warps
+// resident per SM (enough loads in flight to cover the memory latency while other rows
+// reduce); one-row blocks of 544-992 threads fit once an SM (17-31 warps).
 constexpr int kFwdMaxThreads = 1024;
 // Rows of up to 32 row-group threads share a block of this many threads.
 constexpr int kFwdShortThreads = 128;
@@ -302,7 +305,8 @@ constexpr int kFwdWideThreads = 512;
 // FIXED_TPR > 0: the row length is FIXED_TPR * VPT * VEC and tpr == FIXED_TPR, both known at
 // compile time (no per-vector bounds checks, constant index math), as norm_fwd_fixed does
 // for shorter rows; used for the wide variant's rows whose every vector is whole
-// (launch_wide_fixed: VPT 8 at 256-1024 threads) and for the add forms at 32768 16-bit
+// (launch_wide_fixed: VPT 8 at 256-1024 threads; forward_add_wide: VPT 8 at 1024 threads,
+// the add forms' float32 32768 / 16-bit 65536) and for the add forms at 32768 16-bit
 // elements (VPT 4, 1024 threads).
 // RES == kStagedRes: the add forms on the wide variant (T == R, rows past what 4 vectors a
 // thread hold): the residual is not held in registers (next to x's 8 vectors it would
@@ -1491,9 +1495,9 @@ void with_fwd_kernel(const FwdParams<T, W, R>& p, Launch&& launch) {
   }
 }
 
-// Whether the wide variant (kFwdWideVpt vectors per thread) exists for these types: plain
-// norms (16-bit or float32 rows) on the 16-byte path (with a residual it would spill ~200
-// bytes).
+// Whether the wide variant (kFwdWideVpt vectors per thread) exists for these types: rows in
+// x's dtype (16-bit or float32) on the 16-byte path; plain norms, and the add forms with the
+// residual staged in shared memory (held in registers next to x it would spill ~200 bytes).
 template <typename T, typename R, int VEC>
 constexpr bool kFwdHasWide = VEC > 1 && std::is_same_v<T, R>;
 
