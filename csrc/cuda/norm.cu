@@ -359,15 +359,23 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
         return xsep[i];
       }
     };
+    // The residual's vector i: in registers, or in this thread's shared-memory slot.
+    auto resv = [&](int i) -> Raw<R, VEC>& {
+      if constexpr (kStaged) {
+        return rstage[i * tpr + g.lane];
+      } else {
+        return rv[i];
+      }
+    };
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
         xv(i) = load_raw<T, VEC>(p.x + off + col(i) * VEC);
+        const R* r = p.residual + off + col(i) * VEC;
         if constexpr (kStaged) {
-          stage_vec(&rstage[i * tpr + g.lane], reinterpret_cast<const Raw<R, VEC>*>(
-                                                   p.residual + off + col(i) * VEC));
+          stage_vec(&resv(i), reinterpret_cast<const Raw<R, VEC>*>(r));
         } else if (res) {
-          rv[i] = load_raw<R, VEC>(p.residual + off + col(i) * VEC);
+          resv(i) = load_raw<R, VEC>(r);
         }
       }
     }
@@ -382,12 +390,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
         FVec<VEC> f = to_float(xv(i));
         if (res || !kSame) {
           if (res) {
-            FVec<VEC> r;
-            if constexpr (kStaged) {
-              r = to_float(rstage[i * tpr + g.lane]);
-            } else {
-              r = to_float(rv[i]);
-            }
+            const FVec<VEC> r = to_float(resv(i));
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f.v[j] += r.v[j];
           }
