@@ -94,6 +94,19 @@ __device__ __forceinline__ void load_bias_pair(const GemmProblem& p, int n, floa
   if (n + 1 < p.N) b1 = Elem<T>::to_float(bias[n + 1]);
 }
 
+// ACT of (v0, v1) stored at c[0], c[1] (c[1] only when has1): one 4-byte store when paired.
+template <typename T, int ACT>
+__device__ __forceinline__ void store_act_pair(T* c, float v0, float v1, bool has1, bool paired) {
+  v0 = act_for<T, ACT>(v0);
+  v1 = act_for<T, ACT>(v1);
+  if (paired) {
+    *reinterpret_cast<typename Elem<T>::pair*>(c) = Elem<T>::pack(v0, v1);
+  } else {
+    c[0] = Elem<T>::from_float(v0);
+    if (has1) c[1] = Elem<T>::from_float(v1);
+  }
+}
+
 // Stores the two accumulator values of columns n, n+1 of one row (row_offset = its first
 // element; the caller checks the row is inside M), adding the bias, storing the
 // pre-activation when asked and applying the activation. A 4-byte paired store when both
@@ -107,23 +120,9 @@ __device__ __forceinline__ void epilogue_pair(const GemmProblem& p, int64_t row_
   v1 += b1;
   const bool paired = has1 && (p.N % 2 == 0);
   if (p.z != nullptr) {
-    T* z = static_cast<T*>(p.z) + row_offset + n;
-    if (paired) {
-      *reinterpret_cast<typename Elem<T>::pair*>(z) = Elem<T>::pack(v0, v1);
-    } else {
-      z[0] = Elem<T>::from_float(v0);
-      if (has1) z[1] = Elem<T>::from_float(v1);
-    }
+    store_act_pair<T, kActNone>(static_cast<T*>(p.z) + row_offset + n, v0, v1, has1, paired);
   }
-  v0 = act_for<T, ACT>(v0);
-  v1 = act_for<T, ACT>(v1);
-  T* c = static_cast<T*>(p.c) + row_offset + n;
-  if (paired) {
-    *reinterpret_cast<typename Elem<T>::pair*>(c) = Elem<T>::pack(v0, v1);
-  } else {
-    c[0] = Elem<T>::from_float(v0);
-    if (has1) c[1] = Elem<T>::from_float(v1);
-  }
+  store_act_pair<T, ACT>(static_cast<T*>(p.c) + row_offset + n, v0, v1, has1, paired);
 }
 
 // Tile order shared by both kernels: tiles are walked in groups of kGroupM tile-rows, so
