@@ -222,43 +222,6 @@ def test_linear_cuda_large(kernel, dtype, act, case):
     linear_case(x_shape, N, dtype, "cuda", True, act, all_views=False)
 
 
-# The Hopper kernel's activation pass (matmul_sm90.cu act_pass: the producer warpgroup's spare
-# warps apply the activation while the consumers run the next tile's mainloop) against the
-# consumers' own epilogue (FUSED_OPS_MATMUL_ACT_PASS=consumer): the same float operations, so
-# the same bits, for the inference op and the training forward (y and the pre-activation).
-# Shapes where the host turns it on (K x BN >= 2048 x 256, more tiles than SMs): partial
-# tiles with an odd N (checked element stores), whole tiles (unchecked pairs) on the 128-wide
-# tile, a partial last tile column with an even N. Its workspace (one fp32 tile a block) shows
-# in the peak memory, which is how the test knows the pass ran.
-@CUDA
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
-@pytest.mark.parametrize("mkn", [(4097, 2048, 4097), (2048, 4096, 2048), (8192, 2048, 1000)])
-def test_linear_act_pass(dtype, act, mkn, monkeypatch):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the activation pass is the Hopper kernel's")
-    set_kernel("auto", monkeypatch)
-    m, k, n = mkn
-    x = torch.randn(m, k, device="cuda", dtype=dtype)
-    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
-    b = torch.randn(n, device="cuda", dtype=dtype)
-    outs, peak = {}, {}
-    for mode in ("consumer", "producer"):
-        monkeypatch.setenv("FUSED_OPS_MATMUL_ACT_PASS", mode)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        y = fused_ops.linear(x, w, b, act)
-        torch.cuda.synchronize()
-        peak[mode] = torch.cuda.max_memory_allocated() - base - y.numel() * y.element_size()
-        outs[mode] = (y,) + tuple(torch.ops.fused.linear_fwd(x, w, b, act))
-    assert peak["producer"] >= peak["consumer"] + 4 * 2 ** 20, peak
-    for name, a, p in zip(("y", "linear_fwd y", "linear_fwd z"), outs["consumer"], outs["producer"]):
-        assert torch.equal(a, p), f"{name}: {(a.float() - p.float()).abs().max().item()}"
-    ref = act_ref(F.linear(x.double(), w.double(), b.double()), act)
-    check(outs["producer"][0], ref, dtype)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_linear_k_zero(device):
     # An empty reduction: y = act(bias).

@@ -1,14 +1,12 @@
 """Where the fused linear's epilogue time goes (Hopper kernel, bf16): the fused op with and
-without bias / activation (and with the activation in the consumers' epilogue instead of the
-activation pass: FUSED_OPS_MATMUL_ACT_PASS=consumer) next to cuBLAS (torch.mm, F.linear, the
-cuBLASLt gelu epilogue), each timed twice, interleaved, as triton.testing.do_bench medians.
+without bias / activation next to cuBLAS (torch.mm, F.linear, the cuBLASLt gelu epilogue),
+each timed twice, interleaved, as triton.testing.do_bench medians (ms).
 
     python benchmarks/dev/linear_epilogue.py [--reverse] [--rounds R] [MxNxK ...]
 
 --reverse times the cases in the opposite order (the first case timed at each shape runs on
 the coolest GPU: KERNEL_LOG matmul v6, "4096^3").
 """
-import os
 import sys
 
 import torch
@@ -25,19 +23,6 @@ if "--rounds" in args:
     del args[args.index("--rounds"):args.index("--rounds") + 2]
 shapes = [a for a in args if a != "--reverse"] or ["4096x4096x4096", "16384x4096x4096",
                                                   "8192x8192x8192"]
-
-
-def consumer_pass(f):
-    """f with the activation applied in the consumers' epilogue (FUSED_OPS_MATMUL_ACT_PASS)."""
-    def run():
-        os.environ["FUSED_OPS_MATMUL_ACT_PASS"] = "consumer"
-        try:
-            return f()
-        finally:
-            del os.environ["FUSED_OPS_MATMUL_ACT_PASS"]
-    return run
-
-
 torch.manual_seed(0)
 print(torch.cuda.get_device_name())
 for s in shapes:
@@ -50,7 +35,6 @@ for s in shapes:
         "fused +bias": lambda: fused_ops.linear(x, w, b),
         "fused +gelu_tanh": lambda: fused_ops.linear(x, w, None, "gelu_tanh"),
         "fused +bias+gelu_tanh": lambda: fused_ops.linear(x, w, b, "gelu_tanh"),
-        "  ... act on consumers": consumer_pass(lambda: fused_ops.linear(x, w, b, "gelu_tanh")),
         "cublas mm": lambda: torch.mm(x, w.t()),
         "cublas F.linear+bias": lambda: F.linear(x, w, b),
         "cublasLt bias+gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),

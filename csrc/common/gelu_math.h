@@ -91,9 +91,9 @@ __device__ __forceinline__ float gelu_fwd_fast(float x) {
     // x sigmoid(2u) = x / (1 + 2^(x (kTanhE0 + kTanhE1 x^2))): 3 multiply-adds, ex2, add, rcp,
     // multiply. The constants are folded by hand (nvcc keeps the source's order of float
     // operations), and ex2 / rcp are the .ftz forms, whose non-ftz library forms wrap each
-    // MUFU in range fix-ups: ~20 instructions an element before, 9 now, which is what the
-    // matmul epilogue's tensor cores wait for (KERNEL_LOG matmul v9). x << 0: 2^(...)
-    // overflows to inf and the result is -0, as torch's float tanh form rounds it.
+    // MUFU in range fix-ups: ~9 instructions an element instead of ~20, leaving the two MUFU
+    // as the bound (KERNEL_LOG matmul v9). x << 0: 2^(...) overflows to inf and the result
+    // is -0, as torch's float tanh form rounds it.
     const float e = exp2_approx(x * fmaf(x * x, kTanhE1, kTanhE0));
     return x * rcp_approx(1.0f + e);
   }

@@ -28,11 +28,6 @@
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include <ATen/ops/empty.h>
-
-#include <cstdlib>
-#include <cstring>
-
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
 
@@ -61,17 +56,12 @@ struct HopperConfig {
   static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
   // The tile's BN bias values as floats, one copy per consumer warpgroup.
   static constexpr int BIAS_BYTES = CONSUMERS * BN * 4;
-  // The activation pass (act_pass): warps 1-3 of the producer warpgroup; the fp32 tile
-  // handed to them is ACT float4 groups per consumer thread.
-  static constexpr int HELPERS = 3;
-  static constexpr int GROUPS = ACC / 4, TILE_VEC4 = BM * BN / 4;
-  // Tiles, the full and empty barriers of the stages and of the activation pass's slot, the
-  // epilogue scratch, the bias; + 1024 to align the tiles to the swizzle atom.
-  static constexpr int BARRIER_BYTES = (2 * STAGES + 2) * 8;
+  // Tiles, the full and empty barriers, the epilogue scratch, the bias; + 1024 to align the
+  // tiles to the swizzle atom.
   static constexpr int SMEM =
-      STAGES * STAGE_BYTES + BARRIER_BYTES + EPI_BYTES + BIAS_BYTES + 1024;
+      STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + BIAS_BYTES + 1024;
   static_assert(SMEM <= 227 * 1024, "shared memory per block");
-  static_assert((STAGES * STAGE_BYTES + BARRIER_BYTES) % 16 == 0, "scratch 16-byte aligned");
+  static_assert((STAGES * STAGE_BYTES + 2 * STAGES * 8) % 16 == 0, "scratch 16-byte aligned");
 };
 
 #if defined(FUSED_SM90A)
@@ -277,25 +267,11 @@ __device__ __forceinline__ void write_scratch(T* scratch, const float (&acc)[NAC
 
 // Copies the scratch's 16 x 64 piece to out rows row0.., columns col0.. of batch b: each
 // lane one 16-byte vector a step, 8 lanes per 128-byte row (whole lines), element stores
-// where the row or the end of a row does not allow vectors; nothing outside M x N. Step i
-// stores rows 4 i + lane / 8, so a piece wholly inside M x N takes one address and four
-// unchecked vector stores (the checked path cost ~20 integer instructions a store, which
-// the tensor cores wait for as they do for the activation: KERNEL_LOG matmul v9).
+// where the row or the end of a row does not allow vectors; nothing outside M x N.
 template <typename T, int PITCH>
 __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, const GemmProblem& p,
                                                   int b, int row0, int col0, bool vec_ok,
                                                   int lane) {
-  if (vec_ok && row0 + 16 <= p.M && col0 + 64 <= p.N) {
-    const int rr = lane / 8, cc = lane % 8;
-    const T* src = scratch + rr * PITCH + 8 * cc;
-    T* dst = out + (static_cast<int64_t>(b) * p.M + row0 + rr) * p.N + col0 + 8 * cc;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      *reinterpret_cast<uint4*>(dst + 4 * i * static_cast<int64_t>(p.N)) =
-          *reinterpret_cast<const uint4*>(src + 4 * i * PITCH);
-    }
-    return;
-  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int id = i * 32 + lane;
@@ -312,89 +288,12 @@ __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, cons
     }
   }
 }
-
-// The activation pass, when the host gives the kernel a workspace (act_ws: one fp32 tile
-// slot per block): the consumers store each finished tile there as fp32 with the bias added
-// (thread-ordered float4 groups: whole 512-byte lines a warp, no shared memory), and warps
-// 1-3 of the producer warpgroup, idle otherwise, apply the activation and store the result
-// while the consumers run the next tile's mainloop. The activation is bound by the special-
-// function unit (two MUFU an element: ~4096 clocks a 128 x 256 tile), which the consumers'
-// epilogue made the tensor cores wait for (KERNEL_LOG matmul v9). The slot is handed over
-// on two mbarriers: slot_full (every consumer thread arrives once its groups are stored:
-// release) and slot_empty (every helper thread arrives once it has read the tile).
-//
-// act_tile: one tile, from slot to out (batch b's C) at tile origin (row0, col0). float4 f
-// is group g = (f / 32) % GROUPS of lane f % 32 of consumer warp (f / 32) / GROUPS, i.e.
-// accumulators 4g .. 4g + 3: row lane / 4 (and 8 rows down) of that warp's 16, columns
-// 8g + 2 (lane % 4) + {0, 1} (see write_scratch). BATCH loads are issued before any use (the
-// pass is latency-bound otherwise: 96 threads, each on an L2 round trip). FULL: the tile
-// lies inside M x N and N is even, so every pair is stored unchecked.
-template <typename T, int ACT, typename Cfg, bool FULL>
-__device__ __forceinline__ void act_tile(const GemmProblem& p, const float4* __restrict__ slot,
-                                         T* out, int row0, int col0, int h) {
-  constexpr int THREADS = 32 * Cfg::HELPERS, BATCH = 4;
-  const int lane = h % 32;
-  const int64_t ld = p.N;
-  for (int f0 = h; f0 < Cfg::TILE_VEC4; f0 += BATCH * THREADS) {
-    float4 v[BATCH];
-#pragma unroll
-    for (int u = 0; u < BATCH; ++u) {
-      if (f0 + u * THREADS < Cfg::TILE_VEC4) v[u] = __ldlu(slot + f0 + u * THREADS);
-    }
-#pragma unroll
-    for (int u = 0; u < BATCH; ++u) {
-      const int f = f0 + u * THREADS;
-      if (f >= Cfg::TILE_VEC4) break;
-      const int cwg = f / 32, g = cwg % Cfg::GROUPS;
-      const int row = row0 + (cwg / Cfg::GROUPS) * 16 + lane / 4;
-      const int col = col0 + 8 * g + 2 * (lane % 4);
-      T* c = out + row * ld + col;
-      if constexpr (FULL) {
-        store_act_pair<T, ACT>(c, v[u].x, v[u].y, true, true);
-        store_act_pair<T, ACT>(c + 8 * ld, v[u].z, v[u].w, true, true);
-      } else if (col < p.N) {
-        const bool has1 = col + 1 < p.N, paired = has1 && p.N % 2 == 0;
-        if (row < p.M) store_act_pair<T, ACT>(c, v[u].x, v[u].y, has1, paired);
-        if (row + 8 < p.M) store_act_pair<T, ACT>(c + 8 * ld, v[u].z, v[u].w, has1, paired);
-      }
-    }
-  }
-}
-
-template <typename T, typename Cfg>
-__device__ __forceinline__ void act_pass(const GemmProblem& p, const float4* __restrict__ slot,
-                                         uint64_t* slot_full, uint64_t* slot_empty,
-                                         int tiles_m, int tiles_n, int total) {
-  const int h = threadIdx.x - 32;
-  const int tiles_per_batch = tiles_m * tiles_n;
-  int lt = 0;  // this block's tile count, the slot barriers' phase
-  // A block's last tile is not handed over (see the consumers): nothing would hide it.
-  for (int tile = blockIdx.x; tile + gridDim.x < total; tile += gridDim.x, ++lt) {
-    const int b = tile / tiles_per_batch;
-    int tm, tn;
-    tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
-    const int row0 = tm * Cfg::BM, col0 = tn * Cfg::BN;
-    T* out = static_cast<T*>(p.c) + static_cast<int64_t>(b) * p.M * p.N;
-    const bool full = row0 + Cfg::BM <= p.M && col0 + Cfg::BN <= p.N && p.N % 2 == 0;
-    mbar_wait(slot_full, lt & 1);
-    dispatch_act(p.act, [&](auto act) {
-      constexpr int ACT = decltype(act)::value;
-      if (full) {
-        act_tile<T, ACT, Cfg, true>(p, slot, out, row0, col0, h);
-      } else {
-        act_tile<T, ACT, Cfg, false>(p, slot, out, row0, col0, h);
-      }
-    });
-    mbar_arrive(slot_empty);
-  }
-}
 #endif  // FUSED_SM90A
 
 template <typename T, typename Cfg, bool AK, bool BK_MAJ>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     hopper_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
-                       const __grid_constant__ CUtensorMap map_b, const GemmProblem p,
-                       float* __restrict__ act_ws) {
+                       const __grid_constant__ CUtensorMap map_b, const GemmProblem p) {
 #if defined(FUSED_SM90A)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
@@ -405,9 +304,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   T* sB = sA + STAGES * Cfg::A_ELEMS;
   uint64_t* full = reinterpret_cast<uint64_t*>(sB + STAGES * Cfg::B_ELEMS);
   uint64_t* empty = full + STAGES;
-  uint64_t* slot_full = empty + STAGES;   // the activation pass's hand-over (act_pass)
-  uint64_t* slot_empty = slot_full + 1;
-  T* epi = reinterpret_cast<T*>(slot_empty + 1);
+  T* epi = reinterpret_cast<T*>(empty + STAGES);
   float* bias_s = reinterpret_cast<float*>(epi + Cfg::CONSUMERS * 4 * Cfg::EPI_WARP_ELEMS);
 
   if (threadIdx.x == 0) {
@@ -415,8 +312,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       mbar_init(&full[s], 1);                         // the producer's expect_tx arrival
       mbar_init(&empty[s], Cfg::CONSUMERS * 128);     // every consumer thread
     }
-    mbar_init(slot_full, Cfg::CONSUMERS * 128);
-    mbar_init(slot_empty, Cfg::HELPERS * 32);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -429,14 +324,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   if (wg == 0) {
     // Producer warpgroup: gives registers away; one thread issues every TMA load.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-    if (threadIdx.x >= 32) {
-      if (act_ws != nullptr) {
-        act_pass<T, Cfg>(p, reinterpret_cast<const float4*>(act_ws) + blockIdx.x * Cfg::TILE_VEC4,
-                         slot_full, slot_empty, tiles_m, tiles_n, total);
-      }
-      return;
-    }
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
     int it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -470,14 +358,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
     float acc[Cfg::ACC];
     int it = 0;
-    int lt = 0;  // this block's tile count, the activation pass's slot phase
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x, ++lt) {
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
@@ -519,18 +406,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       consumer_barrier(c);
 
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
-      // whole-line stores (the pre-activation first when the backward pass wants it). With
-      // the activation pass (act_ws), only the pre-activation is stored here, except on the
-      // block's last tile: no next mainloop would hide the pass, whose 96 threads take
-      // longer over a tile than the 256 consumers do.
-      const bool pass = act_ws != nullptr && tile + gridDim.x < total;
+      // whole-line stores (the pre-activation first when the backward pass wants it).
       T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
       const int row0 = tm * BM + c * 64 + warp * 16;
-      T* out_c = pass ? nullptr : static_cast<T*>(p.c);
+      T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
       const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(out_c) % 16 == 0 &&
                           reinterpret_cast<uintptr_t>(out_z) % 16 == 0;
-      dispatch_act(pass ? kActNone : p.act, [&](auto act) {
+      dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
 #pragma unroll
         for (int jc = 0; jc < BN / 64; ++jc) {
@@ -549,27 +432,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
             __syncwarp();
             scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
           }
-          if (out_c != nullptr) {
-            __syncwarp();
-            write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
-            __syncwarp();
-            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
-          }
+          __syncwarp();
+          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+          __syncwarp();
+          scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
         }
       });
-      if (pass) {
-        // The fp32 tile, bias added, to the activation pass, once it has read the last one.
-        mbar_wait(slot_empty, (lt & 1) ^ 1);
-        float4* slot = reinterpret_cast<float4*>(act_ws) + blockIdx.x * Cfg::TILE_VEC4 +
-                       (c * 4 + warp) * Cfg::GROUPS * 32 + lane;
-#pragma unroll
-        for (int g = 0; g < Cfg::GROUPS; ++g) {
-          const float2 bv = *reinterpret_cast<const float2*>(wg_bias + 8 * g + 2 * (lane % 4));
-          __stcg(slot + g * 32, make_float4(acc[4 * g] + bv.x, acc[4 * g + 1] + bv.y,
-                                            acc[4 * g + 2] + bv.x, acc[4 * g + 3] + bv.y));
-        }
-        mbar_arrive(slot_full);
-      }
     }
   }
 #endif  // FUSED_SM90A
@@ -617,16 +485,6 @@ bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t
   return r == CUDA_SUCCESS;
 }
 
-// The activation (GeLU) on the producer warpgroup's spare warps (act_pass), or in the
-// consumers' epilogue: FUSED_OPS_MATMUL_ACT_PASS=producer (default) | consumer.
-bool act_pass_on() {
-  const char* v = std::getenv("FUSED_OPS_MATMUL_ACT_PASS");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "producer") == 0) return true;
-  TORCH_CHECK(std::strcmp(v, "consumer") == 0,
-              "FUSED_OPS_MATMUL_ACT_PASS must be 'producer' or 'consumer', but is '", v, "'");
-  return false;
-}
-
 // Whether this device runs the kernel's sm_90a code: a CC 9.0 GPU and code built for it
 // (ptxVersion 90 only when sm_90a code was built; see the top of this file).
 template <typename Kernel>
@@ -655,17 +513,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-  // The activation pass's workspace: one fp32 tile a block (17 MB at 132 blocks of 128 x
-  // 256), from the caching allocator on this stream (freed for this stream's later work).
-  // Only where a tile's mainloop (K x BN) is long enough to hide the pass's ~10 us a tile.
-  at::Tensor ws;
-  if (p.act != kActNone && int64_t(p.K) * Cfg::BN >= 2048 * 256 && tiles > grid &&
-      act_pass_on()) {
-    ws = at::empty({int64_t(grid) * Cfg::BM * Cfg::BN},
-                   at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, at::cuda::current_device()));
-  }
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p,
-                                                    ws.defined() ? ws.data_ptr<float>() : nullptr);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
 }
