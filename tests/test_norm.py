@@ -54,7 +54,9 @@ def ref_grads(kind, x, dy, ns, w, b, eps, dsum=None):
     The mean is saved in float32 for every x dtype (the API), and its rounding, a few ulps of
     |mean|, moves a whole row's xhat by up to |mean| rstd 2^-22 whatever xhat is: dweight, a
     sum over rows of dy xhat, carries sum_rows |dy| |mean| rstd 2^-22 of it, which no multiple
-    of sum_rows |dy xhat| covers where xhat is small on a row far from zero (_far_row)."""
+    of sum_rows |dy xhat| covers where xhat is small on a row far from zero (_far_row; seen
+    as 2 of 40008 float32 dweights past the bound by 6.5e-7 in test_cuda_add_wide_forward,
+    float16 x, 40008 columns)."""
     x64 = x.double().requires_grad_()
     w64 = None if w is None else w.double().requires_grad_()
     b64 = None if b is None else b.double().requires_grad_()
@@ -78,7 +80,10 @@ def ref_grads(kind, x, dy, ns, w, b, eps, dsum=None):
         sum_rows = (lambda t: t.sum(dim=rows)) if rows else (lambda t: t)  # noqa: E731
         mag_dw = sum_rows((dy64 * xhat).abs())
         mag_db = sum_rows(dy64.abs())
-        slack_dw = (sum_rows(dy64.abs() * r * abs(mean)) * 2.0 ** -22
+        # Rows of one value (variance 0, n = 1) are left out: their mean is exact, and rstd
+        # = eps^-1/2 would make the slack large where the kernels must give xhat = 0.
+        spread = (xhat.abs().amax(dim=dims, keepdim=True) > 0).double()
+        slack_dw = (sum_rows(dy64.abs() * r * abs(mean) * spread) * 2.0 ** -22
                     if kind == "layer" and x.dtype != torch.float64 else 0.0)
     dw = None if w64 is None else w64.grad
     db = None if b64 is None else b64.grad

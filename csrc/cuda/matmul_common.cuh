@@ -62,7 +62,7 @@ __device__ __forceinline__ float apply_act(float z, int act) {
 
 // The epilogue's activation, fixed at compile time (the kernels switch on p.act once per
 // tile, not per element) and in the form fit for the stored type T: for 16-bit T the SFU
-// forms of gelu_math.h (gelu_fwd_for: ~10-14 instructions an element instead of ~25 for
+// forms of gelu_math.h (gelu_fwd_for: ~9-14 instructions an element instead of ~25 for
 // libdevice erff/expf + IEEE division), which keeps the epilogue short next to the MMAs.
 template <typename T, int ACT>
 __device__ __forceinline__ float act_for(float z) {
