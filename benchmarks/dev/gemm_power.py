@@ -20,9 +20,8 @@ import threading
 import time
 
 import torch
-import torch.nn.functional as F
 
-import fused_ops
+from linear_cases import linear_cases
 
 args = sys.argv[1:]
 seconds = 2.0
@@ -62,17 +61,9 @@ try:
     time.sleep(1.0)
     print(torch.cuda.get_device_name())
     for s in shapes:
-        m, n, k = (int(v) for v in s.split("x"))
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        cases = {
-            "fused mm": lambda: fused_ops.linear(x, w),
-            "fused +bias+gelu_tanh": lambda: fused_ops.linear(x, w, b, "gelu_tanh"),
-            "cublas mm": lambda: torch.mm(x, w.t()),
-            "cublasLt bias+gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
-            "eager F.gelu(F.linear)": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
-        }
+        (m, n, k), every = linear_cases(s)
+        cases = {name: every[name] for name in ("fused mm", "fused +bias+gelu_tanh", "cublas mm",
+                                                "cublasLt bias+gelu", "eager F.gelu(F.linear)")}
         for name, f in cases.items():
             f()
             torch.cuda.synchronize()

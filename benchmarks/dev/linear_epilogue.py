@@ -10,10 +10,9 @@ the coolest GPU: KERNEL_LOG matmul v6, "4096^3").
 import sys
 
 import torch
-import torch.nn.functional as F
 from triton.testing import do_bench
 
-import fused_ops
+from linear_cases import linear_cases
 
 args = sys.argv[1:]
 reverse = "--reverse" in args
@@ -26,19 +25,8 @@ shapes = [a for a in args if a != "--reverse"] or ["4096x4096x4096", "16384x4096
 torch.manual_seed(0)
 print(torch.cuda.get_device_name())
 for s in shapes:
-    m, n, k = (int(v) for v in s.split("x"))
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    cases = {
-        "fused mm": lambda: fused_ops.linear(x, w),
-        "fused +bias": lambda: fused_ops.linear(x, w, b),
-        "fused +gelu_tanh": lambda: fused_ops.linear(x, w, None, "gelu_tanh"),
-        "fused +bias+gelu_tanh": lambda: fused_ops.linear(x, w, b, "gelu_tanh"),
-        "cublas mm": lambda: torch.mm(x, w.t()),
-        "cublas F.linear+bias": lambda: F.linear(x, w, b),
-        "cublasLt bias+gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
-    }
+    (m, n, k), every = linear_cases(s)
+    cases = {name: f for name, f in every.items() if name != "eager F.gelu(F.linear)"}
     if reverse:
         cases = dict(reversed(list(cases.items())))
     res = {name: [] for name in cases}
