@@ -450,3 +450,37 @@ def test_bad_kernel_env(monkeypatch):
     a = torch.randn(8, 8, device="cuda").half()
     with pytest.raises(RuntimeError, match="FUSED_OPS_MATMUL_KERNEL must be"):
         fused_ops.matmul(a, a)
+
+
+# The tile order's group height (FUSED_OPS_MATMUL_GROUP_M, default 8) only reorders the tiles:
+# every value gives bitwise the default's output, including groups of 1, a height that does
+# not divide the tile-rows (a short last group) and one taller than the whole problem; a
+# batch, so groups restart per batch item. Shapes with many tiles on each kernel.
+@CUDA
+@pytest.mark.parametrize("kernel_choice", KERNELS)
+@pytest.mark.parametrize("shape", [(3, 1000, 4097, 700), (1, 4097, 1000, 2500)])
+def test_tile_group_height_only_reorders(kernel_choice, shape, monkeypatch):
+    batch, m, k, n = shape
+    set_kernel(kernel_choice, monkeypatch)
+    torch.manual_seed(0)
+    x = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.delenv("FUSED_OPS_MATMUL_GROUP_M", raising=False)
+    want = fused_ops.linear(x, w, bias, "gelu_tanh")
+    ref = reference.gelu(F.linear(x.double(), w.double(), bias.double()), "tanh")
+    check(want, ref, torch.bfloat16, msg=f"default group {shape}")
+    for g in ("1", "3", "16", "1024"):
+        monkeypatch.setenv("FUSED_OPS_MATMUL_GROUP_M", g)
+        got = torch.full_like(want, float("nan"))
+        got.copy_(fused_ops.linear(x, w, bias, "gelu_tanh"))
+        assert torch.equal(got, want), f"FUSED_OPS_MATMUL_GROUP_M={g} {shape}"
+
+
+@CUDA
+@pytest.mark.parametrize("value", ["0", "-2", "eight", "8x", "2000"])
+def test_bad_tile_group_env(value, monkeypatch):
+    monkeypatch.setenv("FUSED_OPS_MATMUL_GROUP_M", value)
+    a = torch.randn(8, 8, device="cuda").half()
+    with pytest.raises(RuntimeError, match="FUSED_OPS_MATMUL_GROUP_M must be"):
+        fused_ops.matmul(a, a)

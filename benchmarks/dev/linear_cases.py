@@ -18,6 +18,7 @@ def linear_cases(shape):
         "fused +bias": lambda: fused_ops.linear(x, w, b),
         "fused +gelu_tanh": lambda: fused_ops.linear(x, w, None, "gelu_tanh"),
         "fused +bias+gelu_tanh": lambda: fused_ops.linear(x, w, b, "gelu_tanh"),
+        "fused +bias+gelu(erf)": lambda: fused_ops.linear(x, w, b, "gelu"),
         "cublas mm": lambda: torch.mm(x, w.t()),
         "cublas F.linear+bias": lambda: F.linear(x, w, b),
         "cublasLt bias+gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),

@@ -56,6 +56,18 @@ KernelChoice kernel_choice() {
               v, "'");
 }
 
+// Tile-rows per group of the tile order (matmul_common.cuh: tile_coords). Read on every call so
+// one process can compare values (benchmarks/dev/gemm_group.py).
+int tile_group_m() {
+  const char* v = std::getenv("FUSED_OPS_MATMUL_GROUP_M");
+  if (v == nullptr || *v == '\0') return matmul::kGroupM;
+  char* end = nullptr;
+  const long g = std::strtol(v, &end, 10);
+  TORCH_CHECK(*end == '\0' && g >= 1 && g <= 1024,
+              "FUSED_OPS_MATMUL_GROUP_M must be an integer from 1 to 1024, but is '", v, "'");
+  return static_cast<int>(g);
+}
+
 void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
   if (p.M == 0 || p.N == 0 || p.batch == 0) return;
   cudaStream_t stream = current_stream();
@@ -142,6 +154,7 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
   p.K = static_cast<int>(K);
   p.batch = static_cast<int>(batch);
   p.act = static_cast<int>(act);
+  p.group_m = tile_group_m();
   p.a_kmajor = A.row_major;   // A [M, K] row-major: K contiguous
   p.b_kmajor = !B.row_major;  // B [K, N] column-major: K contiguous
   run_gemm(p, a3.scalar_type());

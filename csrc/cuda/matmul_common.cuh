@@ -33,6 +33,7 @@ struct GemmProblem {
   int64_t batch_stride_a, batch_stride_b;  // 0 = broadcast
   int M, N, K, batch;
   int act;             // Act
+  int group_m;         // tile-rows per group of the tile order (tile_coords)
   bool a_kmajor, b_kmajor;
 };
 
@@ -125,16 +126,18 @@ __device__ __forceinline__ void epilogue_pair(const GemmProblem& p, int64_t row_
   store_act_pair<T, ACT>(static_cast<T*>(p.c) + row_offset + n, v0, v1, has1, paired);
 }
 
-// Tile order shared by both kernels: tiles are walked in groups of kGroupM tile-rows, so
-// consecutive tiles (run at the same time) share A rows and B columns in L2.
+// Tile order shared by both kernels: tiles are walked in groups of group_m tile-rows, column
+// by column within a group, so consecutive tiles (run at the same time) share A rows and B
+// columns in L2. kGroupM is the default (FUSED_OPS_MATMUL_GROUP_M overrides it; KERNEL_LOG
+// matmul v11).
 constexpr int kGroupM = 8;
 
 __host__ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n,
-                                                     int& tm, int& tn) {
-  const int group_size = kGroupM * tiles_n;
+                                                     int group_m, int& tm, int& tn) {
+  const int group_size = group_m * tiles_n;
   const int group = tile / group_size;
-  const int first_m = group * kGroupM;
-  const int rows = tiles_m - first_m < kGroupM ? tiles_m - first_m : kGroupM;
+  const int first_m = group * group_m;
+  const int rows = tiles_m - first_m < group_m ? tiles_m - first_m : group_m;
   const int in_group = tile - group * group_size;
   tm = first_m + in_group % rows;
   tn = in_group / rows;

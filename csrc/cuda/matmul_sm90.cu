@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
+      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, tm, tn);
+      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
