@@ -1,12 +1,15 @@
-"""The tile order's group height (FUSED_OPS_MATMUL_GROUP_M, matmul_common.cuh tile_coords)
-against the default, in one process: KERNEL_LOG matmul v11.
+"""Values of a matmul knob against each other in one process: the tile order's group height
+(FUSED_OPS_MATMUL_GROUP_M, matmul_common.cuh tile_coords; KERNEL_LOG matmul v11) by default,
+or another environment variable the launcher reads on every call (--knob, e.g.
+FUSED_OPS_MATMUL_SPLIT_TAIL for v12).
 
-    python benchmarks/dev/gemm_group.py [--groups 8,16,4] [--rounds R] [--ncu] [MxNxK ...]
+    python benchmarks/dev/gemm_group.py [--knob NAME] [--groups 8,16,4] [--rounds R] [--ncu]
+        [MxNxK ...]
 
-Each round times, for every group height, the fused mm and bias + gelu_tanh (bf16), then
+Each round times, for every value (--groups), the fused mm and bias + gelu_tanh (bf16), then
 cuBLAS's mm and cuBLASLt's bias + gelu, as triton.testing.do_bench medians over 300 ms of
-back-to-back calls (the board's power limit holds, as in training); the heights rotate
-between rounds so none is always timed first. --ncu instead runs each height's fused mm
+back-to-back calls (the board's power limit holds, as in training); the values rotate
+between rounds so none is always timed first. --ncu instead runs each value's fused mm
 once between cudaProfilerStart / Stop, for `ncu --profile-from-start off` (DRAM bytes).
 """
 import os
@@ -29,6 +32,7 @@ def option(name, default):
     return default
 
 
+knob = option("--knob", "FUSED_OPS_MATMUL_GROUP_M")
 groups = option("--groups", "8,16,4").split(",")
 rounds = int(option("--rounds", "3"))
 ncu = "--ncu" in args
@@ -41,7 +45,7 @@ for s in shapes:
     (m, n, k), every = linear_cases(s)
     if ncu:
         for g in groups:
-            os.environ["FUSED_OPS_MATMUL_GROUP_M"] = g
+            os.environ[knob] = g
             every["fused mm"]()
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
@@ -54,14 +58,14 @@ for s in shapes:
     for r in range(rounds):
         order = groups[r % len(groups):] + groups[:r % len(groups)]
         for g in order:
-            os.environ["FUSED_OPS_MATMUL_GROUP_M"] = g
+            os.environ[knob] = g
             for name in ("fused mm", "fused +bias+gelu_tanh"):
                 t = do_bench(every[name], warmup=50, rep=300, return_mode="median") * 1e3
                 res.setdefault(f"{name} g{g}", []).append(t)
         for name in ("cublas mm", "cublasLt bias+gelu"):
             t = do_bench(every[name], warmup=50, rep=300, return_mode="median") * 1e3
             res.setdefault(name, []).append(t)
-    os.environ.pop("FUSED_OPS_MATMUL_GROUP_M")
+    os.environ.pop(knob)
     base = min(res[f"fused mm g{groups[0]}"])
     for name, t in res.items():
         tf = 2 * m * n * k / (min(t) * 1e-6) / 1e12
