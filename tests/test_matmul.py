@@ -467,8 +467,6 @@ def test_tile_group_height_only_reorders(kernel_choice, shape, monkeypatch):
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     monkeypatch.delenv("FUSED_OPS_MATMUL_GROUP_M", raising=False)
-    # The split tail's tiles (below) depend on the order; off here, so the order alone differs.
-    monkeypatch.setenv("FUSED_OPS_MATMUL_SPLIT_TAIL", "0")
     want = fused_ops.linear(x, w, bias, "gelu_tanh")
     ref = reference.gelu(F.linear(x.double(), w.double(), bias.double()), "tanh")
     check(want, ref, torch.bfloat16, msg=f"default group {shape}")
@@ -486,65 +484,3 @@ def test_bad_tile_group_env(value, monkeypatch):
     a = torch.randn(8, 8, device="cuda").half()
     with pytest.raises(RuntimeError, match="FUSED_OPS_MATMUL_GROUP_M must be"):
         fused_ops.matmul(a, a)
-
-
-# The Hopper kernel's last, partial wave split along K (FUSED_OPS_MATMUL_SPLIT_TAIL, on by
-# default; matmul_sm90.cu tail_parts): shapes whose tile count leaves such a wave at K =
-# 4096 (200 tiles of 128 x 256 on 132 SMs: 3 parts; a batch of 2 whose tail crosses the batch
-# boundary; 4097 x 4097 with ragged edges: 4 parts), forward with bias + gelu_tanh and the
-# training backward (dX = dZ W splits too). Each against float64; the split output is
-# bitwise reproducible and differs from the unsplit one (its tail tiles sum K in another
-# order), which shows the split ran.
-SPLIT_SHAPES = [(1, 3200, 4096, 2048), (2, 1600, 4096, 2048), (1, 4097, 4096, 4097)]
-
-
-@CUDA
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=[f"{b}x{m}x{k}x{n}" for b, m, k, n in SPLIT_SHAPES])
-def test_hopper_split_tail(dtype, shape, monkeypatch):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the split tail is the Hopper kernel's")
-    batch, m, k, n = shape
-    set_kernel("auto", monkeypatch)
-    torch.manual_seed(0)
-    x = torch.randn(batch, m, k, device="cuda", dtype=dtype)
-    w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
-    bias = torch.randn(n, device="cuda", dtype=dtype)
-    monkeypatch.delenv("FUSED_OPS_MATMUL_SPLIT_TAIL", raising=False)
-    y = fused_ops.linear(x, w, bias, "gelu_tanh")
-    ref = reference.gelu(F.linear(x.double(), w.double(), bias.double()), "tanh")
-    check(y, ref, dtype, msg=f"split {shape}")
-    again = torch.full_like(y, float("nan"))
-    again.copy_(fused_ops.linear(x, w, bias, "gelu_tanh"))
-    assert torch.equal(again, y), "the split tail is not reproducible"
-    monkeypatch.setenv("FUSED_OPS_MATMUL_SPLIT_TAIL", "0")
-    unsplit = fused_ops.linear(x, w, bias, "gelu_tanh")
-    check(unsplit, ref, dtype, msg=f"unsplit {shape}")
-    assert not torch.equal(unsplit, y), "the split tail did not run"
-
-
-@CUDA
-def test_hopper_split_tail_backward(monkeypatch):
-    """The training backward with dX = dZ W split (3200 x 4096 x 2048): gradients within one
-    bf16 ulp of the unsplit kernel's, which differ only in the fp32 order of dX's K sum
-    (the kernels' float64 accuracy is test_linear_backward's; at 13 M elements the bf16
-    dZ they share puts single elements of either at the edge of its bound)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the split tail is the Hopper kernel's")
-    set_kernel("auto", monkeypatch)
-    torch.manual_seed(0)
-    m, k, n, dtype = 3200, 4096, 2048, torch.bfloat16
-    x = torch.randn(m, k, device="cuda", dtype=dtype)
-    w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
-    bias = torch.randn(n, device="cuda", dtype=dtype)
-    dy = torch.randn(m, n, device="cuda", dtype=dtype)
-    grads = {}
-    for split in ("1", "0"):
-        monkeypatch.setenv("FUSED_OPS_MATMUL_SPLIT_TAIL", split)
-        leaves = [t.clone().requires_grad_() for t in (x, w, bias)]
-        fused_ops.linear(*leaves, "gelu_tanh").backward(dy)
-        grads[split] = [t.grad for t in leaves]
-    for name, got, want in zip(("x", "weight", "bias"), grads["1"], grads["0"]):
-        assert torch.isfinite(got).all(), name
-        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-5 * want.abs().mean().item(),
-                                   msg=lambda m: f"grad {name}, split against unsplit\n{m}")

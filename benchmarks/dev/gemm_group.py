@@ -1,7 +1,7 @@
 """Values of a matmul knob against each other in one process: the tile order's group height
 (FUSED_OPS_MATMUL_GROUP_M, matmul_common.cuh tile_coords; KERNEL_LOG matmul v11) by default,
-or another environment variable the launcher reads on every call (--knob, e.g.
-FUSED_OPS_MATMUL_SPLIT_TAIL for v12).
+or another environment variable the launcher reads on every call (--knob; e.g.
+FUSED_OPS_MATMUL_SPLIT_TAIL in the build of commit ae106e3, v12).
 
     python benchmarks/dev/gemm_group.py [--knob NAME] [--groups 8,16,4] [--rounds R] [--ncu]
         [MxNxK ...]

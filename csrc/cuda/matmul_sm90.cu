@@ -24,14 +24,9 @@
 // came from (cudaFuncGetAttributes: 90 only when sm_90a code was built and a CC 9.0 device
 // runs it), so builds without sm_90a, or other GPUs, never launch an empty kernel.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
-#include <cstdlib>
-#include <cstring>
 
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
@@ -61,42 +56,13 @@ struct HopperConfig {
   static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
   // The tile's BN bias values as floats, one copy per consumer warpgroup.
   static constexpr int BIAS_BYTES = CONSUMERS * BN * 4;
-  // Each consumer's "last part of a split tile" word (TailSplit), padded to 16 bytes.
-  static constexpr int SPLIT_BYTES = 16;
-  // Tiles, the full and empty barriers, the epilogue scratch, the bias, the split words;
-  // + 1024 to align the tiles to the swizzle atom.
+  // Tiles, the full and empty barriers, the epilogue scratch, the bias; + 1024 to align the
+  // tiles to the swizzle atom.
   static constexpr int SMEM =
-      STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + BIAS_BYTES + SPLIT_BYTES + 1024;
+      STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + BIAS_BYTES + 1024;
   static_assert(SMEM <= 227 * 1024, "shared memory per block");
   static_assert((STAGES * STAGE_BYTES + 2 * STAGES * 8) % 16 == 0, "scratch 16-byte aligned");
 };
-
-// The last, partial wave's tiles split along K (KERNEL_LOG matmul v12). The persistent grid
-// walks work units: units [0, whole) are whole tiles (unit = tile); then each of the `tiles`
-// tiles after them is `parts` consecutive units over the K ranges [part k_tiles / parts,
-// (part + 1) k_tiles / parts). Every part stores its fp32 accumulators to `partial` and
-// counts itself in `flags`; the part that counts last adds all of them up in part order
-// (deterministic, whichever part that is) and runs the epilogue. Nothing waits on another
-// block, so the kernel cannot deadlock however few of its blocks are resident.
-struct TailSplit {
-  float* partial;  // [tiles][parts][ACC / 4][256 consumer threads] float4
-  int* flags;      // [tiles][CONSUMERS]: parts stored, zeroed by the host
-  int whole;       // units (= tiles) not split
-  int tiles;       // split tiles, those numbered whole .. whole + tiles - 1
-  int parts;       // K ranges per split tile; 1 = no split
-};
-
-struct WorkUnit {
-  int tile, kb, ke;  // the tile and its k-tile range [kb, ke)
-  int part;          // -1: the whole tile, else its K range
-};
-
-__host__ __device__ __forceinline__ WorkUnit work_unit(int u, const TailSplit& ts, int k_tiles) {
-  if (u < ts.whole) return {u, 0, k_tiles, -1};
-  const int v = u - ts.whole, part = v % ts.parts;
-  return {ts.whole + v / ts.parts, part * k_tiles / ts.parts, (part + 1) * k_tiles / ts.parts,
-          part};
-}
 
 #if defined(FUSED_SM90A)
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -120,68 +86,6 @@ __device__ __forceinline__ void consumer_barrier(int c) {
     asm volatile("bar.sync 2, 128;\n" ::: "memory");
   }
 }
-// A split tile's part (TailSplit) for consumer warpgroup c, thread t: stores the warpgroup's
-// accumulators (coalesced: float4 i of every thread together), then thread 0 counts the part
-// in the tile's flag (acq_rel at GPU scope, after the warpgroup's barrier has ordered all 128
-// threads' stores before it) and tells the warpgroup through *last (shared memory) whether it
-// was the last. The last part adds the tile's parts in part order and returns true (run the
-// epilogue); the others return false.
-template <typename Cfg>
-__device__ __forceinline__ bool split_tile_reduce(float (&acc)[Cfg::ACC], const TailSplit& ts,
-                                                  const WorkUnit& w, int c, int t,
-                                                  volatile int* last) {
-  constexpr int V = Cfg::ACC / 4, THREADS = Cfg::CONSUMERS * 128;
-  const int slot = w.tile - ts.whole, th = c * 128 + t;
-  const float4* parts = reinterpret_cast<const float4*>(ts.partial) +
-                        static_cast<int64_t>(slot) * ts.parts * V * THREADS + th;
-  float4* mine = const_cast<float4*>(parts) + static_cast<int64_t>(w.part) * V * THREADS;
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    __stcg(mine + i * THREADS, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-  }
-  consumer_barrier(c);
-  if (t == 0) {
-    int before;
-    __threadfence();
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
-                 : "=r"(before)
-                 : "l"(ts.flags + slot * Cfg::CONSUMERS + c)
-                 : "memory");
-    *last = before == ts.parts - 1;
-  }
-  consumer_barrier(c);
-  if (!*last) return false;
-  __threadfence();
-  // Every part from memory, its own too: the same sum whichever part came last. Loads in
-  // batches of 8 independent float4s a thread: one L2 round trip per batch (a load-add
-  // chain per float4 serialised ~100 of them: +1 tile time, v12's first measurement).
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const float4 v = __ldcg(parts + i * THREADS);
-    acc[4 * i] = v.x;
-    acc[4 * i + 1] = v.y;
-    acc[4 * i + 2] = v.z;
-    acc[4 * i + 3] = v.w;
-  }
-  for (int part = 1; part < ts.parts; ++part) {
-    const float4* src = parts + static_cast<int64_t>(part) * V * THREADS;
-#pragma unroll
-    for (int i0 = 0; i0 < V; i0 += 8) {
-      float4 v[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = __ldcg(src + (i0 + j) * THREADS);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        acc[4 * (i0 + j)] += v[j].x;
-        acc[4 * (i0 + j) + 1] += v[j].y;
-        acc[4 * (i0 + j) + 2] += v[j].z;
-        acc[4 * (i0 + j) + 3] += v[j].w;
-      }
-    }
-  }
-  return true;
-}
-
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -389,8 +293,7 @@ __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, cons
 template <typename T, typename Cfg, bool AK, bool BK_MAJ>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     hopper_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
-                       const __grid_constant__ CUtensorMap map_b, const GemmProblem p,
-                       const TailSplit ts) {
+                       const __grid_constant__ CUtensorMap map_b, const GemmProblem p) {
 #if defined(FUSED_SM90A)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
@@ -403,7 +306,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   uint64_t* empty = full + STAGES;
   T* epi = reinterpret_cast<T*>(empty + STAGES);
   float* bias_s = reinterpret_cast<float*>(epi + Cfg::CONSUMERS * 4 * Cfg::EPI_WARP_ELEMS);
-  int* split_last = reinterpret_cast<int*>(bias_s + Cfg::CONSUMERS * BN);  // one per consumer
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -416,7 +318,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   const int tiles_m = (p.M + BM - 1) / BM, tiles_n = (p.N + BN - 1) / BN;
   const int tiles_per_batch = tiles_m * tiles_n;
-  const int units = ts.whole + ts.tiles * ts.parts;
+  const int total = tiles_per_batch * p.batch;
   const int k_tiles = (p.K + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
@@ -425,13 +327,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
     int it = 0;
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const WorkUnit w = work_unit(u, ts, k_tiles);
-      const int b = w.tile / tiles_per_batch;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(w.tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
+      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
-      for (int kt = w.kb; kt < w.ke; ++kt, ++it) {
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
@@ -463,11 +364,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     const int lane = t % 32, warp = t / 32;
     float acc[Cfg::ACC];
     int it = 0;
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const WorkUnit w = work_unit(u, ts, k_tiles);
-      const int b = w.tile / tiles_per_batch;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const int b = tile / tiles_per_batch;
       int tm, tn;
-      tile_coords(w.tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
+      tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
@@ -475,7 +375,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       float2 my_bias = {0.f, 0.f};
       if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
       int prev = -1;
-      for (int kt = w.kb; kt < w.ke; ++kt, ++it) {
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
         // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
@@ -498,7 +398,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
-      if (w.part >= 0 && !split_tile_reduce<Cfg>(acc, ts, w, c, t, split_last + c)) continue;
       // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
       // epilogue reads ahead of it, the one after makes the whole row visible.
       float* wg_bias = bias_s + c * BN;
@@ -600,32 +499,6 @@ bool has_sm90a_code(Kernel kernel) {
   }) != 0;
 }
 
-// How many K ranges the last wave's tiles are split into (TailSplit; 1 = none). R < grid
-// tiles left after the whole waves take one tile time, k_tiles k-blocks. Split into s parts
-// they take ceil(R s / grid) rounds of k_tiles / s k-blocks plus ~2 for a part's 128 KB fp32
-// store, and the last part ~2 more for each partial it reloads: the s in 2..4 that is
-// soonest, if sooner than the whole tile (e.g. 2048 tiles of 128 x 256 on 132 SMs at K =
-// 4096: R = 68, s = 3, ~51 k-blocks' time instead of 64). Only after a whole wave, where the
-// last wave is the tail of a long run. FUSED_OPS_MATMUL_SPLIT_TAIL=0 turns it off
-// (comparisons; read on every call).
-int tail_parts(int64_t tiles, int grid, int k_tiles) {
-  const char* v = std::getenv("FUSED_OPS_MATMUL_SPLIT_TAIL");
-  if (v != nullptr && std::strcmp(v, "0") == 0) return 1;
-  const int64_t rem = tiles % grid;
-  if (tiles < grid || rem == 0) return 1;
-  int best = 1;
-  double best_time = k_tiles;
-  for (int s = 2; s <= 4; ++s) {
-    const double rounds = static_cast<double>((rem * s + grid - 1) / grid);
-    const double time = rounds * (static_cast<double>(k_tiles) / s + 2.0) + 2.0 * (s - 1);
-    if (time < best_time - 1e-9) {
-      best = s;
-      best_time = time;
-    }
-  }
-  return best;
-}
-
 template <typename T, typename Cfg, bool AK, bool BK>
 Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   auto kernel = hopper_gemm_kernel<T, Cfg, AK, BK>;
@@ -640,21 +513,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-  TailSplit ts{nullptr, nullptr, static_cast<int>(tiles), 0, 1};
-  const int parts = tail_parts(tiles, grid, (p.K + Cfg::BK - 1) / Cfg::BK);
-  at::Tensor partial, flags;  // held until the launch is enqueued (stream-ordered reuse)
-  if (parts > 1) {
-    ts.tiles = static_cast<int>(tiles % grid);
-    ts.whole = static_cast<int>(tiles) - ts.tiles;
-    ts.parts = parts;
-    const auto on = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device());
-    partial = at::empty({int64_t(ts.tiles) * parts * Cfg::BM * Cfg::BN},
-                        on.dtype(at::kFloat));
-    flags = at::zeros({int64_t(ts.tiles) * Cfg::CONSUMERS}, on.dtype(at::kInt));
-    ts.partial = partial.data_ptr<float>();
-    ts.flags = flags.data_ptr<int>();
-  }
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p, ts);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
 }
