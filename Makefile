@@ -28,7 +28,7 @@ profile: build
 gpu-check:
 	MAX_JOBS=$(JOBS) $(PYTHON) setup.py -q build_ext --inplace
 	$(PYTHON) -m pytest -q tests/test_harness.py
-	$(PYTHON) -m pytest -q -m cuda tests
+	$(PYTHON) tests/run_parallel.py -m cuda
 	$(PYTHON) benchmarks/run.py --quick $(BENCH_ARGS)
 
 clean:
