@@ -1,6 +1,7 @@
 """Runs the selected tests in several pytest processes at once and reports them together.
 
-    python tests/run_parallel.py [--jobs N] [pytest options, e.g. -m cuda]
+    python tests/run_parallel.py [--jobs N] [--paths tests/test_a.py,...] [pytest options,
+        e.g. -m cuda or -k softmax; no paths]
 
 The GPU suite (`-m cuda`, ~2000 tests) takes over 7 minutes in one process on an H100 and
 ~2.5 in eight (session 18): most of a test's time is the host's (float64 references, torch
@@ -24,11 +25,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
                     help="pytest processes (default: one per two cores, at most 8)")
+    ap.add_argument("--paths", default="tests",
+                    help="comma-separated test files or folders to collect (default: tests)")
     args, pytest_args = ap.parse_known_args()
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
-    collected = subprocess.run(base + ["-q", "--collect-only", *pytest_args, "tests"], cwd=ROOT,
-                               capture_output=True, text=True)
-    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    # Collection prints one node id a line only at the default verbosity plus -q.
+    verbosity = {"-q", "-qq", "-v", "-vv", "--quiet", "--verbose"}
+    options = [a for a in pytest_args if a not in verbosity]
+    collected = subprocess.run(base + ["-q", "--collect-only", *options, *args.paths.split(",")],
+                               cwd=ROOT, capture_output=True, text=True)
+    ids = [line for line in collected.stdout.splitlines()
+           if line.startswith("tests/") and "::" in line]
     if collected.returncode not in (0, 5) or not ids:
         print(collected.stdout[-3000:] + collected.stderr[-3000:])
         print("run_parallel: no tests collected" if collected.returncode in (0, 5)

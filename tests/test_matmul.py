@@ -454,11 +454,14 @@ def test_bad_kernel_env(monkeypatch):
 
 # The tile order's group height (FUSED_OPS_MATMUL_GROUP_M, default 8) only reorders the tiles:
 # every value gives bitwise the default's output, including groups of 1, a height that does
-# not divide the tile-rows (a short last group) and one taller than the whole problem; a
-# batch, so groups restart per batch item. Shapes with many tiles on each kernel.
+# not divide the tile-rows (a short last group) and one taller than the whole problem. Both
+# kernels, on the linear layer (the batch folded into M) and on a batched matmul (weights
+# given K-major, so the Hopper kernel takes it; its tile order restarts per batch item). K is
+# a multiple of 8 (TMA's 16-byte rows) but not of 64. Outputs land in NaN-poisoned memory,
+# so a tile the order skips shows.
 @CUDA
 @pytest.mark.parametrize("kernel_choice", KERNELS)
-@pytest.mark.parametrize("shape", [(3, 1000, 4097, 700), (1, 4097, 1000, 2500)])
+@pytest.mark.parametrize("shape", [(3, 1000, 4104, 700), (1, 4097, 1000, 2500)])
 def test_tile_group_height_only_reorders(kernel_choice, shape, monkeypatch):
     batch, m, k, n = shape
     set_kernel(kernel_choice, monkeypatch)
@@ -466,15 +469,22 @@ def test_tile_group_height_only_reorders(kernel_choice, shape, monkeypatch):
     x = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.delenv("FUSED_OPS_MATMUL_GROUP_M", raising=False)
-    want = fused_ops.linear(x, w, bias, "gelu_tanh")
-    ref = reference.gelu(F.linear(x.double(), w.double(), bias.double()), "tanh")
-    check(want, ref, torch.bfloat16, msg=f"default group {shape}")
-    for g in ("1", "3", "16", "1024"):
-        monkeypatch.setenv("FUSED_OPS_MATMUL_GROUP_M", g)
-        got = torch.full_like(want, float("nan"))
-        got.copy_(fused_ops.linear(x, w, bias, "gelu_tanh"))
-        assert torch.equal(got, want), f"FUSED_OPS_MATMUL_GROUP_M={g} {shape}"
+    wb = (torch.randn(batch, n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5).transpose(1, 2)
+    cases = {
+        "linear": (lambda: fused_ops.linear(x, w, bias, "gelu_tanh"),
+                   reference.gelu(F.linear(x.double(), w.double(), bias.double()), "tanh")),
+        "batched matmul": (lambda: fused_ops.matmul(x, wb), torch.matmul(x.double(), wb.double())),
+    }
+    for name, (run, ref) in cases.items():
+        monkeypatch.delenv("FUSED_OPS_MATMUL_GROUP_M", raising=False)
+        poison([ref.numel()], "cuda")
+        want = run()
+        check(want, ref, torch.bfloat16, msg=f"{name}, default group, {shape}")
+        for g in ("1", "3", "16", "1024"):
+            monkeypatch.setenv("FUSED_OPS_MATMUL_GROUP_M", g)
+            poison([ref.numel()], "cuda")
+            got = run()
+            assert torch.equal(got, want), f"{name}, FUSED_OPS_MATMUL_GROUP_M={g}, {shape}"
 
 
 @CUDA

@@ -25,6 +25,9 @@ torch.manual_seed(0)
 print(torch.cuda.get_device_name())
 for s in shapes:
     _, every = linear_cases(s)
+    unknown = set(wanted or ()) - set(every)
+    if unknown:
+        sys.exit(f"unknown case(s) {sorted(unknown)}; the cases are {list(every)}")
     cases = {n: f for n, f in every.items() if wanted is None or n in wanted}
     for f in cases.values():
         for _ in range(3):

@@ -134,10 +134,13 @@ constexpr int kGroupM = 8;
 
 __host__ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n,
                                                      int group_m, int& tm, int& tn) {
-  const int group_size = group_m * tiles_n;
+  // A group taller than the problem walks it the same way as one exactly its height; the
+  // clamp keeps g * tiles_n within the tile count (< 2^31, checked by the launchers).
+  const int g = group_m < tiles_m ? group_m : tiles_m;
+  const int group_size = g * tiles_n;
   const int group = tile / group_size;
-  const int first_m = group * group_m;
-  const int rows = tiles_m - first_m < group_m ? tiles_m - first_m : group_m;
+  const int first_m = group * g;
+  const int rows = tiles_m - first_m < g ? tiles_m - first_m : g;
   const int in_group = tile - group * group_size;
   tm = first_m + in_group % rows;
   tn = in_group / rows;
