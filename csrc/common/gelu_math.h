@@ -82,20 +82,23 @@ constexpr float kTanhE1 = kTanhE0 * kGeluCoeff;
 constexpr float kTanhD0 = 2.0f * kSqrt2OverPi;
 constexpr float kTanhD1 = kTanhD0 * 3.0f * kGeluCoeff;
 
+// sigmoid(2u) = 1 / (1 + 2^(x (kTanhE0 + kTanhE1 x^2))) (x2 = x^2): 3 multiply-adds, ex2,
+// add, rcp. The constants are folded by hand (nvcc keeps the source's order of float
+// operations), and ex2 / rcp are the .ftz forms, whose non-ftz library forms wrap each MUFU
+// in range fix-ups: ~9 instructions an element for the forward instead of ~20, leaving the
+// two MUFU as the bound (KERNEL_LOG matmul v9). x << 0: 2^(...) overflows to inf and s is 0.
+__device__ __forceinline__ float tanh_sigmoid_2u(float x, float x2) {
+  return rcp_approx(1.0f + exp2_approx(x * fmaf(x2, kTanhE1, kTanhE0)));
+}
+
 template <GeluKind K>
 __device__ __forceinline__ float gelu_fwd_fast(float x) {
   if constexpr (K == GeluKind::kNone) {
     float h = half_erfc_fast(x);
     return x * (x < 0.0f ? h : 1.0f - h);
   } else {
-    // x sigmoid(2u) = x / (1 + 2^(x (kTanhE0 + kTanhE1 x^2))): 3 multiply-adds, ex2, add, rcp,
-    // multiply. The constants are folded by hand (nvcc keeps the source's order of float
-    // operations), and ex2 / rcp are the .ftz forms, whose non-ftz library forms wrap each
-    // MUFU in range fix-ups: ~9 instructions an element instead of ~20, leaving the two MUFU
-    // as the bound (KERNEL_LOG matmul v9). x << 0: 2^(...) overflows to inf and the result
-    // is -0, as torch's float tanh form rounds it.
-    const float e = exp2_approx(x * fmaf(x * x, kTanhE1, kTanhE0));
-    return x * rcp_approx(1.0f + e);
+    // x sigmoid(2u); x << 0 gives -0, as torch's float tanh form rounds it.
+    return x * tanh_sigmoid_2u(x, x * x);
   }
 }
 
@@ -107,10 +110,9 @@ __device__ __forceinline__ float gelu_grad_fast(float x) {
     float pdf = kInvSqrt2Pi * exp2_approx(-x * x * kHalfLog2e);
     return (x < 0.0f ? h : 1.0f - h) + x * pdf;
   } else {
-    // s = sigmoid(2u) as in gelu_fwd_fast and 2 du/dx = kTanhD0 + kTanhD1 x^2:
-    // gelu' = s + x s (1 - s) 2 du/dx.
+    // s = sigmoid(2u) and 2 du/dx = kTanhD0 + kTanhD1 x^2: gelu' = s + x s (1 - s) 2 du/dx.
     const float x2 = x * x;
-    const float s = rcp_approx(1.0f + exp2_approx(x * fmaf(x2, kTanhE1, kTanhE0)));
+    const float s = tanh_sigmoid_2u(x, x2);
     return fmaf(x * s * (1.0f - s), fmaf(x2, kTanhD1, kTanhD0), s);
   }
 }
