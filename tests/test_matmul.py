@@ -487,6 +487,48 @@ def test_tile_group_height_only_reorders(kernel_choice, shape, monkeypatch):
             assert torch.equal(got, want), f"{name}, FUSED_OPS_MATMUL_GROUP_M={g}, {shape}"
 
 
+# The Hopper kernel's parked half tile (FUSED_OPS_MATMUL_PARK, on by default: the right half of
+# each 128 x 256 tile stored by the producer warpgroup's spare warps) runs the same float
+# operations as the consumers' own epilogue, so turning it off changes no bit: the training
+# forward's output and pre-activation for every activation, and the two backward GEMM layouts
+# (dX = dZ W reads W N-major, dW = dZ^T X both operands MN-major). Shapes with >= one wide
+# tile per SM (the path that parks) and a last tile whose right half is partly inside N: 2504
+# (8-byte stores; K = 2048 gives the backward GEMMs wide tiles too) and 2501 (odd: element
+# stores; its backward operands are not 16-byte rows, so the portable kernel takes those).
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(4097, 1000, 2501), (2049, 2048, 2504)])
+def test_parked_half_tile_changes_nothing(dtype, shape, monkeypatch):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel's option")
+    m, k, n = shape
+    set_kernel("auto", monkeypatch)
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    dz = torch.randn(m, n, device="cuda", dtype=dtype)
+    zref = F.linear(x.double(), w.double(), b.double())
+    cases = {
+        f"linear_fwd {act}": (lambda act=act: torch.ops.fused.linear_fwd(x, w, b, act),
+                              (reference.linear(x.double(), w.double(), b.double(), act), zref))
+        for act in ("gelu", "gelu_tanh")
+    }
+    cases["linear + bias"] = (lambda: (fused_ops.linear(x, w, b),), (zref,))
+    cases["dX = dZ W"] = (lambda: (fused_ops.matmul(dz, w),), (dz.double() @ w.double(),))
+    cases["dW = dZ^T X"] = (lambda: (fused_ops.matmul(dz.t(), x),), (dz.double().t() @ x.double(),))
+    for name, (run, refs) in cases.items():
+        monkeypatch.delenv("FUSED_OPS_MATMUL_PARK", raising=False)
+        poison([r.numel() for r in refs], "cuda", dtype)
+        want = run()
+        for got, ref in zip(want, refs):
+            check(got, ref, dtype, msg=f"{name}, parked, {shape}")
+        monkeypatch.setenv("FUSED_OPS_MATMUL_PARK", "0")
+        poison([r.numel() for r in refs], "cuda", dtype)
+        for got, w_ in zip(run(), want):
+            assert torch.equal(got, w_), f"{name}, FUSED_OPS_MATMUL_PARK=0, {shape}"
+
+
 @CUDA
 @pytest.mark.parametrize("value", ["0", "-2", "eight", "8x", "2000"])
 def test_bad_tile_group_env(value, monkeypatch):

@@ -9,8 +9,9 @@ FUSED_OPS_MATMUL_SPLIT_TAIL in the build of commit ae106e3, v12).
 Each round times, for every value (--groups), the fused mm and bias + gelu_tanh (bf16), then
 cuBLAS's mm and cuBLASLt's bias + gelu, as triton.testing.do_bench medians over 300 ms of
 back-to-back calls (the board's power limit holds, as in training); the values rotate
-between rounds so none is always timed first. --ncu instead runs each value's fused mm
-once between cudaProfilerStart / Stop, for `ncu --profile-from-start off` (DRAM bytes).
+between rounds so none is always timed first. --ncu instead runs each value's fused mm and
+bias + gelu_tanh once each between cudaProfilerStart / Stop, for `ncu --profile-from-start
+off` (DRAM bytes, time at a fixed clock).
 """
 import os
 import sys
@@ -47,12 +48,14 @@ for s in shapes:
         for g in groups:
             os.environ[knob] = g
             every["fused mm"]()
+            every["fused +bias+gelu_tanh"]()
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
             every["fused mm"]()
+            every["fused +bias+gelu_tanh"]()
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
-            print(f"{s:>16} group {g} profiled")
+            print(f"{s:>16} group {g} profiled (fused mm, then +bias+gelu_tanh)")
         continue
     res = {}
     for r in range(rounds):

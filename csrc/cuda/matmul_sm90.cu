@@ -27,6 +27,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cstdlib>
+#include <cstring>
 
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
@@ -39,29 +41,46 @@ namespace fused {
 namespace matmul {
 namespace {
 
-template <int BN_>
+template <int BN_, bool PARK_ = false>
 struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr int STAGES = BN == 256 ? 4 : 6;     // ~192 KB of the 227 KB either way
+  // PARK: the consumers hand the right half of each finished tile (fp32, bias added) to
+  // warps 1-3 of the producer warpgroup through shared memory, store the left half
+  // themselves and go on to the next tile; the helpers apply the activation and store it
+  // under the next mainloop. The half tile's 64 KB come from a fourth stage: 3 stages with no
+  // wgmma group kept in flight (a consumer holds one stage, the producer fills two, the
+  // bytes in flight of 4 stages with one group in flight; KERNEL_LOG matmul v13).
+  static constexpr bool PARK = PARK_;
+  static_assert(!PARK || BN == 256, "parking is built for the 128 x 256 tile");
+  static constexpr int STAGES = PARK ? 3 : (BN == 256 ? 4 : 6);
+  static constexpr int INFLIGHT = PARK ? 0 : 1;        // wgmma groups kept in flight
+  static constexpr int HELPER_WARPS = PARK ? 3 : 0;     // warps 1-3 of the producer's
+  static_assert(HELPER_WARPS <= 3, "helpers are producer-warpgroup warps");
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
   static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
   static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
-  // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
-  // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
-  // bank conflicts).
-  static constexpr int EPI_PITCH = 72, EPI_WARP_ELEMS = 16 * EPI_PITCH;
+  // Parked half: BM rows of PARK_COLS floats, 16-byte chunks XOR-swizzled by row (park_index).
+  static constexpr int PARK_COLS = PARK ? BN / 2 : 0;
+  static constexpr int PARK_BYTES = BM * PARK_COLS * 4;
+  // Epilogue scratch: one 16 x 64 piece per consumer warp, 16-byte chunks XOR-swizzled by
+  // row (scratch_index: the accumulator layout's 4-byte writes and the 16-byte row reads are
+  // both free of bank conflicts).
+  static constexpr int EPI_WARP_ELEMS = 16 * 64;
   static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
-  // The tile's BN bias values as floats, one copy per consumer warpgroup.
-  static constexpr int BIAS_BYTES = CONSUMERS * BN * 4;
-  // Tiles, the full and empty barriers, the epilogue scratch, the bias; + 1024 to align the
-  // tiles to the swizzle atom.
+  // The tile's BN bias values (in T), one copy per consumer warpgroup.
+  static constexpr int BIAS_BYTES = CONSUMERS * BN * 2;
+  static constexpr int BARRIERS = 2 * STAGES + (PARK ? 2 : 0);
+  // Tiles, the parked half, the epilogue scratch, the bias, the barriers; + 1024 to align
+  // the tiles to the swizzle atom.
   static constexpr int SMEM =
-      STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + BIAS_BYTES + 1024;
+      STAGES * STAGE_BYTES + PARK_BYTES + EPI_BYTES + BIAS_BYTES + BARRIERS * 8 + 1024;
   static_assert(SMEM <= 227 * 1024, "shared memory per block");
-  static_assert((STAGES * STAGE_BYTES + 2 * STAGES * 8) % 16 == 0, "scratch 16-byte aligned");
+  // Registers (setmaxnreg): the producer warpgroup's, and each consumer's.
+  static constexpr int PRODUCER_REGS = PARK ? 56 : 40, CONSUMER_REGS = PARK ? 216 : 232;
+  static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "registers");
 };
 
 #if defined(FUSED_SM90A)
@@ -244,31 +263,53 @@ __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
 
+// Element offset of (row, col) in a warp's 16 x 64 scratch piece: 8 chunks of 16 bytes a row,
+// chunk c of row r stored at c ^ (r % 8), so the 8 rows of an accumulator write land in 8
+// different chunks (32 banks) and a row's 16-byte reads stay conflict-free.
+__device__ __forceinline__ int scratch_index(int row, int col) {
+  return row * 64 + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// Float offset of (row, col) in the parked half tile (PARK_COLS floats a row): 16-byte chunks
+// swizzled by 2 (row % 4), so the accumulator layout's 8-byte writes (4 rows, 8 chunks a
+// half-warp) and a warp's 16-byte reads of one row are both free of bank conflicts.
+template <int PARK_COLS>
+__device__ __forceinline__ int park_index(int row, int col) {
+  return row * PARK_COLS + (((col >> 2) ^ (2 * (row & 3))) << 2) + (col & 3);
+}
+
+// The tile's bias of columns col, col + 1 from the warpgroup's shared copy (T pairs).
+template <typename T>
+__device__ __forceinline__ float2 bias_at(const T* wg_bias, int col) {
+  const typename Elem<T>::pair v = *reinterpret_cast<const typename Elem<T>::pair*>(wg_bias + col);
+  return make_float2(Elem<T>::to_float(v.x), Elem<T>::to_float(v.y));
+}
+
 // Epilogue, through the warp's shared-memory scratch. write_scratch puts columns
 // [64 jc, 64 jc + 64) of the warp's 16 accumulator rows there, bias added and ACT applied:
 // accumulator 4j + {0, 1} is row lane/4, columns 8j + 2 (lane%4) + {0, 1}; 4j + {2, 3} the
 // same columns 8 rows down. jc is a constant after unrolling, so acc is indexed statically.
-template <typename T, int ACT, int PITCH, int NACC>
+template <typename T, int ACT, int NACC>
 __device__ __forceinline__ void write_scratch(T* scratch, const float (&acc)[NACC], int jc,
-                                              const float (&bias)[16], int lane) {
+                                              const T* wg_bias, int lane) {
   using Pair = typename Elem<T>::pair;
   const int r = lane / 4, q = lane % 4;
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     const int j = jc * 8 + jj;
-    T* s = scratch + r * PITCH + 8 * jj + 2 * q;
-    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(act_for<T, ACT>(acc[4 * j] + bias[2 * jj]),
-                                                act_for<T, ACT>(acc[4 * j + 1] + bias[2 * jj + 1]));
-    *reinterpret_cast<Pair*>(s + 8 * PITCH) =
-        Elem<T>::pack(act_for<T, ACT>(acc[4 * j + 2] + bias[2 * jj]),
-                      act_for<T, ACT>(acc[4 * j + 3] + bias[2 * jj + 1]));
+    const float2 bv = bias_at(wg_bias, 8 * j + 2 * q);
+    *reinterpret_cast<Pair*>(scratch + scratch_index(r, 8 * jj + 2 * q)) =
+        Elem<T>::pack(act_for<T, ACT>(acc[4 * j] + bv.x), act_for<T, ACT>(acc[4 * j + 1] + bv.y));
+    *reinterpret_cast<Pair*>(scratch + scratch_index(r + 8, 8 * jj + 2 * q)) =
+        Elem<T>::pack(act_for<T, ACT>(acc[4 * j + 2] + bv.x),
+                      act_for<T, ACT>(acc[4 * j + 3] + bv.y));
   }
 }
 
 // Copies the scratch's 16 x 64 piece to out rows row0.., columns col0.. of batch b: each
 // lane one 16-byte vector a step, 8 lanes per 128-byte row (whole lines), element stores
 // where the row or the end of a row does not allow vectors; nothing outside M x N.
-template <typename T, int PITCH>
+template <typename T>
 __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, const GemmProblem& p,
                                                   int b, int row0, int col0, bool vec_ok,
                                                   int lane) {
@@ -278,7 +319,7 @@ __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, cons
     const int rr = id / 8, cc = id % 8;
     const int row = row0 + rr, col = col0 + 8 * cc;
     if (row >= p.M || col >= p.N) continue;
-    const T* src = scratch + rr * PITCH + 8 * cc;
+    const T* src = scratch + scratch_index(rr, 8 * cc);
     T* dst = out + (static_cast<int64_t>(b) * p.M + row) * p.N + col;
     if (vec_ok && col + 8 <= p.N) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
@@ -286,6 +327,67 @@ __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, cons
 #pragma unroll 1
       for (int e = 0; e < 8 && col + e < p.N; ++e) dst[e] = src[e];
     }
+  }
+}
+
+// Four values of one row to out[0..3] (only those before the row's end n_left), ACT applied:
+// one 8-byte store when vec_ok and all four exist.
+template <typename T, int ACT>
+__device__ __forceinline__ void store4(T* out, float4 v, int n_left, bool vec_ok) {
+  using Pair = typename Elem<T>::pair;
+  const float a0 = act_for<T, ACT>(v.x), a1 = act_for<T, ACT>(v.y);
+  const float a2 = act_for<T, ACT>(v.z), a3 = act_for<T, ACT>(v.w);
+  if (vec_ok && n_left >= 4) {
+    Pair lo = Elem<T>::pack(a0, a1), hi = Elem<T>::pack(a2, a3);
+    uint2 w;
+    w.x = *reinterpret_cast<uint32_t*>(&lo);
+    w.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out) = w;
+  } else {
+    if (n_left > 0) out[0] = Elem<T>::from_float(a0);
+    if (n_left > 1) out[1] = Elem<T>::from_float(a1);
+    if (n_left > 2) out[2] = Elem<T>::from_float(a2);
+    if (n_left > 3) out[3] = Elem<T>::from_float(a3);
+  }
+}
+
+// The helper warps' loop (PARK): for each of the block's tiles, wait until the consumers
+// have parked its right half, then store it, pre-activation first when asked, one row a warp
+// step (32 lanes x 4 floats = the half row), and release the buffer.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void park_helpers(const float* park, uint64_t* park_full,
+                                             uint64_t* park_empty, const GemmProblem& p,
+                                             int tiles_m, int tiles_n, int total) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, PC = Cfg::PARK_COLS, W = Cfg::HELPER_WARPS;
+  static_assert(PC == 4 * 32, "a warp step covers one parked row");
+  const int h = threadIdx.x - 32;  // warps 1.. of the producer warpgroup
+  const int lane = h % 32, hw = h / 32;
+  T* out_c = static_cast<T*>(p.c);
+  T* out_z = static_cast<T*>(p.z);
+  const bool vec_ok = p.N % 4 == 0 && reinterpret_cast<uintptr_t>(out_c) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(out_z) % 8 == 0;
+  const int tiles_per_batch = tiles_m * tiles_n;
+  uint32_t j = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x, ++j) {
+    const int b = tile / tiles_per_batch;
+    int tm, tn;
+    tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
+    const int col = tn * BN + PC + 4 * lane;
+    mbar_wait(park_full, j & 1);
+    dispatch_act(p.act, [&](auto act) {
+      constexpr int ACT = decltype(act)::value;
+#pragma unroll 2
+      for (int rr = hw; rr < BM; rr += W) {
+        const float4 v = *reinterpret_cast<const float4*>(park + park_index<PC>(rr, 4 * lane));
+        const int row = tm * BM + rr;
+        if (row < p.M && col < p.N) {
+          const int64_t off = (static_cast<int64_t>(b) * p.M + row) * p.N + col;
+          if (out_z != nullptr) store4<T, kActNone>(out_z + off, v, p.N - col, vec_ok);
+          store4<T, ACT>(out_c + off, v, p.N - col, vec_ok);
+        }
+      }
+    });
+    mbar_arrive(park_empty);
   }
 }
 #endif  // FUSED_SM90A
@@ -302,15 +404,22 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // compile to STS/LDS rather than generic stores and loads.
   T* sA = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   T* sB = sA + STAGES * Cfg::A_ELEMS;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sB + STAGES * Cfg::B_ELEMS);
+  float* park = reinterpret_cast<float*>(sB + STAGES * Cfg::B_ELEMS);
+  T* epi = reinterpret_cast<T*>(park + Cfg::BM * Cfg::PARK_COLS);
+  T* bias_s = epi + Cfg::CONSUMERS * 4 * Cfg::EPI_WARP_ELEMS;
+  uint64_t* full = reinterpret_cast<uint64_t*>(bias_s + Cfg::CONSUMERS * BN);
   uint64_t* empty = full + STAGES;
-  T* epi = reinterpret_cast<T*>(empty + STAGES);
-  float* bias_s = reinterpret_cast<float*>(epi + Cfg::CONSUMERS * 4 * Cfg::EPI_WARP_ELEMS);
+  uint64_t* park_full = empty + STAGES;     // PARK only
+  uint64_t* park_empty = park_full + 1;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);                         // the producer's expect_tx arrival
       mbar_init(&empty[s], Cfg::CONSUMERS * 128);     // every consumer thread
+    }
+    if constexpr (Cfg::PARK) {
+      mbar_init(park_full, Cfg::CONSUMERS * 128);
+      mbar_init(park_empty, Cfg::HELPER_WARPS * 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -323,8 +432,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
-    // Producer warpgroup: gives registers away; one thread issues every TMA load.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    // Producer warpgroup: gives registers away; one thread issues every TMA load (and with
+    // PARK, warps 1-3 store the parked halves).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Cfg::PRODUCER_REGS));
+    if constexpr (Cfg::PARK) {
+      if (threadIdx.x >= 32) {
+        park_helpers<T, Cfg>(park, park_full, park_empty, p, tiles_m, tiles_n, total);
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     int it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -358,13 +474,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Cfg::CONSUMER_REGS));
     const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
+    const int r = lane / 4, q = lane % 4;    // accumulator row / column pair within 16 x 8
+    const T* bias_in = static_cast<const T*>(p.bias);
     float acc[Cfg::ACC];
     int it = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    uint32_t j = 0;                          // tiles done (the park barriers' phase)
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x, ++j) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
@@ -372,8 +491,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
       // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
-      float2 my_bias = {0.f, 0.f};
-      if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
+      T my_bias[2] = {Elem<T>::from_float(0.f), Elem<T>::from_float(0.f)};
+      if (2 * t < BN && bias_in != nullptr) {
+        const int n = tn * BN + 2 * t;
+        if (n < p.N) my_bias[0] = bias_in[n];
+        if (n + 1 < p.N) my_bias[1] = bias_in[n + 1];
+      }
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -390,23 +513,48 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         }
         wgmma_commit();
         fence_acc(acc);
-        // Keep this stage's group in flight; the previous one is done: release its stage.
-        wgmma_wait<1>();
-        if (prev >= 0) mbar_arrive(&empty[prev]);
-        prev = s;
+        wgmma_wait<Cfg::INFLIGHT>();
+        if constexpr (Cfg::INFLIGHT == 0) {
+          mbar_arrive(&empty[s]);
+        } else {
+          // Keep this stage's group in flight; the previous one is done: release its stage.
+          if (prev >= 0) mbar_arrive(&empty[prev]);
+          prev = s;
+        }
       }
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
       // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
       // epilogue reads ahead of it, the one after makes the whole row visible.
-      float* wg_bias = bias_s + c * BN;
+      T* wg_bias = bias_s + c * BN;
       consumer_barrier(c);
-      if (2 * t < BN) *reinterpret_cast<float2*>(wg_bias + 2 * t) = my_bias;
+      if (2 * t < BN) {
+        wg_bias[2 * t] = my_bias[0];
+        wg_bias[2 * t + 1] = my_bias[1];
+      }
       consumer_barrier(c);
 
-      // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
-      // whole-line stores (the pre-activation first when the backward pass wants it).
+      if constexpr (Cfg::PARK) {
+        // The right half, bias added, to the park for the helper warps (once they are done
+        // with the previous tile's).
+        mbar_wait(park_empty, (j & 1) ^ 1);
+        const int prow = c * 64 + warp * 16 + r;
+#pragma unroll
+        for (int jj = 0; jj < Cfg::PARK_COLS / 8; ++jj) {
+          const int jn = Cfg::PARK_COLS / 8 + jj;  // accumulator column block
+          const float2 bv = bias_at(wg_bias, 8 * jn + 2 * q);
+          *reinterpret_cast<float2*>(park + park_index<Cfg::PARK_COLS>(prow, 8 * jj + 2 * q)) =
+              make_float2(acc[4 * jn] + bv.x, acc[4 * jn + 1] + bv.y);
+          *reinterpret_cast<float2*>(park + park_index<Cfg::PARK_COLS>(prow + 8, 8 * jj + 2 * q)) =
+              make_float2(acc[4 * jn + 2] + bv.x, acc[4 * jn + 3] + bv.y);
+        }
+        mbar_arrive(park_full);
+      }
+
+      // Epilogue of the columns the consumers store themselves (all, or the left half with
+      // PARK): per 64-column piece, bias + activation into the warp's scratch, then whole-line
+      // stores (the pre-activation first when the backward pass wants it).
       T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
       const int row0 = tm * BM + c * 64 + warp * 16;
       T* out_c = static_cast<T*>(p.c);
@@ -416,26 +564,18 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
 #pragma unroll
-        for (int jc = 0; jc < BN / 64; ++jc) {
+        for (int jc = 0; jc < (BN - Cfg::PARK_COLS) / 64; ++jc) {
           const int col0 = tn * BN + 64 * jc;
-          float bias[16];
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const float2 bv =
-                *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
-            bias[2 * jj] = bv.x;
-            bias[2 * jj + 1] = bv.y;
-          }
           if (out_z != nullptr) {
             __syncwarp();  // the previous piece's reads are done
-            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+            write_scratch<T, kActNone>(scratch, acc, jc, wg_bias, lane);
             __syncwarp();
-            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
+            scratch_to_global<T>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
           }
           __syncwarp();
-          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
+          write_scratch<T, ACT>(scratch, acc, jc, wg_bias, lane);
           __syncwarp();
-          scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
+          scratch_to_global<T>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
         }
       });
     }
@@ -518,21 +658,34 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   return Sm90Result::kLaunched;
 }
 
+// Whether the 128 x 256 kernels hand half of each tile to the helper warps (HopperConfig
+// PARK); FUSED_OPS_MATMUL_PARK=0 turns it off, for comparisons. Read on every call.
+bool park_tiles() {
+  const char* v = std::getenv("FUSED_OPS_MATMUL_PARK");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+template <typename T, bool PARK>
+Sm90Result launch_wide(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  using Cfg = HopperConfig<256, PARK>;
+  if (p.a_kmajor && p.b_kmajor) return launch<T, Cfg, true, true>(p, dtype, stream);
+  if (p.a_kmajor) return launch<T, Cfg, true, false>(p, dtype, stream);     // dX = dZ W
+  if (!p.b_kmajor) return launch<T, Cfg, false, false>(p, dtype, stream);   // dW = dZ^T X
+  return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
+}
+
 template <typename T>
 Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   // Tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128 (both
   // operands K-major only: the other layouts come from the backward pass of large layers).
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
-  const bool wide = wide_tiles >= sms;
-  if (p.a_kmajor && p.b_kmajor) {
-    return wide ? launch<T, HopperConfig<256>, true, true>(p, dtype, stream)
-                : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
+  if (wide_tiles >= sms) {
+    return park_tiles() ? launch_wide<T, true>(p, dtype, stream)
+                        : launch_wide<T, false>(p, dtype, stream);
   }
-  if (!wide) return Sm90Result::kNotApplicable;
-  if (p.a_kmajor) return launch<T, HopperConfig<256>, true, false>(p, dtype, stream);   // dX = dZ W
-  if (!p.b_kmajor) return launch<T, HopperConfig<256>, false, false>(p, dtype, stream); // dW = dZ^T X
-  return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
+  if (p.a_kmajor && p.b_kmajor) return launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
+  return Sm90Result::kNotApplicable;
 }
 
 }  // namespace
