@@ -41,7 +41,7 @@ namespace fused {
 namespace matmul {
 namespace {
 
-template <int BN_, bool PARK_ = false>
+template <int BN_, int PARK_ = 0>
 struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
@@ -52,7 +52,8 @@ struct HopperConfig {
   // under the next mainloop. The half tile's 64 KB come from a fourth stage: 3 stages with no
   // wgmma group kept in flight (a consumer holds one stage, the producer fills two, the
   // bytes in flight of 4 stages with one group in flight; KERNEL_LOG matmul v13).
-  static constexpr bool PARK = PARK_;
+  static constexpr bool PARK = PARK_ != 0;
+  static constexpr bool PARK_SLEEP = PARK_ == 2;       // dev A/B: the helpers poll with sleeps
   static_assert(!PARK || BN == 256, "parking is built for the 128 x 256 tile");
   static constexpr int STAGES = PARK ? 3 : (BN == 256 ? 4 : 6);
   static constexpr int INFLIGHT = PARK ? 0 : 1;        // wgmma groups kept in flight
@@ -113,19 +114,31 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // once: the producer's first pass over the empty barriers does not block.
 // A wait that spins for seconds means a protocol bug: trap (a launch error the host
 // reports) rather than hang the process.
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
   uint32_t spins = 0;
-  do {
+  while (!mbar_try_wait(bar, parity)) {
     if (++spins == (1u << 26)) __trap();
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
+  }
+}
+// For waits expected to last a whole mainloop: poll every ~1 us instead of spinning, so the
+// waiting warps take no issue slots from the ones doing the work.
+__device__ __forceinline__ void mbar_wait_sleep(uint64_t* bar, uint32_t parity) {
+  uint32_t spins = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    if (++spins == (1u << 24)) __trap();
+    __nanosleep(1000);
+  }
 }
 
 // 3-D TMA tile load (coordinates innermost first: k, row, batch), completing on bar.
@@ -373,7 +386,11 @@ __device__ __forceinline__ void park_helpers(const float* park, uint64_t* park_f
     int tm, tn;
     tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
     const int col = tn * BN + PC + 4 * lane;
-    mbar_wait(park_full, j & 1);
+    if constexpr (Cfg::PARK_SLEEP) {
+      mbar_wait_sleep(park_full, j & 1);
+    } else {
+      mbar_wait(park_full, j & 1);
+    }
     dispatch_act(p.act, [&](auto act) {
       constexpr int ACT = decltype(act)::value;
 #pragma unroll 2
@@ -660,12 +677,12 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
 
 // Whether the 128 x 256 kernels hand half of each tile to the helper warps (HopperConfig
 // PARK); FUSED_OPS_MATMUL_PARK=0 turns it off, for comparisons. Read on every call.
-bool park_tiles() {
+int park_tiles() {
   const char* v = std::getenv("FUSED_OPS_MATMUL_PARK");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  return v == nullptr ? 1 : std::atoi(v);
 }
 
-template <typename T, bool PARK>
+template <typename T, int PARK>
 Sm90Result launch_wide(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   using Cfg = HopperConfig<256, PARK>;
   if (p.a_kmajor && p.b_kmajor) return launch<T, Cfg, true, true>(p, dtype, stream);
@@ -681,8 +698,9 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   if (wide_tiles >= sms) {
-    return park_tiles() ? launch_wide<T, true>(p, dtype, stream)
-                        : launch_wide<T, false>(p, dtype, stream);
+    const int park = park_tiles();
+    if (park == 2) return launch_wide<T, 2>(p, dtype, stream);
+    return park ? launch_wide<T, 1>(p, dtype, stream) : launch_wide<T, 0>(p, dtype, stream);
   }
   if (p.a_kmajor && p.b_kmajor) return launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
   return Sm90Result::kNotApplicable;
