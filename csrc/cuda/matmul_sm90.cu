@@ -52,8 +52,11 @@ struct HopperConfig {
   // under the next mainloop. The half tile's 64 KB come from a fourth stage: 3 stages with no
   // wgmma group kept in flight (a consumer holds one stage, the producer fills two, the
   // bytes in flight of 4 stages with one group in flight; KERNEL_LOG matmul v13).
-  static constexpr bool PARK = PARK_ != 0;
-  static constexpr bool PARK_SLEEP = PARK_ == 2;       // dev A/B: the helpers poll with sleeps
+  // Dev A/B modes (FUSED_OPS_MATMUL_PARK): 0 off, 1 park, 3 park + stepped descriptors and a
+  // running stage / phase in the consumer loop, 4 stepped loop without the park.
+  static constexpr bool PARK = PARK_ == 1 || PARK_ == 3;
+  static constexpr bool PARK_SLEEP = false;
+  static constexpr bool STEP = PARK_ >= 3;
   static_assert(!PARK || BN == 256, "parking is built for the 128 x 256 tile");
   static constexpr int STAGES = PARK ? 3 : (BN == 256 ? 4 : 6);
   static constexpr int INFLIGHT = PARK ? 0 : 1;        // wgmma groups kept in flight
@@ -275,6 +278,13 @@ template <bool KMAJOR, typename T>
 __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
+// How far the descriptor's start-address field (bytes >> 4) moves per k16 step: 16 elements
+// (K-major) or 16 rows of 64 (MN-major). The field holds addresses below 256 KB, so adding
+// to the whole 64-bit descriptor never carries into the other fields.
+template <bool KMAJOR, typename T>
+constexpr uint64_t desc_k16_step() {
+  return (KMAJOR ? 16 : 16 * 64) * sizeof(T) / 16;
+}
 
 // Element offset of (row, col) in a warp's 16 x 64 scratch piece: 8 chunks of 16 bytes a row,
 // chunk c of row r stored at c ^ (r % 8), so the 8 rows of an accumulator write land in 8
@@ -492,13 +502,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Cfg::CONSUMER_REGS));
-    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
+    // consumer index: rows [64c, 64c + 64); through a shuffle (STEP) so the compiler knows it
+    // is warp-uniform and keeps the descriptors in uniform registers.
+    const int c = Cfg::STEP ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
     const int r = lane / 4, q = lane % 4;    // accumulator row / column pair within 16 x 8
     const T* bias_in = static_cast<const T*>(p.bias);
     float acc[Cfg::ACC];
+    const uint64_t desc_a0 = operand_desc<AK>(sA + c * 64 * BK, 0);
+    const uint64_t desc_b0 = operand_desc<BK_MAJ>(sB, 0);
     int it = 0;
+    int rs = 0;
+    uint32_t rph = 0;
     uint32_t j = 0;                          // tiles done (the park barriers' phase)
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x, ++j) {
       const int b = tile / tiles_per_batch;
@@ -516,17 +532,30 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % STAGES;
-        mbar_wait(&full[s], (it / STAGES) & 1);
+        const int s = Cfg::STEP ? rs : it % STAGES;
+        const uint32_t ph = Cfg::STEP ? rph : uint32_t(it / STAGES) & 1;
+        if (Cfg::STEP && ++rs == STAGES) {
+          rs = 0;
+          rph ^= 1;
+        }
+        mbar_wait(&full[s], ph);
         // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
         // same 4096-element offset either way).
         const T* a_s = sA + s * Cfg::A_ELEMS + c * 64 * BK;
         const T* b_s = sB + s * Cfg::B_ELEMS;
+        const uint64_t da = desc_a0 + uint64_t(s) * (Cfg::A_ELEMS * sizeof(T) / 16);
+        const uint64_t db = desc_b0 + uint64_t(s) * (Cfg::B_ELEMS * sizeof(T) / 16);
         fence_acc(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
+          if constexpr (Cfg::STEP) {
+            wgmma_tile<T, BN, AK, BK_MAJ>(acc, da + kk * desc_k16_step<AK, T>(),
+                                          db + kk * desc_k16_step<BK_MAJ, T>());
+          } else {
+            wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk),
+                                          operand_desc<BK_MAJ>(b_s, kk));
+          }
         }
         wgmma_commit();
         fence_acc(acc);
@@ -699,7 +728,8 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   if (wide_tiles >= sms) {
     const int park = park_tiles();
-    if (park == 2) return launch_wide<T, 2>(p, dtype, stream);
+    if (park == 3) return launch_wide<T, 3>(p, dtype, stream);
+    if (park == 4) return launch_wide<T, 4>(p, dtype, stream);
     return park ? launch_wide<T, 1>(p, dtype, stream) : launch_wide<T, 0>(p, dtype, stream);
   }
   if (p.a_kmajor && p.b_kmajor) return launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
