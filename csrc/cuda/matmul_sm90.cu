@@ -54,12 +54,15 @@ struct HopperConfig {
   // bytes in flight of 4 stages with one group in flight; KERNEL_LOG matmul v13).
   // Dev A/B modes (FUSED_OPS_MATMUL_PARK): 0 off, 1 park, 3 park + stepped descriptors and a
   // running stage / phase in the consumer loop, 4 stepped loop without the park.
-  static constexpr bool PARK = PARK_ == 1 || PARK_ == 3;
+  // Diagnostics: 5 = park with helpers that only hand the buffer back (right half not
+  // stored), 6 = no park but 3 stages and no group in flight.
+  static constexpr bool PARK = PARK_ == 1 || PARK_ == 3 || PARK_ == 5;
   static constexpr bool PARK_SLEEP = false;
-  static constexpr bool STEP = PARK_ >= 3;
+  static constexpr bool HELPER_NOOP = PARK_ == 5;
+  static constexpr bool STEP = PARK_ == 3 || PARK_ == 4;
   static_assert(!PARK || BN == 256, "parking is built for the 128 x 256 tile");
-  static constexpr int STAGES = PARK ? 3 : (BN == 256 ? 4 : 6);
-  static constexpr int INFLIGHT = PARK ? 0 : 1;        // wgmma groups kept in flight
+  static constexpr int STAGES = (PARK || PARK_ == 6) ? 3 : (BN == 256 ? 4 : 6);
+  static constexpr int INFLIGHT = (PARK || PARK_ == 6) ? 0 : 1;  // wgmma groups kept in flight
   static constexpr int HELPER_WARPS = PARK ? 3 : 0;     // warps 1-3 of the producer's
   static_assert(HELPER_WARPS <= 3, "helpers are producer-warpgroup warps");
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
@@ -401,7 +404,7 @@ __device__ __forceinline__ void park_helpers(const float* park, uint64_t* park_f
     } else {
       mbar_wait(park_full, j & 1);
     }
-    dispatch_act(p.act, [&](auto act) {
+    if (!Cfg::HELPER_NOOP) dispatch_act(p.act, [&](auto act) {
       constexpr int ACT = decltype(act)::value;
 #pragma unroll 2
       for (int rr = hw; rr < BM; rr += W) {
@@ -730,6 +733,8 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
     const int park = park_tiles();
     if (park == 3) return launch_wide<T, 3>(p, dtype, stream);
     if (park == 4) return launch_wide<T, 4>(p, dtype, stream);
+    if (park == 5) return launch_wide<T, 5>(p, dtype, stream);
+    if (park == 6) return launch_wide<T, 6>(p, dtype, stream);
     return park ? launch_wide<T, 1>(p, dtype, stream) : launch_wide<T, 0>(p, dtype, stream);
   }
   if (p.a_kmajor && p.b_kmajor) return launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
