@@ -27,6 +27,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cstdlib>
 
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
@@ -243,6 +244,13 @@ template <bool KMAJOR, typename T>
 __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
+// How far the descriptor's start-address field (bytes >> 4) moves per k16 step: 16 elements
+// (K-major) or 16 rows of 64 (MN-major). The field holds addresses below 256 KB, so adding
+// to the whole 64-bit descriptor never carries into the other fields.
+template <bool KMAJOR, typename T>
+constexpr uint64_t desc_k16_step() {
+  return (KMAJOR ? 16 : 16 * 64) * sizeof(T) / 16;
+}
 
 // Epilogue, through the warp's shared-memory scratch. write_scratch puts columns
 // [64 jc, 64 jc + 64) of the warp's 16 accumulator rows there, bias added and ACT applied:
@@ -290,12 +298,17 @@ __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, cons
 }
 #endif  // FUSED_SM90A
 
-template <typename T, typename Cfg, bool AK, bool BK_MAJ>
+template <typename T, typename Cfg, bool AK, bool BK_MAJ, int VAR>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     hopper_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b, const GemmProblem p) {
 #if defined(FUSED_SM90A)
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK;
+  // Dev A/B: VAR 3 uses 3 of the stages with no wgmma group kept in flight, VAR 4 all of them
+  // with none in flight.
+  constexpr int STAGES = VAR == 3 ? 3 : Cfg::STAGES;
+  constexpr int INFLIGHT = VAR >= 3 ? 0 : 1;
+  constexpr bool RUNNING = VAR >= 2;
   extern __shared__ unsigned char smem_raw[];
   // Tiles aligned to the 1024-byte swizzle atom; pointer arithmetic on smem_raw (not integer
   // casts) keeps these pointers known as shared memory, so the epilogue's scratch accesses
@@ -327,14 +340,18 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
     int it = 0;
+    int rs = 0;
+    uint32_t rph = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % STAGES;
-        mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+        const int s = RUNNING ? rs : it % STAGES;
+        const uint32_t ph = RUNNING ? rph : uint32_t(it / STAGES) & 1;
+        if (RUNNING && ++rs == STAGES) { rs = 0; rph ^= 1; }
+        mbar_wait(&empty[s], ph ^ 1);
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
         // A K-major: one box {64 k, BM rows}; MN-major: BM / 64 boxes {64 m, 64 k}.
         if constexpr (AK) {
@@ -359,11 +376,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
+    const int c = VAR >= 1 ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
     float acc[Cfg::ACC];
+    const uint64_t desc_a0 = operand_desc<AK>(sA + c * 64 * BK, 0);
+    const uint64_t desc_b0 = operand_desc<BK_MAJ>(sB, 0);
     int it = 0;
+    int rs = 0;
+    uint32_t rph = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
@@ -376,24 +397,38 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % STAGES;
-        mbar_wait(&full[s], (it / STAGES) & 1);
+        const int s = RUNNING ? rs : it % STAGES;
+        const uint32_t ph = RUNNING ? rph : uint32_t(it / STAGES) & 1;
+        if (RUNNING && ++rs == STAGES) { rs = 0; rph ^= 1; }
+        mbar_wait(&full[s], ph);
         // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
         // same 4096-element offset either way).
         const T* a_s = sA + s * Cfg::A_ELEMS + c * 64 * BK;
         const T* b_s = sB + s * Cfg::B_ELEMS;
+        const uint64_t da = desc_a0 + uint64_t(s) * (Cfg::A_ELEMS * sizeof(T) / 16);
+        const uint64_t db = desc_b0 + uint64_t(s) * (Cfg::B_ELEMS * sizeof(T) / 16);
         fence_acc(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
+          if constexpr (VAR == 0) {
+            wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk),
+                                          operand_desc<BK_MAJ>(b_s, kk));
+          } else {
+            wgmma_tile<T, BN, AK, BK_MAJ>(acc, da + kk * desc_k16_step<AK, T>(),
+                                          db + kk * desc_k16_step<BK_MAJ, T>());
+          }
         }
         wgmma_commit();
         fence_acc(acc);
         // Keep this stage's group in flight; the previous one is done: release its stage.
-        wgmma_wait<1>();
-        if (prev >= 0) mbar_arrive(&empty[prev]);
-        prev = s;
+        wgmma_wait<INFLIGHT>();
+        if constexpr (INFLIGHT == 0) {
+          mbar_arrive(&empty[s]);
+        } else {
+          if (prev >= 0) mbar_arrive(&empty[prev]);
+          prev = s;
+        }
       }
       wgmma_wait<0>();
       fence_acc(acc);
@@ -499,9 +534,16 @@ bool has_sm90a_code(Kernel kernel) {
   }) != 0;
 }
 
-template <typename T, typename Cfg, bool AK, bool BK>
-Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  auto kernel = hopper_gemm_kernel<T, Cfg, AK, BK>;
+// Dev A/B (session 19): FUSED_OPS_MATMUL_DESC = 0 rebuild descriptors per k16 step, 1 step
+// them by constants, 2 = 1 + a running stage / phase.
+inline int desc_variant() {
+  const char* v = std::getenv("FUSED_OPS_MATMUL_DESC");
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
+template <typename T, typename Cfg, bool AK, bool BK, int VAR>
+Sm90Result launch_var(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  auto kernel = hopper_gemm_kernel<T, Cfg, AK, BK, VAR>;
   if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
   const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
   if (tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
@@ -516,6 +558,16 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
+}
+
+template <typename T, typename Cfg, bool AK, bool BK>
+Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  const int var = desc_variant();
+  if (var == 1) return launch_var<T, Cfg, AK, BK, 1>(p, dtype, stream);
+  if (var == 2) return launch_var<T, Cfg, AK, BK, 2>(p, dtype, stream);
+  if (var == 3) return launch_var<T, Cfg, AK, BK, 3>(p, dtype, stream);
+  if (var == 4) return launch_var<T, Cfg, AK, BK, 4>(p, dtype, stream);
+  return launch_var<T, Cfg, AK, BK, 0>(p, dtype, stream);
 }
 
 template <typename T>
