@@ -243,6 +243,13 @@ template <bool KMAJOR, typename T>
 __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
+// How far the descriptor's start-address field (bytes >> 4) moves per k16 step: 16 elements
+// (K-major) or 16 rows of 64 (MN-major). The field holds addresses below 256 KB, so adding
+// to the whole 64-bit descriptor never carries into the other fields.
+template <bool KMAJOR, typename T>
+constexpr uint64_t desc_k16_step() {
+  return (KMAJOR ? 16 : 16 * 64) * sizeof(T) / 16;
+}
 
 // Epilogue, through the warp's shared-memory scratch. write_scratch puts columns
 // [64 jc, 64 jc + 64) of the warp's 16 accumulator rows there, bias added and ACT applied:
@@ -359,10 +366,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
+    // Consumer index: rows [64c, 64c + 64). Through a shuffle so the compiler knows it is
+    // warp-uniform: the descriptors below then stay in uniform registers.
+    const int c = __shfl_sync(0xffffffffu, wg - 1, 0);
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
     float acc[Cfg::ACC];
+    // This consumer's 64 rows of stage 0: 64 K-major rows, or the c-th 64-wide MN-major block
+    // (the same 4096-element offset either way); and stage 0's B tile.
+    const uint64_t desc_a0 = operand_desc<AK>(sA + c * 64 * BK, 0);
+    const uint64_t desc_b0 = operand_desc<BK_MAJ>(sB, 0);
     int it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
@@ -378,15 +391,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
-        // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
-        // same 4096-element offset either way).
-        const T* a_s = sA + s * Cfg::A_ELEMS + c * 64 * BK;
-        const T* b_s = sB + s * Cfg::B_ELEMS;
+        // Each stage's descriptors are the first stage's plus a constant (stages are
+        // 1024-byte-aligned and equal-sized), each k16 step one more constant.
+        const uint64_t da = desc_a0 + uint64_t(s) * (Cfg::A_ELEMS * sizeof(T) / 16);
+        const uint64_t db = desc_b0 + uint64_t(s) * (Cfg::B_ELEMS * sizeof(T) / 16);
         fence_acc(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
+          wgmma_tile<T, BN, AK, BK_MAJ>(acc, da + kk * desc_k16_step<AK, T>(),
+                                        db + kk * desc_k16_step<BK_MAJ, T>());
         }
         wgmma_commit();
         fence_acc(acc);
