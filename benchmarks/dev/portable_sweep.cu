@@ -76,6 +76,7 @@ GemmProblem make(const Case& c, const T* a, const T* b, T* out, int64_t lda, int
   p.a = a; p.b = b; p.c = out; p.z = nullptr; p.bias = nullptr;
   p.lda = lda; p.ldb = ldb; p.batch_stride_a = p.batch_stride_b = 0;
   p.M = c.M; p.N = c.N; p.K = c.K; p.batch = 1; p.act = kActNone;
+  p.group_m = kGroupM;  // the tile order the extension uses by default (0 would divide by zero)
   p.a_kmajor = c.ak; p.b_kmajor = c.bk;
   return p;
 }
