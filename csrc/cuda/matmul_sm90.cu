@@ -56,14 +56,16 @@ struct HopperConfig {
   // running stage / phase in the consumer loop, 4 stepped loop without the park.
   // Diagnostics: 5 = park with helpers that only hand the buffer back (right half not
   // stored), 6 = no park but 3 stages and no group in flight.
-  static constexpr bool PARK = PARK_ == 1 || PARK_ == 3 || PARK_ == 5;
+  // 7 = park with one helper warp that sleeps ~100 ns a row, 8 = park with one helper warp.
+  static constexpr bool PARK = PARK_ == 1 || PARK_ == 3 || PARK_ == 5 || PARK_ == 7 || PARK_ == 8;
+  static constexpr bool HELPER_SLEEP = PARK_ == 7;
   static constexpr bool PARK_SLEEP = false;
   static constexpr bool HELPER_NOOP = PARK_ == 5;
   static constexpr bool STEP = PARK_ == 3 || PARK_ == 4;
   static_assert(!PARK || BN == 256, "parking is built for the 128 x 256 tile");
   static constexpr int STAGES = (PARK || PARK_ == 6) ? 3 : (BN == 256 ? 4 : 6);
   static constexpr int INFLIGHT = (PARK || PARK_ == 6) ? 0 : 1;  // wgmma groups kept in flight
-  static constexpr int HELPER_WARPS = PARK ? 3 : 0;     // warps 1-3 of the producer's
+  static constexpr int HELPER_WARPS = PARK ? (PARK_ >= 7 ? 1 : 3) : 0;  // warps 1.. of the producer's
   static_assert(HELPER_WARPS <= 3, "helpers are producer-warpgroup warps");
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
@@ -408,6 +410,7 @@ __device__ __forceinline__ void park_helpers(const float* park, uint64_t* park_f
       constexpr int ACT = decltype(act)::value;
 #pragma unroll 2
       for (int rr = hw; rr < BM; rr += W) {
+        if constexpr (Cfg::HELPER_SLEEP) __nanosleep(100);
         const float4 v = *reinterpret_cast<const float4*>(park + park_index<PC>(rr, 4 * lane));
         const int row = tm * BM + rr;
         if (row < p.M && col < p.N) {
@@ -467,7 +470,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Cfg::PRODUCER_REGS));
     if constexpr (Cfg::PARK) {
       if (threadIdx.x >= 32) {
-        park_helpers<T, Cfg>(park, park_full, park_empty, p, tiles_m, tiles_n, total);
+        if (threadIdx.x < 32 * (1 + Cfg::HELPER_WARPS)) {
+          park_helpers<T, Cfg>(park, park_full, park_empty, p, tiles_m, tiles_n, total);
+        }
         return;
       }
     }
@@ -731,10 +736,8 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   if (wide_tiles >= sms) {
     const int park = park_tiles();
-    if (park == 3) return launch_wide<T, 3>(p, dtype, stream);
-    if (park == 4) return launch_wide<T, 4>(p, dtype, stream);
-    if (park == 5) return launch_wide<T, 5>(p, dtype, stream);
-    if (park == 6) return launch_wide<T, 6>(p, dtype, stream);
+    if (park == 7) return launch_wide<T, 7>(p, dtype, stream);
+    if (park == 8) return launch_wide<T, 8>(p, dtype, stream);
     return park ? launch_wide<T, 1>(p, dtype, stream) : launch_wide<T, 0>(p, dtype, stream);
   }
   if (p.a_kmajor && p.b_kmajor) return launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
