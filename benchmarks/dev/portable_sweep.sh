@@ -21,9 +21,15 @@ fi
 for v in "$@"; do
   n=${v%%:*}; IFS=, read bm bn bk wm wn st mb <<< "${v#*:}"; inc=-Icsrc
   [ "${n#o_}" != "$n" ] && inc="-I$old -Icsrc"
-  # Per variant: INC_<name> (a directory holding another cuda/matmul_portable.cuh) and
-  # FLAGS_<name> (extra nvcc flags, e.g. -D switches).
-  ivar=INC_$n; fvar=FLAGS_$n; [ -n "${!ivar}" ] && inc="${!ivar} -Icsrc"
+  # Per variant: INC_<name> (a directory holding another cuda/matmul_portable.cuh),
+  # PATCH_<name> (a patch of csrc/cuda/matmul_portable.cuh, e.g. portable_r3_early.patch, for
+  # a header built in /tmp) and FLAGS_<name> (extra nvcc flags, e.g. -D switches).
+  ivar=INC_$n; fvar=FLAGS_$n; pvar=PATCH_$n; [ -n "${!ivar}" ] && inc="${!ivar} -Icsrc"
+  if [ -n "${!pvar}" ]; then
+    mkdir -p /tmp/pinc_$n/cuda && cp csrc/cuda/matmul_portable.cuh /tmp/pinc_$n/cuda/
+    patch -s -p1 -d /tmp/pinc_$n < "${!pvar}" || { echo "== $n: patch failed"; continue; }
+    inc="-I/tmp/pinc_$n -Icsrc"
+  fi
   $NV $inc ${!fvar} -DV_BM=$bm -DV_BN=$bn -DV_BK=$bk -DV_WM=$wm -DV_WN=$wn -DV_ST=$st -DV_MB=$mb \
       benchmarks/dev/portable_sweep.cu -o /tmp/pbin/$n > "$out/build_$n.txt" 2>&1 &
   names+=($n)
