@@ -91,6 +91,24 @@ __device__ __forceinline__ float tanh_sigmoid_2u(float x, float x2) {
   return rcp_approx(1.0f + exp2_approx(x * fmaf(x2, kTanhE1, kTanhE0)));
 }
 
+// The tanh form for two elements at once, for the GEMM epilogue, where the special-function
+// unit bounds the epilogue (KERNEL_LOG matmul v9): 1.5 MUFU an element instead of 2, by one
+// reciprocal shared between the pair (1/d0 = d1 / (d0 d1)). With t = x (kTanhE0 + kTanhE1 x^2)
+// (= -2u log2 e) and e = 2^-|t| in (0, 1]: sigmoid(2u) = 1 / (1 + 2^t) = (t > 0 ? e : 1) / d,
+// d = 1 + e in (1, 2], so d0 d1 lies in (1, 4]: no overflow, no flushed reciprocal, and the
+// negative tail keeps its digits (e carries them, d ~ 1). A NaN x makes its own e NaN;
+// fminf turns that into 1, so only its own output is NaN, never its partner's.
+__device__ __forceinline__ void gelu_tanh_fast_pair(float& x0, float& x1) {
+  const float t0 = x0 * fmaf(x0 * x0, kTanhE1, kTanhE0);
+  const float t1 = x1 * fmaf(x1 * x1, kTanhE1, kTanhE0);
+  const float e0 = fminf(exp2_approx(-fabsf(t0)), 1.0f);
+  const float e1 = fminf(exp2_approx(-fabsf(t1)), 1.0f);
+  const float d0 = 1.0f + e0, d1 = 1.0f + e1;
+  const float r = rcp_approx(d0 * d1);
+  x0 = x0 * (t0 > 0.0f ? e0 : 1.0f) * (r * d1);
+  x1 = x1 * (t1 > 0.0f ? e1 : 1.0f) * (r * d0);
+}
+
 template <GeluKind K>
 __device__ __forceinline__ float gelu_fwd_fast(float x) {
   if constexpr (K == GeluKind::kNone) {

@@ -21,7 +21,7 @@ namespace fused {
 namespace matmul {
 
 // The activation applied in the epilogue; the numbers are those of the host enum too.
-enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2 };
+enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2, kActGeluTanhPair = 3 };  // TRIAL 3
 
 struct GemmProblem {
   const void* a;
@@ -72,6 +72,19 @@ __device__ __forceinline__ float act_for(float z) {
   else return z;
 }
 
+// ACT of the pair (v0, v1), in place: the paired tanh form for 16-bit T (one reciprocal for
+// the two; gelu_math.h gelu_tanh_fast_pair), act_for on each otherwise.
+template <typename T, int ACT>
+__device__ __forceinline__ void act_pair_for(float& v0, float& v1) {
+  if constexpr (ACT == kActGeluTanhPair && sizeof(T) == 2) {
+    gelu_tanh_fast_pair(v0, v1);
+  } else {
+    constexpr int A = ACT == kActGeluTanhPair ? int(kActGeluTanh) : ACT;
+    v0 = act_for<T, A>(v0);
+    v1 = act_for<T, A>(v1);
+  }
+}
+
 // Calls f(std::integral_constant<int, ACT>) for the run-time activation act.
 template <typename F>
 __device__ __forceinline__ void dispatch_act(int act, F&& f) {
@@ -79,6 +92,8 @@ __device__ __forceinline__ void dispatch_act(int act, F&& f) {
     f(std::integral_constant<int, kActGelu>{});
   } else if (act == kActGeluTanh) {
     f(std::integral_constant<int, kActGeluTanh>{});
+  } else if (act == kActGeluTanhPair) {
+    f(std::integral_constant<int, kActGeluTanhPair>{});
   } else {
     f(std::integral_constant<int, kActNone>{});
   }
@@ -98,8 +113,7 @@ __device__ __forceinline__ void load_bias_pair(const GemmProblem& p, int n, floa
 // ACT of (v0, v1) stored at c[0], c[1] (c[1] only when has1): one 4-byte store when paired.
 template <typename T, int ACT>
 __device__ __forceinline__ void store_act_pair(T* c, float v0, float v1, bool has1, bool paired) {
-  v0 = act_for<T, ACT>(v0);
-  v1 = act_for<T, ACT>(v1);
+  act_pair_for<T, ACT>(v0, v1);
   if (paired) {
     *reinterpret_cast<typename Elem<T>::pair*>(c) = Elem<T>::pack(v0, v1);
   } else {

@@ -257,11 +257,12 @@ __device__ __forceinline__ void write_scratch(T* scratch, const float (&acc)[NAC
   for (int jj = 0; jj < 8; ++jj) {
     const int j = jc * 8 + jj;
     T* s = scratch + r * PITCH + 8 * jj + 2 * q;
-    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(act_for<T, ACT>(acc[4 * j] + bias[2 * jj]),
-                                                act_for<T, ACT>(acc[4 * j + 1] + bias[2 * jj + 1]));
-    *reinterpret_cast<Pair*>(s + 8 * PITCH) =
-        Elem<T>::pack(act_for<T, ACT>(acc[4 * j + 2] + bias[2 * jj]),
-                      act_for<T, ACT>(acc[4 * j + 3] + bias[2 * jj + 1]));
+    float v0 = acc[4 * j] + bias[2 * jj], v1 = acc[4 * j + 1] + bias[2 * jj + 1];
+    float v2 = acc[4 * j + 2] + bias[2 * jj], v3 = acc[4 * j + 3] + bias[2 * jj + 1];
+    act_pair_for<T, ACT>(v0, v1);
+    act_pair_for<T, ACT>(v2, v3);
+    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(v0, v1);
+    *reinterpret_cast<Pair*>(s + 8 * PITCH) = Elem<T>::pack(v2, v3);
   }
 }
 
