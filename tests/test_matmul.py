@@ -540,3 +540,31 @@ def test_linear_gelu_epilogue_rounding(kernel_choice, dtype, act, monkeypatch):
     for name, sel in (("all", torch.ones_like(tail)), ("tail z < -1.5", tail)):
         off = (ulps[sel] > 0).float().mean().item()
         assert off <= limit, f"{act} {dtype} {name}: {off:.2%} of outputs off the rounded value"
+
+
+# The 16-bit gelu_tanh epilogue shares one reciprocal between two neighbouring columns
+# (KERNEL_LOG matmul v15): a NaN or infinite pre-activation must stay in its own column. Bias
+# entries NaN, +inf, -inf on even and odd columns make whole columns non-finite; every output
+# matches float64 (gelu(+inf) = inf, gelu(-inf) = NaN as in torch), both kernels, both GeLUs.
+@CUDA
+@pytest.mark.parametrize("kernel_choice", KERNELS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_linear_gelu_nonfinite_stays_in_its_column(kernel_choice, dtype, act, monkeypatch):
+    set_kernel(kernel_choice, monkeypatch)
+    m, k, n = 300, 64, 520
+    x, w = rand((m, k), dtype, "cuda"), rand((n, k), dtype, "cuda", 1 / k ** 0.5)
+    b = rand((n,), dtype, "cuda")
+    for col, v in ((4, math.nan), (7, math.nan), (10, math.inf), (13, math.inf), (16, -math.inf),
+                   (301, -math.inf)):
+        b[col] = v
+    ref = reference.gelu(F.linear(x.double(), w.double(), b.double()),
+                         "tanh" if act == "gelu_tanh" else "none")
+    poison([m * n], "cuda", dtype)
+    got = fused_ops.linear(x, w, b, act)
+    ref = ref.to(got.device)
+    for kind in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(kind(got), kind(ref)), f"{act} {dtype}: {kind.__name__} differs"
+    finite = torch.isfinite(b).to(got.device)
+    assert torch.isfinite(ref[:, finite]).all()
+    check(got[:, finite], ref[:, finite], dtype, msg=f"{act} {dtype}")

@@ -92,7 +92,7 @@ __device__ __forceinline__ float tanh_sigmoid_2u(float x, float x2) {
 }
 
 // The tanh form for two elements at once, for the GEMM epilogue, where the special-function
-// unit bounds the epilogue (KERNEL_LOG matmul v9): 1.5 MUFU an element instead of 2, by one
+// unit bounds the epilogue (KERNEL_LOG matmul v9, v15): 1.5 MUFU an element instead of 2, by one
 // reciprocal shared between the pair (1/d0 = d1 / (d0 d1)). With t = x (kTanhE0 + kTanhE1 x^2)
 // (= -2u log2 e) and e = 2^-|t| in (0, 1]: sigmoid(2u) = 1 / (1 + 2^t) = (t > 0 ? e : 1) / d,
 // d = 1 + e in (1, 2], so d0 d1 lies in (1, 4]: no overflow, no flushed reciprocal, and the
