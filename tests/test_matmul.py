@@ -512,11 +512,9 @@ def _ordered_bits(t):
 # "cuBLASLt's fused GeLU is not the same function"). Values below 2^-100 are left out: the
 # epilogue flushes float subnormals to zero there.
 @CUDA
-@pytest.mark.parametrize("kernel_choice", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
-def test_linear_gelu_epilogue_rounding(kernel_choice, dtype, act, monkeypatch):
-    set_kernel(kernel_choice, monkeypatch)
+def test_linear_gelu_epilogue_rounding(kernel, dtype, act):
     g = torch.Generator(device="cuda").manual_seed(1)
     m, k, n = 1024, 64, 1000
     x = (torch.randint(-16, 17, (m, k), device="cuda", generator=g) / 8).to(dtype)
@@ -547,11 +545,9 @@ def test_linear_gelu_epilogue_rounding(kernel_choice, dtype, act, monkeypatch):
 # entries NaN, +inf, -inf on even and odd columns make whole columns non-finite; every output
 # matches float64 (gelu(+inf) = inf, gelu(-inf) = NaN as in torch), both kernels, both GeLUs.
 @CUDA
-@pytest.mark.parametrize("kernel_choice", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
-def test_linear_gelu_nonfinite_stays_in_its_column(kernel_choice, dtype, act, monkeypatch):
-    set_kernel(kernel_choice, monkeypatch)
+def test_linear_gelu_nonfinite_stays_in_its_column(kernel, dtype, act):
     m, k, n = 300, 64, 520
     x, w = rand((m, k), dtype, "cuda"), rand((n, k), dtype, "cuda", 1 / k ** 0.5)
     b = rand((n,), dtype, "cuda")
