@@ -28,9 +28,6 @@
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include <cstdlib>
-#include <cstring>
-
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
 
@@ -42,19 +39,16 @@ namespace fused {
 namespace matmul {
 namespace {
 
-// MBLK_ = 2 (trial, KERNEL_LOG matmul v16): BM = 256, each consumer warpgroup 128 rows as two
-// m64 blocks of the same 64 x BN accumulator shape.
-template <int BN_, int MBLK_ = 1>
+template <int BN_>
 struct HopperConfig {
-  static constexpr int MBLK = MBLK_;                   // m64 blocks a consumer warpgroup
-  static constexpr int BM = 128 * MBLK, BN = BN_, BK = 64;
-  static constexpr int CONSUMERS = 2;                  // warpgroups, 64 MBLK rows each
+  static constexpr int BM = 128, BN = BN_, BK = 64;
+  static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr int STAGES = (BM + BN) * BK * 2 >= 48 * 1024 ? 4 : 6;  // ~192 KB of 227
+  static constexpr int STAGES = BN == 256 ? 4 : 6;     // ~192 KB of the 227 KB either way
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
-  static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread and block
-  static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile per block");
+  static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
+  static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
   // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
   // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
   // bank conflicts).
@@ -366,20 +360,17 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64) x MBLK
+    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
-    constexpr int MBLK = Cfg::MBLK;
-    float acc[MBLK][Cfg::ACC];
+    float acc[Cfg::ACC];
     int it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
 #pragma unroll
-      for (int m = 0; m < MBLK; ++m)
-#pragma unroll
-        for (int i = 0; i < Cfg::ACC; ++i) acc[m][i] = 0.f;
+      for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
       // The tile's bias, two columns a thread, loaded now so that the load's latency hides
       // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
       float2 my_bias = {0.f, 0.f};
@@ -390,30 +381,23 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         mbar_wait(&full[s], (it / STAGES) & 1);
         // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
         // same 4096-element offset either way).
-        const T* a_s = sA + s * Cfg::A_ELEMS + c * MBLK * 64 * BK;
+        const T* a_s = sA + s * Cfg::A_ELEMS + c * 64 * BK;
         const T* b_s = sB + s * Cfg::B_ELEMS;
-#pragma unroll
-        for (int m = 0; m < MBLK; ++m) fence_acc(acc[m]);
+        fence_acc(acc);
         wgmma_fence();
 #pragma unroll
-        for (int m = 0; m < MBLK; ++m) {
-#pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) {
-            wgmma_tile<T, BN, AK, BK_MAJ>(acc[m], operand_desc<AK>(a_s + m * 64 * BK, kk),
-                                          operand_desc<BK_MAJ>(b_s, kk));
-          }
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
         }
         wgmma_commit();
-#pragma unroll
-        for (int m = 0; m < MBLK; ++m) fence_acc(acc[m]);
+        fence_acc(acc);
         // Keep this stage's group in flight; the previous one is done: release its stage.
         wgmma_wait<1>();
         if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
       wgmma_wait<0>();
-#pragma unroll
-      for (int m = 0; m < MBLK; ++m) fence_acc(acc[m]);
+      fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
       // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
       // epilogue reads ahead of it, the one after makes the whole row visible.
@@ -425,15 +409,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
       // whole-line stores (the pre-activation first when the backward pass wants it).
       T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
+      const int row0 = tm * BM + c * 64 + warp * 16;
       T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
       const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(out_c) % 16 == 0 &&
                           reinterpret_cast<uintptr_t>(out_z) % 16 == 0;
       dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
-#pragma unroll
-        for (int m = 0; m < MBLK; ++m) {
-        const int row0 = tm * BM + (c * MBLK + m) * 64 + warp * 16;
 #pragma unroll
         for (int jc = 0; jc < BN / 64; ++jc) {
           const int col0 = tn * BN + 64 * jc;
@@ -447,15 +429,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           }
           if (out_z != nullptr) {
             __syncwarp();  // the previous piece's reads are done
-            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc[m], jc, bias, lane);
+            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
             __syncwarp();
             scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
           }
           __syncwarp();
-          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc[m], jc, bias, lane);
+          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
           __syncwarp();
           scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
-        }
         }
       });
     }
@@ -545,16 +526,6 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   const bool wide = wide_tiles >= sms;
-  // TRIAL (session 20, KERNEL_LOG matmul v16): FUSED_OPS_MATMUL_TILE=256x128 runs the tall
-  // tile wherever the 128 x 256 one would.
-  const char* tile_env = std::getenv("FUSED_OPS_MATMUL_TILE");
-  if (wide && tile_env != nullptr && std::strcmp(tile_env, "256x128") == 0) {
-    using Tall = HopperConfig<128, 2>;
-    if (p.a_kmajor && p.b_kmajor) return launch<T, Tall, true, true>(p, dtype, stream);
-    if (p.a_kmajor) return launch<T, Tall, true, false>(p, dtype, stream);
-    if (!p.b_kmajor) return launch<T, Tall, false, false>(p, dtype, stream);
-    return Sm90Result::kNotApplicable;
-  }
   if (p.a_kmajor && p.b_kmajor) {
     return wide ? launch<T, HopperConfig<256>, true, true>(p, dtype, stream)
                 : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
