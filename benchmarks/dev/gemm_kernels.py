@@ -6,7 +6,12 @@ call of each named case for Nsight Compute: KERNEL_LOG matmul, "Power" (session 
 
 `names` prints the CUDA kernels each case launches (torch.profiler, one call after warm-up);
 `ncu` warms every named case up, then runs each once between cudaProfilerStart / Stop, so
-`ncu --profile-from-start off` sees exactly those launches.
+`ncu --profile-from-start off` sees exactly those launches. cuBLAS's nvjet kernels are
+generated at run time (no cubin in libcublasLt to disassemble); their SASS comes from ncu's
+source page: `ncu --profile-from-start off --section SourceCounters -o R python
+gemm_kernels.py ncu "cublas mm,cublasLt bias+gelu" 16384x4096x4096`, then `ncu -i R.ncu-rep
+--page source --print-source sass --csv` (KERNEL_LOG matmul, "What cuBLAS's nvjet kernels
+issue").
 """
 import sys
 
