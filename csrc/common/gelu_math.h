@@ -63,9 +63,10 @@ FUSED_HD float gelu_grad(float x) {
 // library (benchmarks/fit_gelu_erfc.py) and log2(e) and the 1/2 folded into Q.
 // Relative error of h below 2e-5 for every x (float32 arithmetic), so the tail x << 0 keeps
 // its digits where 1 + erf(x) would cancel: about 1/25 of an fp16 ulp, 1/200 of a bf16 ulp.
-__device__ __forceinline__ float half_erfc_fast(float x) {
+// half_erfc_fast given t = 1 / (1 + |x| / (2 sqrt 2)) (the reciprocal is the caller's: the
+// paired form below shares one between two elements).
+__device__ __forceinline__ float half_erfc_from_t(float x, float t) {
   constexpr float kHalfLog2e = 0.72134752044448170368f;
-  float t = rcp_approx(fmaf(fabsf(x), 0.35355339059327376220f, 1.0f));
   float q = 0.330073649f;
   q = fmaf(q, t, -1.02314228f);
   q = fmaf(q, t, 0.684542718f);
@@ -73,6 +74,23 @@ __device__ __forceinline__ float half_erfc_fast(float x) {
   q = fmaf(q, t, 1.46868115f);
   q = fmaf(q, t, -2.82723324f);
   return t * exp2_approx(fmaf(-x * x, kHalfLog2e, q));
+}
+
+__device__ __forceinline__ float half_erfc_fast(float x) {
+  return half_erfc_from_t(x, rcp_approx(fmaf(fabsf(x), 0.35355339059327376220f, 1.0f)));
+}
+
+// TRIAL (KERNEL_LOG matmul v17): the erf GeLU for two elements, one reciprocal for the pair
+// (1/a0 = a1 / (a0 a1)). |x| is clamped to 64 inside a: h has underflowed to 0 long before
+// (2^(-x^2 log2(e) / 2)), a0 a1 stays below 600, and a NaN x (fminf gives 64) stays out of its
+// partner's reciprocal.
+__device__ __forceinline__ void gelu_erf_fast_pair(float& x0, float& x1) {
+  const float a0 = fmaf(fminf(fabsf(x0), 64.0f), 0.35355339059327376220f, 1.0f);
+  const float a1 = fmaf(fminf(fabsf(x1), 64.0f), 0.35355339059327376220f, 1.0f);
+  const float r = rcp_approx(a0 * a1);
+  const float h0 = half_erfc_from_t(x0, r * a1), h1 = half_erfc_from_t(x1, r * a0);
+  x0 = x0 * (x0 < 0.0f ? h0 : 1.0f - h0);
+  x1 = x1 * (x1 < 0.0f ? h1 : 1.0f - h1);
 }
 
 // The tanh form's constants: 2^(x (kTanhE0 + kTanhE1 x^2)) = exp(-2u), u = sqrt(2/pi) (x +

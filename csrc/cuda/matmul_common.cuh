@@ -21,7 +21,7 @@ namespace fused {
 namespace matmul {
 
 // The activation applied in the epilogue; the numbers are those of the host enum too.
-enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2 };
+enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2, kActGeluPair = 3 };  // TRIAL 3
 
 struct GemmProblem {
   const void* a;
@@ -79,9 +79,12 @@ template <typename T, int ACT>
 __device__ __forceinline__ void act_pair_for(float& v0, float& v1) {
   if constexpr (ACT == kActGeluTanh && sizeof(T) == 2) {
     gelu_tanh_fast_pair(v0, v1);
+  } else if constexpr (ACT == kActGeluPair && sizeof(T) == 2) {
+    gelu_erf_fast_pair(v0, v1);
   } else {
-    v0 = act_for<T, ACT>(v0);
-    v1 = act_for<T, ACT>(v1);
+    constexpr int A = ACT == kActGeluPair ? int(kActGelu) : ACT;
+    v0 = act_for<T, A>(v0);
+    v1 = act_for<T, A>(v1);
   }
 }
 
@@ -92,6 +95,8 @@ __device__ __forceinline__ void dispatch_act(int act, F&& f) {
     f(std::integral_constant<int, kActGelu>{});
   } else if (act == kActGeluTanh) {
     f(std::integral_constant<int, kActGeluTanh>{});
+  } else if (act == kActGeluPair) {
+    f(std::integral_constant<int, kActGeluPair>{});
   } else {
     f(std::integral_constant<int, kActNone>{});
   }
