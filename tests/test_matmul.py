@@ -540,8 +540,8 @@ def test_linear_gelu_epilogue_rounding(kernel, dtype, act):
         assert off <= limit, f"{act} {dtype} {name}: {off:.2%} of outputs off the rounded value"
 
 
-# The 16-bit gelu_tanh epilogue shares one reciprocal between two neighbouring columns
-# (KERNEL_LOG matmul v15): a NaN or infinite pre-activation must stay in its own column. Bias
+# The 16-bit GeLU epilogues share one reciprocal between two neighbouring columns (KERNEL_LOG
+# matmul v15, v17): a NaN or infinite pre-activation must stay in its own column. Bias
 # entries NaN, +inf, -inf on even and odd columns make whole columns non-finite; every output
 # matches float64 (gelu(+inf) = inf, gelu(-inf) = NaN as in torch), both kernels, both GeLUs.
 @CUDA

@@ -80,8 +80,8 @@ __device__ __forceinline__ float half_erfc_fast(float x) {
   return half_erfc_from_t(x, rcp_approx(fmaf(fabsf(x), 0.35355339059327376220f, 1.0f)));
 }
 
-// TRIAL (KERNEL_LOG matmul v17): the erf GeLU for two elements, one reciprocal for the pair
-// (1/a0 = a1 / (a0 a1)). |x| is clamped to 64 inside a: h has underflowed to 0 long before
+// The erf GeLU for two elements at once, for the GEMM epilogue (KERNEL_LOG matmul v17): one
+// reciprocal for the pair (1/a0 = a1 / (a0 a1)), 1.5 MUFU an element instead of 2. |x| is clamped to 64 inside a: h has underflowed to 0 long before
 // (2^(-x^2 log2(e) / 2)), a0 a1 stays below 600, and a NaN x (fminf gives 64) stays out of its
 // partner's reciprocal.
 __device__ __forceinline__ void gelu_erf_fast_pair(float& x0, float& x1) {

@@ -154,12 +154,6 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
   p.K = static_cast<int>(K);
   p.batch = static_cast<int>(batch);
   p.act = static_cast<int>(act);
-  {  // TRIAL knob (session 20, KERNEL_LOG matmul v17): the paired erf GeLU epilogue
-    const char* v = std::getenv("FUSED_OPS_GELU_PAIR");
-    if (p.act == matmul::kActGelu && v != nullptr && std::strcmp(v, "1") == 0) {
-      p.act = matmul::kActGeluPair;
-    }
-  }
   p.group_m = tile_group_m();
   p.a_kmajor = A.row_major;   // A [M, K] row-major: K contiguous
   p.b_kmajor = !B.row_major;  // B [K, N] column-major: K contiguous

@@ -21,7 +21,7 @@ namespace fused {
 namespace matmul {
 
 // The activation applied in the epilogue; the numbers are those of the host enum too.
-enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2, kActGeluPair = 3 };  // TRIAL 3
+enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2 };
 
 struct GemmProblem {
   const void* a;
@@ -72,19 +72,19 @@ __device__ __forceinline__ float act_for(float z) {
   else return z;
 }
 
-// ACT of two outputs (v0, v1), in place. gelu_tanh on 16-bit T takes the paired form, one
-// reciprocal for the two (gelu_math.h gelu_tanh_fast_pair: 1.5 MUFU an element instead of 2,
-// the epilogue's bound; KERNEL_LOG matmul v15); everything else act_for on each.
+// ACT of two outputs (v0, v1), in place. Both GeLUs on 16-bit T take their paired forms, one
+// reciprocal for the two (gelu_math.h gelu_tanh_fast_pair / gelu_erf_fast_pair: 1.5 MUFU an
+// element instead of 2, the epilogue's bound; KERNEL_LOG matmul v15, v17); everything else
+// act_for on each.
 template <typename T, int ACT>
 __device__ __forceinline__ void act_pair_for(float& v0, float& v1) {
   if constexpr (ACT == kActGeluTanh && sizeof(T) == 2) {
     gelu_tanh_fast_pair(v0, v1);
-  } else if constexpr (ACT == kActGeluPair && sizeof(T) == 2) {
+  } else if constexpr (ACT == kActGelu && sizeof(T) == 2) {
     gelu_erf_fast_pair(v0, v1);
   } else {
-    constexpr int A = ACT == kActGeluPair ? int(kActGelu) : ACT;
-    v0 = act_for<T, A>(v0);
-    v1 = act_for<T, A>(v1);
+    v0 = act_for<T, ACT>(v0);
+    v1 = act_for<T, ACT>(v1);
   }
 }
 
@@ -95,8 +95,6 @@ __device__ __forceinline__ void dispatch_act(int act, F&& f) {
     f(std::integral_constant<int, kActGelu>{});
   } else if (act == kActGeluTanh) {
     f(std::integral_constant<int, kActGeluTanh>{});
-  } else if (act == kActGeluPair) {
-    f(std::integral_constant<int, kActGeluPair>{});
   } else {
     f(std::integral_constant<int, kActNone>{});
   }
