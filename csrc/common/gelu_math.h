@@ -56,17 +56,33 @@ FUSED_HD float gelu_grad(float x) {
 // instruction count enough that gelu on 16-bit data stays memory-bound (libdevice erff costs
 // ~25 instructions per element; see benchmarks/KERNEL_LOG.md). exp2_approx / rcp_approx:
 // common/fast_math.cuh.
-//
+
+constexpr float kHalfLog2e = 0.72134752044448170368f;      // log2(e) / 2
+constexpr float kInv2Sqrt2 = 0.35355339059327376220f;      // 1 / (2 sqrt 2)
+
+// 1 / d0 and 1 / d1 through one reciprocal (1/d0 = d1 / (d0 d1)): the paired GeLU forms of
+// the GEMM epilogue, whose bound is the special-function unit (KERNEL_LOG matmul v15, v17).
+// The callers keep d0 d1 finite and above the flush-to-zero range, and NaN-free, so neither
+// result depends on the other's input beyond rounding.
+__device__ __forceinline__ void rcp_pair(float d0, float d1, float& inv0, float& inv1) {
+  const float r = rcp_approx(d0 * d1);
+  inv0 = r * d1;
+  inv1 = r * d0;
+}
+
 // h(x) = 0.5 erfc(|x| / sqrt 2), so that Phi(x) = x < 0 ? h : 1 - h. Written as
 // h = t 2^(Q(t) - x^2 log2(e) / 2) with t = 1 / (1 + |x| / (2 sqrt 2)): the classic erfc form
 // erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), with P a degree-5 minimax fit made for this
 // library (benchmarks/fit_gelu_erfc.py) and log2(e) and the 1/2 folded into Q.
 // Relative error of h below 2e-5 for every x (float32 arithmetic), so the tail x << 0 keeps
 // its digits where 1 + erf(x) would cancel: about 1/25 of an fp16 ulp, 1/200 of a bf16 ulp.
+__device__ __forceinline__ float phi_from_half_erfc(float x, float h) {
+  return x < 0.0f ? h : 1.0f - h;
+}
+
 // half_erfc_fast given t = 1 / (1 + |x| / (2 sqrt 2)) (the reciprocal is the caller's: the
 // paired form below shares one between two elements).
 __device__ __forceinline__ float half_erfc_from_t(float x, float t) {
-  constexpr float kHalfLog2e = 0.72134752044448170368f;
   float q = 0.330073649f;
   q = fmaf(q, t, -1.02314228f);
   q = fmaf(q, t, 0.684542718f);
@@ -77,20 +93,19 @@ __device__ __forceinline__ float half_erfc_from_t(float x, float t) {
 }
 
 __device__ __forceinline__ float half_erfc_fast(float x) {
-  return half_erfc_from_t(x, rcp_approx(fmaf(fabsf(x), 0.35355339059327376220f, 1.0f)));
+  return half_erfc_from_t(x, rcp_approx(fmaf(fabsf(x), kInv2Sqrt2, 1.0f)));
 }
 
 // The erf GeLU for two elements at once, for the GEMM epilogue (KERNEL_LOG matmul v17): one
-// reciprocal for the pair (1/a0 = a1 / (a0 a1)), 1.5 MUFU an element instead of 2. |x| is clamped to 64 inside a: h has underflowed to 0 long before
-// (2^(-x^2 log2(e) / 2)), a0 a1 stays below 600, and a NaN x (fminf gives 64) stays out of its
-// partner's reciprocal.
+// reciprocal for the pair, 1.5 MUFU an element instead of 2. |x| is clamped to 64 inside
+// a = 1 + |x| / (2 sqrt 2): h has underflowed to 0 long before (2^(-x^2 log2(e) / 2)), a0 a1
+// stays below 600, and a NaN x (fminf gives 64) stays out of its partner's reciprocal.
 __device__ __forceinline__ void gelu_erf_fast_pair(float& x0, float& x1) {
-  const float a0 = fmaf(fminf(fabsf(x0), 64.0f), 0.35355339059327376220f, 1.0f);
-  const float a1 = fmaf(fminf(fabsf(x1), 64.0f), 0.35355339059327376220f, 1.0f);
-  const float r = rcp_approx(a0 * a1);
-  const float h0 = half_erfc_from_t(x0, r * a1), h1 = half_erfc_from_t(x1, r * a0);
-  x0 = x0 * (x0 < 0.0f ? h0 : 1.0f - h0);
-  x1 = x1 * (x1 < 0.0f ? h1 : 1.0f - h1);
+  float t0, t1;
+  rcp_pair(fmaf(fminf(fabsf(x0), 64.0f), kInv2Sqrt2, 1.0f),
+           fmaf(fminf(fabsf(x1), 64.0f), kInv2Sqrt2, 1.0f), t0, t1);
+  x0 = x0 * phi_from_half_erfc(x0, half_erfc_from_t(x0, t0));
+  x1 = x1 * phi_from_half_erfc(x1, half_erfc_from_t(x1, t1));
 }
 
 // The tanh form's constants: 2^(x (kTanhE0 + kTanhE1 x^2)) = exp(-2u), u = sqrt(2/pi) (x +
@@ -121,17 +136,16 @@ __device__ __forceinline__ void gelu_tanh_fast_pair(float& x0, float& x1) {
   const float t1 = x1 * fmaf(x1 * x1, kTanhE1, kTanhE0);
   const float e0 = fminf(exp2_approx(-fabsf(t0)), 1.0f);
   const float e1 = fminf(exp2_approx(-fabsf(t1)), 1.0f);
-  const float d0 = 1.0f + e0, d1 = 1.0f + e1;
-  const float r = rcp_approx(d0 * d1);
-  x0 = x0 * (t0 > 0.0f ? e0 : 1.0f) * (r * d1);
-  x1 = x1 * (t1 > 0.0f ? e1 : 1.0f) * (r * d0);
+  float inv0, inv1;
+  rcp_pair(1.0f + e0, 1.0f + e1, inv0, inv1);
+  x0 = x0 * (t0 > 0.0f ? e0 : 1.0f) * inv0;
+  x1 = x1 * (t1 > 0.0f ? e1 : 1.0f) * inv1;
 }
 
 template <GeluKind K>
 __device__ __forceinline__ float gelu_fwd_fast(float x) {
   if constexpr (K == GeluKind::kNone) {
-    float h = half_erfc_fast(x);
-    return x * (x < 0.0f ? h : 1.0f - h);
+    return x * phi_from_half_erfc(x, half_erfc_fast(x));
   } else {
     // x sigmoid(2u); x << 0 gives -0, as torch's float tanh form rounds it.
     return x * tanh_sigmoid_2u(x, x * x);
@@ -141,10 +155,9 @@ __device__ __forceinline__ float gelu_fwd_fast(float x) {
 template <GeluKind K>
 __device__ __forceinline__ float gelu_grad_fast(float x) {
   if constexpr (K == GeluKind::kNone) {
-    constexpr float kHalfLog2e = 0.72134752044448170368f;
-    float h = half_erfc_fast(x);
-    float pdf = kInvSqrt2Pi * exp2_approx(-x * x * kHalfLog2e);
-    return (x < 0.0f ? h : 1.0f - h) + x * pdf;
+    const float h = half_erfc_fast(x);
+    const float pdf = kInvSqrt2Pi * exp2_approx(-x * x * kHalfLog2e);
+    return phi_from_half_erfc(x, h) + x * pdf;
   } else {
     // s = sigmoid(2u) and 2 du/dx = kTanhD0 + kTanhD1 x^2: gelu' = s + x s (1 - s) 2 du/dx.
     const float x2 = x * x;
