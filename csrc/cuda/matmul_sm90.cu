@@ -3,7 +3,8 @@
 // matrix descriptors; a producer warpgroup and two consumer warpgroups (setmaxnreg moves
 // registers from the first to the others); a persistent grid walking tiles in grouped order
 // (matmul_common.cuh: tile_coords); the same fused bias + activation epilogue as the
-// portable kernel, stored straight from the accumulator registers.
+// portable kernel, each warp's 16 x 64 pieces written to shared memory and stored by TMA
+// (or, where TMA cannot describe the output, N % 8 != 0, by the warp's own stores).
 //
 // Block tile BM x BN x BK = 128 x BN x 64 (BN = 256, or 128 for problems with few tiles):
 // consumer warpgroup c owns rows [64c, 64c + 64) of the tile and issues m64nBNk16 wgmma, four
@@ -11,13 +12,15 @@
 //   producer (one thread): wait empty[s] -> expect_tx(full[s], bytes) -> TMA A and B into s
 //   consumers:             wait full[s] -> wgmma x4 -> commit; once the stage's wgmma have
 //                          completed (one group kept in flight), arrive on empty[s].
-// The producer runs ahead into the next tile while consumers store the current one.
+// The producer runs ahead into the next tile while consumers store the current one; the
+// TMA stores drain while the consumers start the next tile.
 //
 // Scope: operands K-major (A [M, K] row-major; B given as [N, K] row-major, the weight of a
 // linear layer) or MN-major (the backward pass: dX = dZ W reads W N-major, dW = dZ^T X reads
 // both MN-major; wgmma transposes 16-bit MN-major tiles itself), 16-byte aligned base,
-// leading dimension and batch stride (TMA's rules), K >= 1. TMA zero-fills the parts of a box outside the matrix (M, N, K edges); the
-// epilogue predicates its stores. Anything else returns false and runs on the portable kernel.
+// leading dimension and batch stride (TMA's rules), K >= 1. TMA zero-fills the parts of a
+// box outside the matrix (M, N, K edges) and clips its stores to it; the threads' stores are
+// predicated. Anything else returns false and runs on the portable kernel.
 //
 // The kernel body exists only in the sm_90a compile pass (__CUDA_ARCH_FEAT_SM90_ALL, which
 // nvcc defines for compute_90a); the host asks the runtime which PTX version the loaded kernel
@@ -27,6 +30,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <cstring>
 
 #include "common/launch.cuh"
 #include "cuda/matmul_sm90.h"
@@ -49,19 +54,18 @@ struct HopperConfig {
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
   static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
   static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
-  // Epilogue scratch: one 16 x 64 piece per consumer warp, rows padded to 72 elements
-  // (144 B: the accumulator layout's 4-byte writes and the 16-byte row reads are both free of
-  // bank conflicts).
-  static constexpr int EPI_PITCH = 72, EPI_WARP_ELEMS = 16 * EPI_PITCH;
-  static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_WARP_ELEMS * 2;
-  // The tile's BN bias values as floats, one copy per consumer warpgroup.
-  static constexpr int BIAS_BYTES = CONSUMERS * BN * 4;
-  // Tiles, the full and empty barriers, the epilogue scratch, the bias; + 1024 to align the
-  // tiles to the swizzle atom.
-  static constexpr int SMEM =
-      STAGES * STAGE_BYTES + 2 * STAGES * 8 + EPI_BYTES + BIAS_BYTES + 1024;
+  // Epilogue scratch: per consumer warp, EPI_BUFS pieces of 16 rows x 64 columns (128 B a
+  // row), 128-byte swizzled as TMA reads them (16-byte chunk c of row r at chunk c ^ (r % 8)):
+  // the accumulator layout's 4-byte writes and 16-byte row reads are both free of bank
+  // conflicts. Two buffers so that a TMA store may still be reading one while the next piece
+  // is written to the other.
+  static constexpr int EPI_WARP_ELEMS = 16 * 64, EPI_BUFS = 2;
+  static constexpr int EPI_BYTES = CONSUMERS * 4 * EPI_BUFS * EPI_WARP_ELEMS * 2;
+  // Tiles, the epilogue scratch (both 1024-byte aligned: the swizzle atom), the full and
+  // empty barriers; + 1024 to align the start.
+  static constexpr int SMEM = STAGES * STAGE_BYTES + EPI_BYTES + 2 * STAGES * 8 + 1024;
   static_assert(SMEM <= 227 * 1024, "shared memory per block");
-  static_assert((STAGES * STAGE_BYTES + 2 * STAGES * 8) % 16 == 0, "scratch 16-byte aligned");
+  static_assert(STAGE_BYTES % 1024 == 0 && EPI_BYTES % 1024 == 0, "swizzle atoms aligned");
 };
 
 #if defined(FUSED_SM90A)
@@ -76,15 +80,6 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
                "r"(bytes)
                : "memory");
-}
-// Consumer warpgroup c's own barrier (named barrier 1 + c; 0 is __syncthreads). The id is an
-// immediate, so ptxas reserves only the barriers used.
-__device__ __forceinline__ void consumer_barrier(int c) {
-  if (c == 0) {
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  } else {
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  }
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -117,6 +112,34 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+}
+
+// 3-D TMA tile store of a shared-memory piece (coordinates innermost first: column, row,
+// batch); the parts of the box outside the tensor are not written. The calling thread's bulk
+// group tracks it: commit after issuing, then wait until at most N groups are still reading
+// their shared memory (.read: the global writes may still be on their way), or, before the
+// block exits, until all have completed.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0,
+                                             int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::
+          "l"(reinterpret_cast<uint64_t>(map)),
+      "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Makes this thread's shared-memory writes visible to the TMA unit (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Shared-memory matrix descriptors (128-byte swizzle; tiles 1024-byte aligned). Both operand
@@ -244,33 +267,39 @@ __device__ __forceinline__ uint64_t operand_desc(const T* tile, int kk) {
   return KMAJOR ? smem_desc(tile + kk * 16, 16, 1024) : smem_desc(tile + kk * 16 * 64, 8192, 1024);
 }
 
-// Epilogue, through the warp's shared-memory scratch. write_scratch puts columns
-// [64 jc, 64 jc + 64) of the warp's 16 accumulator rows there, bias added and ACT applied:
-// accumulator 4j + {0, 1} is row lane/4, columns 8j + 2 (lane%4) + {0, 1}; 4j + {2, 3} the
-// same columns 8 rows down. jc is a constant after unrolling, so acc is indexed statically.
-template <typename T, int ACT, int PITCH, int NACC>
-__device__ __forceinline__ void write_scratch(T* scratch, const float (&acc)[NACC], int jc,
+// Epilogue, through a 16 x 64 piece of the warp's shared-memory scratch (swizzled, see
+// HopperConfig). write_scratch puts columns [64 jc, 64 jc + 64) of the warp's 16 accumulator
+// rows there, bias added and ACT applied: accumulator 4j + {0, 1} is row lane/4, columns
+// 8j + 2 (lane%4) + {0, 1}; 4j + {2, 3} the same columns 8 rows down (the same swizzle: rows
+// r and r + 8 agree mod 8). jc is a constant after unrolling, so acc is indexed statically.
+template <typename T, int ACT, int NACC>
+__device__ __forceinline__ void write_scratch(T* piece, const float (&acc)[NACC], int jc,
                                               const float (&bias)[16], int lane) {
   using Pair = typename Elem<T>::pair;
   const int r = lane / 4, q = lane % 4;
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     const int j = jc * 8 + jj;
-    T* s = scratch + r * PITCH + 8 * jj + 2 * q;
+    // The swizzled chunk, recomputed a step (one LOP3): hoisted, the eight offsets would be
+    // held through the mainloop and spill.
+    int sw = 8 * r;
+    asm volatile("" : "+r"(sw));
+    T* s = piece + r * 64 + ((8 * jj) ^ sw) + 2 * q;
     float v0 = acc[4 * j] + bias[2 * jj], v1 = acc[4 * j + 1] + bias[2 * jj + 1];
     float v2 = acc[4 * j + 2] + bias[2 * jj], v3 = acc[4 * j + 3] + bias[2 * jj + 1];
     act_pair_for<T, ACT>(v0, v1);
     act_pair_for<T, ACT>(v2, v3);
     *reinterpret_cast<Pair*>(s) = Elem<T>::pack(v0, v1);
-    *reinterpret_cast<Pair*>(s + 8 * PITCH) = Elem<T>::pack(v2, v3);
+    *reinterpret_cast<Pair*>(s + 8 * 64) = Elem<T>::pack(v2, v3);
   }
 }
 
-// Copies the scratch's 16 x 64 piece to out rows row0.., columns col0.. of batch b: each
-// lane one 16-byte vector a step, 8 lanes per 128-byte row (whole lines), element stores
-// where the row or the end of a row does not allow vectors; nothing outside M x N.
-template <typename T, int PITCH>
-__device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, const GemmProblem& p,
+// Copies a 16 x 64 piece to out rows row0.., columns col0.. of batch b with the threads' own
+// stores (the path when TMA cannot describe the output): each lane one 16-byte vector a
+// step, 8 lanes per 128-byte row (whole lines), element stores where the row or the end of a
+// row does not allow vectors; nothing outside M x N.
+template <typename T>
+__device__ __forceinline__ void scratch_to_global(const T* piece, T* out, const GemmProblem& p,
                                                   int b, int row0, int col0, bool vec_ok,
                                                   int lane) {
 #pragma unroll
@@ -279,7 +308,7 @@ __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, cons
     const int rr = id / 8, cc = id % 8;
     const int row = row0 + rr, col = col0 + 8 * cc;
     if (row >= p.M || col >= p.N) continue;
-    const T* src = scratch + rr * PITCH + 8 * cc;
+    const T* src = piece + rr * 64 + 8 * (cc ^ (rr % 8));
     T* dst = out + (static_cast<int64_t>(b) * p.M + row) * p.N + col;
     if (vec_ok && col + 8 <= p.N) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
@@ -289,12 +318,63 @@ __device__ __forceinline__ void scratch_to_global(const T* scratch, T* out, cons
     }
   }
 }
+
+// Bias of columns n, n + 1 (load_bias_pair) as the bits of a 16-bit pair (exact: the values
+// came from T), and back to two floats.
+template <typename T>
+__device__ __forceinline__ uint32_t load_bias_bits(const GemmProblem& p, int n) {
+  float b0, b1;
+  load_bias_pair<T>(p, n, b0, b1);
+  const typename Elem<T>::pair v = Elem<T>::pack(b0, b1);
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  return bits;
+}
+template <typename T>
+__device__ __forceinline__ void unpack_bits(uint32_t bits, float& x, float& y) {
+  typename Elem<T>::pair v;
+  memcpy(&v, &bits, 4);
+  x = Elem<T>::to_float(v.x);
+  y = Elem<T>::to_float(v.y);
+}
+
+// One piece of one output (C, or Z before it), by the whole warp. With TMA stores the pieces
+// alternate between the warp's two buffers: the store issued two pieces ago must have read
+// this one (lane 0 owns the bulk groups); every lane's writes are made visible to the TMA
+// unit before lane 0 issues the store, which the warp does not wait for.
+template <typename T, int ACT, typename Cfg, bool TMA_STORE, int NACC>
+__device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores,
+                                            const CUtensorMap* map, T* out, const GemmProblem& p,
+                                            const float (&acc)[NACC], int jc,
+                                            const float (&bias)[16], int b, int row0, int col0,
+                                            bool vec_ok, int lane) {
+  if constexpr (TMA_STORE) {
+    T* piece = warp_epi + (n_stores & 1) * Cfg::EPI_WARP_ELEMS;
+    if (lane == 0) bulk_wait_read<1>();
+    __syncwarp();
+    write_scratch<T, ACT>(piece, acc, jc, bias, lane);
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0) {
+      tma_store_3d(map, piece, col0, row0, b);
+      bulk_commit();
+    }
+    ++n_stores;
+  } else {
+    __syncwarp();  // the previous piece's reads are done
+    write_scratch<T, ACT>(warp_epi, acc, jc, bias, lane);
+    __syncwarp();
+    scratch_to_global<T>(warp_epi, out, p, b, row0, col0, vec_ok, lane);
+  }
+}
 #endif  // FUSED_SM90A
 
-template <typename T, typename Cfg, bool AK, bool BK_MAJ>
+template <typename T, typename Cfg, bool AK, bool BK_MAJ, bool TMA_STORE>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     hopper_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
-                       const __grid_constant__ CUtensorMap map_b, const GemmProblem p) {
+                       const __grid_constant__ CUtensorMap map_b,
+                       const __grid_constant__ CUtensorMap map_c,
+                       const __grid_constant__ CUtensorMap map_z, const GemmProblem p) {
 #if defined(FUSED_SM90A)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
@@ -303,10 +383,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // compile to STS/LDS rather than generic stores and loads.
   T* sA = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   T* sB = sA + STAGES * Cfg::A_ELEMS;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sB + STAGES * Cfg::B_ELEMS);
+  T* epi = sB + STAGES * Cfg::B_ELEMS;
+  uint64_t* full =
+      reinterpret_cast<uint64_t*>(epi + Cfg::CONSUMERS * 4 * Cfg::EPI_BUFS * Cfg::EPI_WARP_ELEMS);
   uint64_t* empty = full + STAGES;
-  T* epi = reinterpret_cast<T*>(empty + STAGES);
-  float* bias_s = reinterpret_cast<float*>(epi + Cfg::CONSUMERS * 4 * Cfg::EPI_WARP_ELEMS);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -364,6 +444,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
     float acc[Cfg::ACC];
+    T* warp_epi = epi + (c * 4 + warp) * Cfg::EPI_BUFS * Cfg::EPI_WARP_ELEMS;
+    int n_stores = 0;  // TMA stores this warp has issued (which buffer is next)
     int it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const int b = tile / tiles_per_batch;
@@ -371,10 +453,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
-      // The tile's bias, two columns a thread, loaded now so that the load's latency hides
-      // under the mainloop (it was 64 dependent global loads per thread in the epilogue).
-      float2 my_bias = {0.f, 0.f};
-      if (2 * t < BN) load_bias_pair<T>(p, tn * BN + 2 * t, my_bias.x, my_bias.y);
+      // The tile's bias, loaded now so that the loads' latency hides under the mainloop:
+      // lane l of every consumer warp holds column pairs l, l + 32, ... as 16-bit pairs (4
+      // registers through the mainloop, not 8); the epilogue shuffles each lane its pairs.
+      uint32_t bias_lane[BN / 64];
+#pragma unroll
+      for (int i = 0; i < BN / 64; ++i) {
+        bias_lane[i] = load_bias_bits<T>(p, tn * BN + 2 * (lane + 32 * i));
+      }
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
@@ -399,16 +485,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
-      // This warpgroup's bias copy: the barrier before the write keeps the previous tile's
-      // epilogue reads ahead of it, the one after makes the whole row visible.
-      float* wg_bias = bias_s + c * BN;
-      consumer_barrier(c);
-      if (2 * t < BN) *reinterpret_cast<float2*>(wg_bias + 2 * t) = my_bias;
-      consumer_barrier(c);
-
-      // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then
-      // whole-line stores (the pre-activation first when the backward pass wants it).
-      T* scratch = epi + (c * 4 + warp) * Cfg::EPI_WARP_ELEMS;
+      // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then to
+      // global memory (the pre-activation first when the backward pass wants it).
       const int row0 = tm * BM + c * 64 + warp * 16;
       T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
@@ -419,27 +497,25 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
         for (int jc = 0; jc < BN / 64; ++jc) {
           const int col0 = tn * BN + 64 * jc;
+          // This lane's columns 8 jj + 2 (lane % 4) + {0, 1}: tile column pair
+          // 32 jc + 4 jj + lane % 4, which lane 4 jj + lane % 4 holds in bias_lane[jc].
           float bias[16];
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
-            const float2 bv =
-                *reinterpret_cast<const float2*>(wg_bias + 64 * jc + 8 * jj + 2 * (lane % 4));
-            bias[2 * jj] = bv.x;
-            bias[2 * jj + 1] = bv.y;
+            unpack_bits<T>(__shfl_sync(0xffffffffu, bias_lane[jc], 4 * jj + lane % 4),
+                           bias[2 * jj], bias[2 * jj + 1]);
           }
           if (out_z != nullptr) {
-            __syncwarp();  // the previous piece's reads are done
-            write_scratch<T, kActNone, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
-            __syncwarp();
-            scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_z, p, b, row0, col0, vec_ok, lane);
+            store_piece<T, kActNone, Cfg, TMA_STORE>(warp_epi, n_stores, &map_z, out_z, p, acc,
+                                                     jc, bias, b, row0, col0, vec_ok, lane);
           }
-          __syncwarp();
-          write_scratch<T, ACT, Cfg::EPI_PITCH>(scratch, acc, jc, bias, lane);
-          __syncwarp();
-          scratch_to_global<T, Cfg::EPI_PITCH>(scratch, out_c, p, b, row0, col0, vec_ok, lane);
+          store_piece<T, ACT, Cfg, TMA_STORE>(warp_epi, n_stores, &map_c, out_c, p, acc, jc,
+                                              bias, b, row0, col0, vec_ok, lane);
         }
       });
     }
+    // The scratch must outlive the stores that read it.
+    if (TMA_STORE && lane == 0) bulk_wait_all();
   }
 #endif  // FUSED_SM90A
 }
@@ -486,6 +562,27 @@ bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t
   return r == CUDA_SUCCESS;
 }
 
+// An output [batch, M, N] (dense, row-major) as a 3-D tensor map {N, M, batch} with 16 x 64
+// boxes, 128-byte swizzled as the epilogue scratch is. TMA needs a 16-byte aligned base and
+// row pitch (N % 8 == 0); false where it cannot describe the output.
+bool make_out_map(CUtensorMap* map, void* ptr, int64_t m, int64_t n, int64_t batch,
+                  at::ScalarType dtype) {
+  auto encode = encode_fn();
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || n % 8 != 0) return false;
+  cuuint64_t dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m),
+                        static_cast<cuuint64_t>(batch)};
+  cuuint64_t strides[2] = {static_cast<cuuint64_t>(n * 2), static_cast<cuuint64_t>(m * n * 2)};
+  cuuint32_t box[3] = {64, 16, 1};
+  cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUresult r = encode(map,
+                      dtype == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                      3, ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 // Whether this device runs the kernel's sm_90a code: a CC 9.0 GPU and code built for it
 // (ptxVersion 90 only when sm_90a code was built; see the top of this file).
 template <typename Kernel>
@@ -502,8 +599,9 @@ bool has_sm90a_code(Kernel kernel) {
 
 template <typename T, typename Cfg, bool AK, bool BK>
 Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  auto kernel = hopper_gemm_kernel<T, Cfg, AK, BK>;
-  if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
+  if (!has_sm90a_code(hopper_gemm_kernel<T, Cfg, AK, BK, true>) || encode_fn() == nullptr) {
+    return Sm90Result::kUnavailable;
+  }
   const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
   if (tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
   CUtensorMap map_a, map_b;
@@ -511,10 +609,19 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
       !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::BN, dtype)) {
     return Sm90Result::kNotApplicable;  // TMA refused these strides
   }
+  // The epilogue stores through TMA where both outputs allow it (Z only when the backward
+  // pass wants it), else with the threads' own stores (KERNEL_LOG matmul v19).
+  CUtensorMap map_c, map_z;
+  std::memset(&map_c, 0, sizeof(map_c));
+  std::memset(&map_z, 0, sizeof(map_z));
+  const bool tma_store = make_out_map(&map_c, p.c, p.M, p.N, p.batch, dtype) &&
+                         (p.z == nullptr || make_out_map(&map_z, p.z, p.M, p.N, p.batch, dtype));
+  auto kernel = tma_store ? hopper_gemm_kernel<T, Cfg, AK, BK, true>
+                          : hopper_gemm_kernel<T, Cfg, AK, BK, false>;
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, p);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, map_c, map_z, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
 }
