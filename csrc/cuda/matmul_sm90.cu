@@ -65,7 +65,8 @@ struct HopperConfig {
   // empty barriers; + 1024 to align the start.
   static constexpr int SMEM = STAGES * STAGE_BYTES + EPI_BYTES + 2 * STAGES * 8 + 1024;
   static_assert(SMEM <= 227 * 1024, "shared memory per block");
-  static_assert(STAGE_BYTES % 1024 == 0 && EPI_BYTES % 1024 == 0, "swizzle atoms aligned");
+  static_assert(STAGE_BYTES % 1024 == 0 && EPI_WARP_ELEMS * 2 % 1024 == 0,
+                "every stage and every scratch piece starts on a 1024-byte swizzle atom");
 };
 
 #if defined(FUSED_SM90A)
@@ -454,8 +455,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
       for (int i = 0; i < Cfg::ACC; ++i) acc[i] = 0.f;
       // The tile's bias, loaded now so that the loads' latency hides under the mainloop:
-      // lane l of every consumer warp holds column pairs l, l + 32, ... as 16-bit pairs (4
-      // registers through the mainloop, not 8); the epilogue shuffles each lane its pairs.
+      // lane l of every consumer warp holds column pairs l, l + 32, ... as 16-bit pairs (BN / 64
+      // registers through the mainloop; as floats, twice that); the epilogue shuffles each
+      // lane its pairs.
       uint32_t bias_lane[BN / 64];
 #pragma unroll
       for (int i = 0; i < BN / 64; ++i) {
