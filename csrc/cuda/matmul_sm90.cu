@@ -296,13 +296,12 @@ __device__ __forceinline__ void write_scratch(T* piece, const float (&acc)[NACC]
 }
 
 // Copies a 16 x 64 piece to out rows row0.., columns col0.. of batch b with the threads' own
-// stores (the path when TMA cannot describe the output): each lane one 16-byte vector a
-// step, 8 lanes per 128-byte row (whole lines), element stores where the row or the end of a
-// row does not allow vectors; nothing outside M x N.
+// stores, the path for outputs TMA cannot describe (N % 8 != 0: rows start at any element,
+// so element stores): each lane an 8-column chunk a step, 8 lanes a row; nothing outside
+// M x N.
 template <typename T>
 __device__ __forceinline__ void scratch_to_global(const T* piece, T* out, const GemmProblem& p,
-                                                  int b, int row0, int col0, bool vec_ok,
-                                                  int lane) {
+                                                  int b, int row0, int col0, int lane) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int id = i * 32 + lane;
@@ -311,12 +310,8 @@ __device__ __forceinline__ void scratch_to_global(const T* piece, T* out, const 
     if (row >= p.M || col >= p.N) continue;
     const T* src = piece + rr * 64 + 8 * (cc ^ (rr % 8));
     T* dst = out + (static_cast<int64_t>(b) * p.M + row) * p.N + col;
-    if (vec_ok && col + 8 <= p.N) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
 #pragma unroll 1
-      for (int e = 0; e < 8 && col + e < p.N; ++e) dst[e] = src[e];
-    }
+    for (int e = 0; e < 8 && col + e < p.N; ++e) dst[e] = src[e];
   }
 }
 
@@ -348,7 +343,7 @@ __device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores,
                                             const CUtensorMap* map, T* out, const GemmProblem& p,
                                             const float (&acc)[NACC], int jc,
                                             const float (&bias)[16], int b, int row0, int col0,
-                                            bool vec_ok, int lane) {
+                                            int lane) {
   if constexpr (TMA_STORE) {
     T* piece = warp_epi + (n_stores & 1) * Cfg::EPI_WARP_ELEMS;
     if (lane == 0) bulk_wait_read<1>();
@@ -365,7 +360,7 @@ __device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores,
     __syncwarp();  // the previous piece's reads are done
     write_scratch<T, ACT>(warp_epi, acc, jc, bias, lane);
     __syncwarp();
-    scratch_to_global<T>(warp_epi, out, p, b, row0, col0, vec_ok, lane);
+    scratch_to_global<T>(warp_epi, out, p, b, row0, col0, lane);
   }
 }
 #endif  // FUSED_SM90A
@@ -492,8 +487,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       const int row0 = tm * BM + c * 64 + warp * 16;
       T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
-      const bool vec_ok = p.N % 8 == 0 && reinterpret_cast<uintptr_t>(out_c) % 16 == 0 &&
-                          reinterpret_cast<uintptr_t>(out_z) % 16 == 0;
       dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
 #pragma unroll
@@ -509,10 +502,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           }
           if (out_z != nullptr) {
             store_piece<T, kActNone, Cfg, TMA_STORE>(warp_epi, n_stores, &map_z, out_z, p, acc,
-                                                     jc, bias, b, row0, col0, vec_ok, lane);
+                                                     jc, bias, b, row0, col0, lane);
           }
           store_piece<T, ACT, Cfg, TMA_STORE>(warp_epi, n_stores, &map_c, out_c, p, acc, jc,
-                                              bias, b, row0, col0, vec_ok, lane);
+                                              bias, b, row0, col0, lane);
         }
       });
     }
@@ -544,7 +537,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // first: K-major {k, rows, batch} with boxes {64, box_rows, 1}; MN-major {rows, k, batch}
 // with boxes {64, 64, 1}. A broadcast operand (batch stride 0) gets a batch extent of 1.
 bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t rows,
-              int64_t batch, int64_t ld, int64_t batch_stride, int box_rows, at::ScalarType dtype) {
+              int64_t batch, int64_t ld, int64_t batch_stride, int box_rows, at::ScalarType dtype,
+              CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   auto encode = encode_fn();
   if (encode == nullptr) return false;
   const int64_t esize = 2;
@@ -560,29 +554,18 @@ bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t
                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                       3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                      promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
-// An output [batch, M, N] (dense, row-major) as a 3-D tensor map {N, M, batch} with 16 x 64
-// boxes, 128-byte swizzled as the epilogue scratch is. TMA needs a 16-byte aligned base and
-// row pitch (N % 8 == 0); false where it cannot describe the output.
+// An output [batch, M, N] (dense, row-major) as make_map lays out a K-major operand with N in
+// the place of K: {N, M, batch}, 16 x 64 boxes, 128-byte swizzled as the epilogue scratch is.
+// False where TMA cannot describe it: a row pitch that is not a multiple of 16 bytes
+// (N % 8 != 0) or a misaligned base.
 bool make_out_map(CUtensorMap* map, void* ptr, int64_t m, int64_t n, int64_t batch,
                   at::ScalarType dtype) {
-  auto encode = encode_fn();
-  if (encode == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || n % 8 != 0) return false;
-  cuuint64_t dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m),
-                        static_cast<cuuint64_t>(batch)};
-  cuuint64_t strides[2] = {static_cast<cuuint64_t>(n * 2), static_cast<cuuint64_t>(m * n * 2)};
-  cuuint32_t box[3] = {64, 16, 1};
-  cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUresult r = encode(map,
-                      dtype == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                      3, ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  return make_map(map, ptr, true, n, m, batch, n, m * n, 16, dtype,
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE);
 }
 
 // Whether this device runs the kernel's sm_90a code: a CC 9.0 GPU and code built for it
@@ -613,9 +596,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   }
   // The epilogue stores through TMA where both outputs allow it (Z only when the backward
   // pass wants it), else with the threads' own stores (KERNEL_LOG matmul v19).
-  CUtensorMap map_c, map_z;
-  std::memset(&map_c, 0, sizeof(map_c));
-  std::memset(&map_z, 0, sizeof(map_z));
+  CUtensorMap map_c{}, map_z{};
   const bool tma_store = make_out_map(&map_c, p.c, p.M, p.N, p.batch, dtype) &&
                          (p.z == nullptr || make_out_map(&map_z, p.z, p.M, p.N, p.batch, dtype));
   auto kernel = tma_store ? hopper_gemm_kernel<T, Cfg, AK, BK, true>
