@@ -561,9 +561,11 @@ bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t
 // An output [batch, M, N] (dense, row-major) as make_map lays out a K-major operand with N in
 // the place of K: {N, M, batch}, 16 x 64 boxes, 128-byte swizzled as the epilogue scratch is.
 // False where TMA cannot describe it: a row pitch that is not a multiple of 16 bytes
-// (N % 8 != 0) or a misaligned base.
+// (N % 8 != 0) or a misaligned base, checked here rather than left to the encoder (whose
+// refusal compute-sanitizer reports as an API error on every such call).
 bool make_out_map(CUtensorMap* map, void* ptr, int64_t m, int64_t n, int64_t batch,
                   at::ScalarType dtype) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || n % 8 != 0) return false;
   return make_map(map, ptr, true, n, m, batch, n, m * n, 16, dtype,
                   CU_TENSOR_MAP_L2_PROMOTION_NONE);
 }
