@@ -67,6 +67,8 @@ class Case:
                   ("bwd": the backward's own, i.e. fwd+bwd's less the forward's)
     flops:        None, or (shape, pass_) -> FLOPs, for compute-bound ops (reported in
                   TFLOP/s against the matmul ceiling instead of GB/s against the copy)
+    fwd_only:     names of implementations with no backward (e.g. cuBLASLt's fused
+                  epilogue, which autograd cannot differentiate): measured in "fwd" only
     """
 
     op: str
@@ -80,6 +82,7 @@ class Case:
     impls: dict = None
     bytes: Callable = None
     flops: Optional[Callable] = None
+    fwd_only: tuple = ()
 
     def __post_init__(self):
         for name in ("shapes", "make_inputs", "impls", "bytes"):
@@ -95,6 +98,10 @@ class Case:
         if bad:
             raise ValueError(f"Case(op={self.op!r}): unknown pass {bad}; use {PASSES}")
         self.grad_inputs = tuple(self.grad_inputs)
+        self.fwd_only = tuple(self.fwd_only)
+        unknown = [n for n in self.fwd_only if n not in self.impl_names()]
+        if unknown:
+            raise ValueError(f"Case(op={self.op!r}): fwd_only names unknown impls {unknown}")
 
     @property
     def label(self) -> str:
@@ -216,7 +223,9 @@ def select(cases, ops=None, shapes=None, dtypes=None, passes=None, impls=None,
                 for pass_ in case.passes:
                     if passes and pass_ not in passes:
                         continue
-                    plans.append(Plan(case, tuple(shape), dtype, pass_, names))
+                    measured = [n for n in names
+                                if pass_ == "fwd" or n not in case.fwd_only]
+                    plans.append(Plan(case, tuple(shape), dtype, pass_, measured))
     return plans
 
 
@@ -531,7 +540,12 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
 
     groups = [list(plan.impls)] if rounds > 1 else [[impl] for impl in plan.impls]
     for group in groups:
-        measure_group(group)  # its steps are released on return
+        # The bwd pass differentiates one retained graph again and again. AOTAutograd's
+        # donated buffers (saved tensors its compiled backward may overwrite) forbid
+        # retain_graph, so compile runs that pass without them, from its compile to its
+        # last backward. They save memory, not time: the kernels timed are the same.
+        with torch._functorch.config.patch(donated_buffer=pass_ != "bwd"):
+            measure_group(group)  # its steps are released on return
         if any("out of memory" in (records[i]["error"] or "").lower() for i in group):
             torch.cuda.empty_cache()  # let the next group start clean
     del inputs

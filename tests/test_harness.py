@@ -127,6 +127,23 @@ def test_select_filters():
     assert harness.select(cases, impls=["nonexistent"]) == []
 
 
+def test_select_leaves_fwd_only_impls_out_of_the_backward_passes():
+    impls = {"fused": lambda x: x * 2, "native": lambda x: x + x,
+             "unfused": lambda x: x * 1 + x, "lt": lambda x: x * 2}
+    case = _toy_case(impls=impls, fwd_only=("lt",), passes=("fwd", "fwd+bwd", "bwd"),
+                     dtypes=[torch.float32], shapes=[(4, 8)])
+    by_pass = {p.pass_: p.impls for p in harness.select([case])}
+    assert by_pass["fwd"] == ["fused", "native", "unfused", "compile", "lt"]
+    assert by_pass["fwd+bwd"] == by_pass["bwd"] == ["fused", "native", "unfused", "compile"]
+    with pytest.raises(ValueError, match="fwd_only names unknown impls"):
+        _toy_case(fwd_only=("cublas",))
+    # The shipped linear case: cuBLASLt's epilogue has no derivative, so no fwd+bwd record.
+    from benchmarks.cases import matmul as matmul_cases
+    linear = next(c for c in matmul_cases.CASES if c.op == "linear")
+    plans = harness.select([linear], quick=True)
+    assert ["cublaslt" in p.impls for p in plans] == [p.pass_ == "fwd" for p in plans]
+
+
 # --- byte formulas ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype,size", [(torch.bfloat16, 2), (torch.float16, 2),
@@ -370,6 +387,22 @@ def test_run_plan_rounds_on_the_gpu():
         assert r["median_us"] > 0 and 0 < r["min_us"] <= r["median_us"]
         assert r["reps"] == 3 * 11 and r["rounds"] == 3  # ceil(31 / 3) a round
         assert r["peak_mem_bytes"] > 0 and r["fwd_held_bytes"] > 0
+
+
+@CUDA
+def test_run_plan_compiles_the_bwd_pass():
+    # The bwd pass calls backward on one retained graph again and again: compile's
+    # backward must run without AOTAutograd's donated buffers (harness.run_plan), or every
+    # repetition after the first raises. Layer norm's compiled backward donates buffers.
+    from benchmarks.cases import norm as norm_cases
+    case = next(c for c in norm_cases.CASES if c.op == "layer_norm")
+    plan = harness.Plan(case, (512, 1024), torch.bfloat16, "bwd", ["fused", "compile"])
+    timer = harness.Timer(budget_ms=2.0, min_reps=5, max_reps=5)
+    recs = harness.run_plan(plan, timer, {}, harness.environment(), rounds=1)
+    for r in recs:
+        assert r["error"] is None, (r["impl"], r["error"])
+        assert r["median_us"] > 0 and r["reps"] == 5
+    assert torch._functorch.config.donated_buffer  # restored after the pass
 
 
 # --- reports ---------------------------------------------------------------------------

@@ -116,5 +116,6 @@ CASES = [
         },
         bytes=_bytes,
         flops=_flops,
+        fwd_only=("cublaslt",),  # aten::_addmm_activation has no derivative
     ),
 ]
