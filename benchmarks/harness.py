@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+import torch._functorch.config  # run_plan's bwd pass; not imported by `import torch`
 
 # Every pass the harness can time, and the ones a Case gets unless it lists its own.
 PASSES = ("fwd", "fwd+bwd", "bwd")
