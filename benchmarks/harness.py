@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch._functorch.config  # run_plan's bwd pass; not imported by `import torch`
+import torch._functorch.config  # compile_config; not imported by `import torch`
 
 # Every pass the harness can time, and the ones a Case gets unless it lists its own.
 PASSES = ("fwd", "fwd+bwd", "bwd")
@@ -241,6 +241,15 @@ def as_tuple(out):
 def pass_bytes(pass_: str, fwd, bwd):
     """A case's bytes for `pass_`, from its forward's and its backward's own."""
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_]
+
+
+def compile_config(pass_: str):
+    """The torch.compile settings a pass needs, as a context to build and run its steps in.
+
+    The bwd pass differentiates one retained graph again and again. AOTAutograd's donated
+    buffers (saved tensors its compiled backward may overwrite) forbid retain_graph, so that
+    pass compiles and runs without them. They save memory, not time: the kernels are the same."""
+    return torch._functorch.config.patch(donated_buffer=pass_ != "bwd")
 
 
 def make_compiled(case: Case):
@@ -541,11 +550,7 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
 
     groups = [list(plan.impls)] if rounds > 1 else [[impl] for impl in plan.impls]
     for group in groups:
-        # The bwd pass differentiates one retained graph again and again. AOTAutograd's
-        # donated buffers (saved tensors its compiled backward may overwrite) forbid
-        # retain_graph, so compile runs that pass without them, from its compile to its
-        # last backward. They save memory, not time: the kernels timed are the same.
-        with torch._functorch.config.patch(donated_buffer=pass_ != "bwd"):
+        with compile_config(pass_):  # from the compile to the last backward
             measure_group(group)  # its steps are released on return
         if any("out of memory" in (records[i]["error"] or "").lower() for i in group):
             torch.cuda.empty_cache()  # let the next group start clean
