@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch._functorch.config  # compile_config; not imported by `import torch`
+import torch._functorch.config  # make_step's bwd pass; not imported by `import torch`
 
 # Every pass the harness can time, and the ones a Case gets unless it lists its own.
 PASSES = ("fwd", "fwd+bwd", "bwd")
@@ -243,15 +243,6 @@ def pass_bytes(pass_: str, fwd, bwd):
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_]
 
 
-def compile_config(pass_: str):
-    """The torch.compile settings a pass needs, as a context to build and run its steps in.
-
-    The bwd pass differentiates one retained graph again and again. AOTAutograd's donated
-    buffers (saved tensors its compiled backward may overwrite) forbid retain_graph, so that
-    pass compiles and runs without them. They save memory, not time: the kernels are the same."""
-    return torch._functorch.config.patch(donated_buffer=pass_ != "bwd")
-
-
 def make_compiled(case: Case):
     """torch.compile of the unfused composition, specialised to each shape (dynamic=False).
 
@@ -272,6 +263,11 @@ def make_inputs(case: Case, shape, dtype, pass_, device="cuda", seed=0):
     return inputs
 
 
+def _donation(pass_: str):
+    """AOTAutograd's donated buffers on, except for the bwd pass (see make_step)."""
+    return torch._functorch.config.patch(donated_buffer=pass_ != "bwd")
+
+
 def make_step(fn, inputs, pass_, grad_names=(), seed=1):
     """Return a zero-argument callable running one repetition of the pass.
 
@@ -284,12 +280,15 @@ def make_step(fn, inputs, pass_, grad_names=(), seed=1):
              the step (its graph retained for every repetition): the backward alone, as
              the issues' backward targets count it. The retained graph lives as long as the
              step (with --rounds, every implementation's at once); peak_mem_bytes counts
-             what the backward allocates on top of it.
+             what the backward allocates on top of it. A compiled fn is compiled and
+             differentiated here without AOTAutograd's donated buffers (saved tensors its
+             backward may overwrite), which forbid retain_graph; they save memory, not time.
     """
     if pass_ == "fwd":
         return lambda: fn(**inputs)
     leaves = [inputs[n] for n in grad_names if inputs[n].requires_grad]
-    outs = as_tuple(fn(**inputs))
+    with _donation(pass_):  # a compiled fn compiles on this first call
+        outs = as_tuple(fn(**inputs))
     diff = [i for i, o in enumerate(outs)
             if isinstance(o, torch.Tensor) and o.requires_grad]
     if not diff or not leaves:
@@ -299,8 +298,13 @@ def make_step(fn, inputs, pass_, grad_names=(), seed=1):
                          dtype=torch.float32).to(outs[i].dtype) for i in diff]
     if pass_ == "bwd":
         kept = [outs[i] for i in diff]
-        return lambda: torch.autograd.grad(kept, leaves, grads, retain_graph=True,
+
+        def backward():
+            with _donation(pass_):
+                return torch.autograd.grad(kept, leaves, grads, retain_graph=True,
                                            allow_unused=True)
+
+        return backward
     del outs
 
     def step():
@@ -550,8 +554,7 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
 
     groups = [list(plan.impls)] if rounds > 1 else [[impl] for impl in plan.impls]
     for group in groups:
-        with compile_config(pass_):  # from the compile to the last backward
-            measure_group(group)  # its steps are released on return
+        measure_group(group)  # its steps are released on return
         if any("out of memory" in (records[i]["error"] or "").lower() for i in group):
             torch.cuda.empty_cache()  # let the next group start clean
     del inputs

@@ -103,16 +103,15 @@ def profile_impl(case, impl, shape, dtype, pass_, iters, path, device="cuda"):
 
     inputs = harness.make_inputs(case, shape, dtype, pass_, device)
     fn = harness.make_compiled(case) if impl == "compile" else case.impls[impl]
-    with harness.compile_config(pass_):
-        step = harness.make_step(fn, inputs, pass_, case.grad_inputs)
-        for _ in range(3):  # compile, allocate, load kernels
-            step()
+    step = harness.make_step(fn, inputs, pass_, case.grad_inputs)
+    for _ in range(3):  # compile, allocate, load kernels
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            with record_function(f"{impl} call {i}"):
+                step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for i in range(iters):
-                with record_function(f"{impl} call {i}"):
-                    step()
-            torch.cuda.synchronize()
     prof.export_chrome_trace(path)
     with open(path) as f:
         return summarize_trace(json.load(f), iters)

@@ -392,8 +392,8 @@ def test_run_plan_rounds_on_the_gpu():
 @CUDA
 def test_run_plan_compiles_the_bwd_pass(tmp_path):
     # The bwd pass calls backward on one retained graph again and again: compile's
-    # backward must run without AOTAutograd's donated buffers (harness.compile_config), or
-    # every repetition after the first raises. Layer norm's compiled backward donates buffers.
+    # backward must run without AOTAutograd's donated buffers (harness.make_step), or every
+    # repetition after the first raises. Layer norm's compiled backward donates buffers.
     from benchmarks.cases import norm as norm_cases
     case = next(c for c in norm_cases.CASES if c.op == "layer_norm")
     plan = harness.Plan(case, (512, 1024), torch.bfloat16, "bwd", ["fused", "compile"])
@@ -403,7 +403,7 @@ def test_run_plan_compiles_the_bwd_pass(tmp_path):
         assert r["error"] is None, (r["impl"], r["error"])
         assert r["median_us"] > 0 and r["reps"] == 5
     assert torch._functorch.config.donated_buffer  # restored after the pass
-    # The profiler's trace of the same pass (profiling/trace.py) builds its step the same way.
+    # The profiler's trace of the same pass (profiling/trace.py) runs the same make_step.
     torch._dynamo.reset()
     rows = trace_mod.profile_impl(case, "compile", (512, 1024), torch.bfloat16, "bwd", 2,
                                   str(tmp_path / "compile_bwd.json"))

@@ -60,9 +60,7 @@ def main(argv):
     for spec in argv:
         op, shape, pass_, *rest = spec.split(",")
         dtype = harness.parse_dtypes(rest[0])[0] if rest else torch.bfloat16
-        with harness.compile_config(pass_):
-            split(op, harness.parse_shape(shape), pass_, dtype,
-                  rest[1] if len(rest) > 1 else "fused")
+        split(op, harness.parse_shape(shape), pass_, dtype, rest[1] if len(rest) > 1 else "fused")
 
 
 if __name__ == "__main__":

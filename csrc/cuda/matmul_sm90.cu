@@ -604,7 +604,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   auto kernel = tma_store ? hopper_gemm_kernel<T, Cfg, AK, BK, true>
                           : hopper_gemm_kernel<T, Cfg, AK, BK, false>;
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int sms = num_sms();
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, map_c, map_z, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -615,7 +615,7 @@ template <typename T>
 Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   // Tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128 (both
   // operands K-major only: the other layouts come from the backward pass of large layers).
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int sms = num_sms();
   const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
   const bool wide = wide_tiles >= sms;
   if (p.a_kmajor && p.b_kmajor) {
