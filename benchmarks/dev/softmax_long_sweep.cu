@@ -25,11 +25,22 @@
 //         prefetched row among them): bar vs mbar measures whether it does
 //   mbar  st.async to the peer's slot, completing bytes on the peer's mbarrier: no fence, no
 //         cluster barrier; each block waits on its own mbarrier (parity per use)
+//   f  fixed     the library's softmax_fwd_fixed (session 8 on): one row per cluster of C
+//                blocks x 512 threads x 64 elements kept as raw bits, 2 blocks an SM,
+//                block max, block sum, DSMEM store + cluster.sync, exps recomputed
+//   e  bulk      (session 23) the block's 32768-element share brought into shared memory
+//                by the copy engine (cp.async.bulk, CH chunks, one mbarrier each), so no
+//                register holds the row and three blocks fit an SM (64 KB each); each
+//                thread folds each chunk into a running (max, sum) as it lands, one block
+//                pair reduction, the st.async + mbarrier exchange, the output pass from
+//                shared memory. "e2": the same held to two blocks an SM (more shared
+//                memory asked), to tell the third block's worth from the rest.
 // exp = ex2.approx.ftz.f32 of x * scale * log2(e) (as the library for 16-bit rows); scale > 0
 // is assumed (the max is taken on x, then scaled). Timing: median of 25 runs after an L2
 // flush, against the run's device-to-device copy (as softmax_sweep.cu). Standalone:
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-//        benchmarks/dev/softmax_long_sweep.cu -o /tmp/lsweep && /tmp/lsweep
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I csrc \
+//        benchmarks/dev/softmax_long_sweep.cu -o /tmp/lsweep && /tmp/lsweep [VARIANTS]
+// VARIANTS: letters of the variants to run (default all: abcdef).
 #include <cuda_bf16.h>
 #include <cooperative_groups.h>
 #include <algorithm>
@@ -39,6 +50,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "common/cluster.cuh"
+#include "common/stage.cuh"
 namespace cg = cooperative_groups;
 
 #define CK(x)                                                                                 \
@@ -302,6 +316,161 @@ __global__ void __launch_bounds__(BLOCK, (RECOMP ? 1024 : 512) / BLOCK)
   cl.sync();  // no block leaves while its shared memory may still be a target
 }
 
+
+// A (max, sum relative to it) pair folded into another: the sum rescaled to the larger max.
+__device__ __forceinline__ void fold(float& m, float& s, float m2, float s2) {
+  const float M = fmaxf(m, m2);
+  s = s * ex2(m - M) + s2 * ex2(m2 - M);
+  m = M;
+}
+// Block all-reduce of (max, sum) pairs: shuffles, one pair per warp in smem, every warp
+// folds the W pairs (W <= 32).
+template <int W>
+__device__ __forceinline__ float2 block_pair(float m, float s, float2* buf) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    fold(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  if (threadIdx.x % 32 == 0) buf[threadIdx.x / 32] = make_float2(m, s);
+  __syncthreads();
+  const float2 p = buf[threadIdx.x % W];
+  m = p.x;
+  s = p.y;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1)
+    fold(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  return make_float2(m, s);
+}
+// The row's (M, S) from the C pairs of the cluster in `slots` (every warp, lanes < C).
+__device__ __forceinline__ float2 combine_slots(const float2* slots, int C) {
+  const float2 q = threadIdx.x % 32 < C ? slots[threadIdx.x % 32] : make_float2(-INFINITY, 0.f);
+  const float M = warp_all<true>(q.x);
+  return make_float2(M, warp_all<false>(q.y * ex2(q.x - M)));
+}
+// Max of K vectors of packed bf16, as a float.
+template <int K>
+__device__ __forceinline__ float max_vecs(const uint4 (&r)[K]) {
+  __nv_bfloat162 m = *reinterpret_cast<const __nv_bfloat162*>(&r[0].x);
+#pragma unroll
+  for (int i = 1; i < 4 * K; ++i)
+    m = __hmax2(m, *reinterpret_cast<const __nv_bfloat162*>(reinterpret_cast<const uint32_t*>(r) + i));
+  return fmaxf(__low2float(m), __high2float(m));
+}
+
+constexpr int kShare = 32768;          // elements of a row a block takes (f, e)
+constexpr int kShareVec = kShare / 8;  // its 16-byte vectors
+
+// (f): grid (C, rows), cluster (C, 1, 1).
+__global__ void __launch_bounds__(512, 2) k_fixed(const uint4* __restrict__ x, uint4* __restrict__ y,
+                                                  float kk) {
+  constexpr int B = 512, K = kShareVec / B, W = B / 32;
+  __shared__ float bm[W], bs[W];
+  __shared__ float2 slots[kMaxC];
+  cg::cluster_group cl = cg::this_cluster();
+  const int C = cl.num_blocks(), rank = cl.block_rank();
+  const long o = ((long)blockIdx.y * C + rank) * kShareVec + threadIdx.x;
+  uint4 raw[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) raw[k] = x[o + k * B];
+  fused::cluster_arrive_relaxed();
+  const float mk = block_all_lib<true, W>(max_vecs<K>(raw), bm) * kk;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8 * K; ++i) s += ex2(fmaf(elem(raw[i / 8], i % 8), kk, -mk));
+  s = block_all_lib<false, W>(s, bs);
+  fused::cluster_wait();
+  if (threadIdx.x < C) *cl.map_shared_rank(&slots[rank], threadIdx.x) = make_float2(mk, s);
+  cl.sync();
+  const float2 row = combine_slots(slots, C);
+  const float r = 1.f / row.y;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = ex2(fmaf(elem2(raw[k], j), kk, -row.x));
+    y[o + k * B] = pack8(f, r);
+  }
+}
+
+// (e): grid (C, rows), cluster (C, 1, 1); dynamic shared memory >= 64 KB (the share).
+// Every cp.async group of this thread but the newest n (a constant once unrolled) landed.
+template <int MAX>
+__device__ __forceinline__ void stage_wait_upto(int n) {
+  if constexpr (MAX > 0) {
+    if (n >= MAX) return fused::stage_wait<MAX>();
+    stage_wait_upto<MAX - 1>(n);
+  } else {
+    fused::stage_wait<0>();
+  }
+}
+
+// SH: elements a block (its share; kShare, or half of it on twice the blocks). CP: each
+// thread copies its own vectors with cp.async (one group a chunk) instead of one bulk copy
+// a chunk: no chunk mbarriers, no block barrier (a thread reads back only its own copies).
+template <int B, int CH, int SH = kShare, bool CP = false>
+__global__ void __launch_bounds__(B) k_bulk(const uint4* __restrict__ x, uint4* __restrict__ y,
+                                            float kk) {
+  constexpr int kShareVec = SH / 8;
+  constexpr int W = B / 32, CV = kShareVec / CH, V = CV / B;  // V: vectors a thread a chunk
+  static_assert(V >= 1 && CV % B == 0, "chunks of whole vectors per thread");
+  extern __shared__ __align__(128) uint4 sh[];
+  __shared__ __align__(8) uint64_t bar[CH + 1];  // [CH]: the exchange
+  __shared__ float2 wp[W], slots[kMaxC];
+  cg::cluster_group cl = cg::this_cluster();
+  const int C = cl.num_blocks(), rank = cl.block_rank();
+  const long share = ((long)blockIdx.y * C + rank) * kShareVec;
+  if (CP) {
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int i = c * CV + v * B + threadIdx.x;
+        fused::stage_copy(sh + i, x + share + i);
+      }
+      fused::stage_commit();
+    }
+  }
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int c = 0; c <= CH; ++c) fused::mbar_init(&bar[c]);
+#pragma unroll
+    for (int c = 0; c < CH && !CP; ++c) {
+      fused::mbar_expect(&bar[c], CV * 16);
+      fused::bulk_load(sh + c * CV, x + share + c * CV, CV * 16, &bar[c]);
+    }
+  }
+  __syncthreads();                   // the mbarriers are initialised
+  fused::cluster_arrive_relaxed();   // ... and may be pushed to once the peers have waited
+  float m = -INFINITY, s = 0.f;      // this thread's running max (log2 units), sum under it
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    if (CP) stage_wait_upto<CH - 1>(CH - 1 - c);
+    else fused::mbar_wait(&bar[c], 0);
+    uint4 r[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) r[v] = sh[c * CV + v * B + threadIdx.x];
+    const float mn = fmaxf(m, max_vecs<V>(r) * kk);
+    s *= ex2(m - mn);  // 0 for the first chunk
+#pragma unroll
+    for (int i = 0; i < 8 * V; ++i) s += ex2(fmaf(elem(r[i / 8], i % 8), kk, -mn));
+    m = mn;
+  }
+  const float2 b = block_pair<W>(m, s, wp);
+  fused::cluster_wait();
+  if (threadIdx.x < C) push_async(&slots[rank], &bar[CH], threadIdx.x, b);
+  if (threadIdx.x == 0) fused::mbar_expect(&bar[CH], C * sizeof(float2));
+  fused::mbar_wait(&bar[CH], 0);
+  const float2 row = combine_slots(slots, C);
+  const float rs = 1.f / row.y;
+#pragma unroll 4
+  for (int k = 0; k < kShareVec / B; ++k) {
+    const uint4 r = sh[k * B + threadIdx.x];
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = ex2(fmaf(elem(r, j), kk, -row.x));
+    y[share + k * B + threadIdx.x] = pack8(f, rs);
+  }
+}
+
 // ------------------------------------------------------------------------------- host
 __global__ void flush(int* p, long n) {
   long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -360,13 +529,14 @@ void check(long rows, long len, double* abs_err, double* rel_err) {
 }
 
 // A launch of `grid` blocks as clusters of C (attr: the caller's, outlives cfg).
-cudaLaunchConfig_t config(dim3 grid, int block, int C, cudaLaunchAttribute* attr) {
+cudaLaunchConfig_t config(dim3 grid, int block, int C, cudaLaunchAttribute* attr, int smem = 0) {
   attr->id = cudaLaunchAttributeClusterDimension;
   attr->val.clusterDim.x = C;
   attr->val.clusterDim.y = attr->val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cfg;
@@ -375,13 +545,13 @@ cudaLaunchConfig_t config(dim3 grid, int block, int C, cudaLaunchAttribute* attr
 // Clear y, run once and check, then time. ncl > 0: a persistent launch of ncl clusters.
 template <typename... K, typename... A>
 void run(const char* name, long rows, long len, void (*kern)(K...), dim3 grid, int block, int C,
-         int ncl, A... args) {
+         int ncl, int smem, A... args) {
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, kern));
   int bps = 0;  // blocks per SM
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, block, 0));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, block, smem));
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = config(grid, block, C, &attr);
+  const cudaLaunchConfig_t cfg = config(grid, block, C, &attr, smem);
   CK(cudaMemset(Y, 0xff, rows * len * 2));  // bf16 NaN: a row not written fails the check
   CK(cudaLaunchKernelEx(&cfg, kern, args...));
   CK(cudaDeviceSynchronize());
@@ -410,7 +580,7 @@ void persist(const char* name, long rows, long len) {
   CK(cudaOccupancyMaxActiveClusters(&n, kern, &cfg));
   if (n == 0) { printf("%5ldx%-6ld %-12s C %2d: no cluster fits\n", rows, len, name, C); return; }
   n = (int)std::min<long>(n, rows);
-  run(name, rows, len, kern, dim3(n * C), BLOCK, C, n, (const uint4*)X, (uint4*)Y, (int)rows,
+  run(name, rows, len, kern, dim3(n * C), BLOCK, C, n, 0, (const uint4*)X, (uint4*)Y, (int)rows,
       (int)(len / 8), kScale * 1.4426950408889634f);
 }
 
@@ -418,11 +588,31 @@ template <int BLOCK>
 void base(const char* name, long rows, long len) {
   const int C = (int)(len / (BLOCK * EPT));
   CK(cudaFuncSetAttribute(k_base<BLOCK>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  run(name, rows, len, k_base<BLOCK>, dim3(C, rows), BLOCK, C, 0, (const uint4*)X, (uint4*)Y,
+  run(name, rows, len, k_base<BLOCK>, dim3(C, rows), BLOCK, C, 0, 0, (const uint4*)X, (uint4*)Y,
       (int)(len / 8), kScale * 1.4426950408889634f);
 }
 
-int main() {
+void fixed(const char* name, long rows, long len) {
+  const int C = (int)(len / kShare);
+  run(name, rows, len, k_fixed, dim3(C, rows), 512, C, 0, 0, (const uint4*)X, (uint4*)Y,
+      kScale * 1.4426950408889634f);
+}
+
+// smem: the share (64 KB), or more to hold the kernel to fewer blocks an SM.
+template <int B, int CH, int SH = kShare, bool CP = false>
+void bulk(const char* name, long rows, long len, int smem = SH * 2) {
+  auto kern = k_bulk<B, CH, SH, CP>;
+  const int C = (int)(len / SH);
+  if (C > kMaxC) return;
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  run(name, rows, len, kern, dim3(C, rows), B, C, 0, smem, (const uint4*)X, (uint4*)Y,
+      kScale * 1.4426950408889634f);
+}
+
+int main(int argc, char** argv) {
+  const char* want = argc > 1 ? argv[1] : "abcdef";
+  auto on = [&](char v) { return strchr(want, v) != nullptr; };
   const long nel = 128L << 20, nbytes = nel * 2;  // 256 MiB: the largest shape
   CK(cudaMalloc(&X, nbytes));
   CK(cudaMalloc(&Y, nbytes));
@@ -445,11 +635,30 @@ int main() {
   copy_bps = 2.0 * nbytes / tm;
   printf("copy %.1f us %.0f GB/s\n", tm, copy_bps / 1e3);
 
-  const long shapes[][2] = {{4096, 32768}, {1024, 131072}, {256, 262144}};
+  const long shapes[][2] = {{4096, 32768}, {2048, 65536}, {1024, 131072}, {256, 262144}};
   for (auto& s : shapes) {
     const long rows = s[0], len = s[1];
-    base<512>("a base", rows, len);
-    base<1024>("b base", rows, len);
+    if (on('f')) fixed("f fixed", rows, len);
+    if (on('g')) {  // session 23 call 3: the library's candidates
+      bulk<256, 4>("e bulk 4", rows, len);
+      bulk<256, 4, kShare, true>("g cp 4", rows, len);
+      bulk<256, 2, kShare / 2>("e half 2", rows, len);
+      bulk<256, 2, kShare / 2, true>("g half cp 2", rows, len);
+    }
+    if (on('e')) {
+      bulk<256, 1>("e bulk 1", rows, len);
+      bulk<256, 4>("e bulk 4", rows, len);
+      bulk<256, 8>("e bulk 8", rows, len);
+      bulk<512, 4>("e bulk 4", rows, len);
+      bulk<256, 4>("e2 bulk 4", rows, len, 100 << 10);
+      bulk<256, 2, kShare / 2>("e half 2", rows, len);
+      bulk<128, 2, kShare / 2>("e half 2", rows, len);
+    }
+    if (on('f')) fixed("f fixed", rows, len);  // again: the order's effect
+    if (len == 65536) continue;  // a-d: the session-5 shapes
+    if (on('a')) base<512>("a base", rows, len);
+    if (on('b')) base<1024>("b base", rows, len);
+    if (!on('c') && !on('d')) continue;
     persist<512, false, false, false>("c keep bar", rows, len);
     persist<512, false, false, true>("c keep mbar", rows, len);
     persist<512, false, true, false>("c recmp bar", rows, len);

@@ -1,6 +1,6 @@
 // Asynchronous global -> shared copies (cp.async, sm_80+) into a thread's own staging slots:
 // the thread reads them back itself after stage_wait, so no block barrier is involved (the
-// staged norm backwards, norm_bwd_regs with STAGES and norm_bwd_fixed).
+// staged norm backwards, norm_bwd_regs with STAGES and norm_bwd_fixed; softmax_fwd_fixed).
 // The memory clobbers keep the compiler from moving shared-memory reads of a slot across the
 // copy that refills it. (The portable matmul has its own cp.async helpers: zero-filling,
 // with an L2 hint, ordered by block barriers instead.)
@@ -34,6 +34,16 @@ __device__ __forceinline__ void stage_commit() {
 template <int N>
 __device__ __forceinline__ void stage_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// The same for an n known once a loop is unrolled (a group index), 0 <= n <= MAX.
+template <int MAX>
+__device__ __forceinline__ void stage_wait_n(int n) {
+  if constexpr (MAX > 0) {
+    if (n >= MAX) return stage_wait<MAX>();
+    stage_wait_n<MAX - 1>(n);
+  } else {
+    stage_wait<0>();
+  }
 }
 
 }  // namespace fused

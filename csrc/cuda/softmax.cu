@@ -29,8 +29,9 @@
 //                          row instead of 2); no block ever waits for another.
 //
 // Plain 16-bit forward rows of exactly 1, 2, 4 or 8 x 32768 columns (scale > 0, no mask)
-// take softmax_fwd_fixed instead: a 512-thread block (a cluster of them past 32768) per
-// row, shaped at compile time, two blocks per SM.
+// take softmax_fwd_fixed instead: a 256-thread block per 32768 columns (a cluster of them
+// past 32768), shaped at compile time, the share staged in shared memory (three blocks an
+// SM).
 //
 // The shape is a compile-time choice per launch (P, BLOCK), with bounds checked at run time
 // per vector, not per element: the lean code is what reaches the copy bandwidth. A generic
@@ -64,6 +65,7 @@
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
 #include "common/softmax.h"
+#include "common/stage.cuh"
 #include "common/vec.cuh"
 
 namespace fused {
@@ -772,20 +774,23 @@ __global__ void __launch_bounds__(BLOCK, 1)
 
 // ---------------------------------------------------------------------------------------
 // softmax_fwd_fixed: the forward of plain 16-bit rows of exactly N x 32768 columns (N = 1,
-// 2, 4, 8; scale > 0, no mask), shaped at compile time as norm.cu's wide forward is for
-// 32768: blocks of 512 threads, each a 32768-column share of a row, 8 vectors per thread
-// kept as raw bits (32 registers) and converted in each pass, the exps recomputed for the
-// output, no bounds checks. At <= 64 registers two blocks share an SM, so one block's
-// loads are in flight while the other reduces; the general path for these rows
-// (persistent clusters holding the row as floats, ~125 registers) has one block per SM
-// (KERNEL_LOG softmax v8). N > 1 (sm_90): the row's N blocks form a cluster (grid (rows,
-// N), cluster (1, N)), each reduces its share to (max, sum relative to that max), pushes
-// the pair into every peer's shared memory and, after one cluster barrier, combines the N
-// pairs lane-wise (the same bits in every block). One row per cluster, not persistent:
-// the other block on the SM covers the exchange.
-// (float32 rows of N x 16384 on the same kernel were measured and dropped: KERNEL_LOG v8d.)
-constexpr int kFixedBlock = 512, kFixedVectors = 8, kFixedMaxN = 8;
-constexpr int kFixedLen = kFixedBlock * kFixedVectors * 8;  // 16-bit T: 8 elements a vector
+// 2, 4, 8; scale > 0, no mask), shaped at compile time. A row is N shares of 32768
+// elements, a block of 256 threads each (N > 1, sm_90: the row's N blocks form a cluster,
+// grid (rows, N), cluster (1, N)). The share goes to shared memory by cp.async, each thread
+// copying, and later reading back, only its own 16-byte vectors (so no block barrier guards
+// them), in four groups; each thread folds a group into its running (max, sum relative to
+// that max) as soon as the group has landed, so the exps of one group overlap the loads of
+// the next. No register holds the row: three blocks share an SM (64 KB of shared memory
+// each), where the register kernel this replaced held two, idle together at their
+// reductions and exchanges (KERNEL_LOG softmax v13). Then one block reduction of (max, sum)
+// pairs; for N > 1 each block pushes its pair into every peer's shared memory (st.async,
+// one mbarrier wait, common/cluster.cuh) and combines the N pairs lane-wise (the same bits
+// in every block); then the output pass from shared memory, the exps recomputed.
+// (float32 rows of N x 16384 on the register kernel were measured and dropped: KERNEL_LOG v8d.)
+constexpr int kFixedBlock = 256, kFixedGroups = 4, kFixedMaxN = 8;
+constexpr int kFixedLen = 32768;                                        // elements a share
+constexpr int kFixedVecs = kFixedLen / 8 / kFixedBlock / kFixedGroups;  // a thread's a group
+constexpr int kFixedSmem = kFixedLen * 2;                               // bytes of a share
 
 // max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
 template <typename T>
@@ -823,77 +828,107 @@ __device__ __forceinline__ float vec_max(const uint4 (&raw)[K]) {
   return fmaxf(vec_elem<T>(m4, 0), vec_elem<T>(m4, 1));
 }
 
-template <typename T, int N>
-__global__ void __launch_bounds__(kFixedBlock, 2)
-    softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
-  grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
-  constexpr int K = kFixedVectors, VEC = 8, kStride = kFixedBlock * VEC;
-  __shared__ float buf[2][kFixedBlock / 32];
-  __shared__ MaxSum slots[N];  // the cluster's (max, sum) pairs, N > 1 on sm_90 only
-  (void)slots;                  // (the sm_80 pass has no use for it)
-  const Group<kFixedBlock> g{kFixedBlock};
-  // Block (row, rank): the rank-th share of the row, N shares a row.
-  const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
-  const int64_t off = share * kFixedLen + threadIdx.x * VEC;
-  uint4 raw[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) raw[k] = *reinterpret_cast<const uint4*>(x + off + k * kStride);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (N > 1) cluster_arrive_relaxed();  // this block has started (waited for below)
-#endif
-  // The share's max: max(scale x) = scale max(x) for scale > 0 (rounding is monotonic).
-  float m = g.reduce(vec_max<T>(raw), buf[0], MaxOp{}) * scale;
-  float o = exp_offset(m);
-  // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two).
-  float s = 0.f;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[k], e), scale, -o));
+// (max, sum relative to it) of two parts of a row, each sum rescaled to the larger max
+// (exp_offset: two empty parts give (-inf, 0)). Commutative to the bit, so a butterfly
+// leaves the same bits in every lane.
+template <typename T>
+__device__ __forceinline__ MaxSum fold(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m), o = exp_offset(m);
+  return {m, a.s * exp_elem<T>(a.m - o) + b.s * exp_elem<T>(b.m - o)};
+}
+
+template <typename T>
+__device__ __forceinline__ MaxSum fold_lanes(MaxSum p, int width) {
+  for (int o = width / 2; o > 0; o >>= 1) {
+    p = fold<T>(p, {__shfl_xor_sync(0xffffffffu, p.m, o), __shfl_xor_sync(0xffffffffu, p.s, o)});
   }
-  s = g.reduce(s, buf[1], SumOp{});
+  return p;
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kFixedBlock)
+    softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
+  constexpr int G = kFixedGroups, V = kFixedVecs, W = kFixedBlock / 32;
+  extern __shared__ uint4 share_smem[];  // [G][V][kFixedBlock] vectors of x
+  __shared__ MaxSum warp_pairs[W];
+  __shared__ MaxSum slots[N];              // the cluster's pairs, N > 1 on sm_90 only
+  __shared__ __align__(8) uint64_t landed;  // their arrival, N > 1 on sm_90 only
+  (void)slots;
+  (void)landed;
+  grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
+  // Block (row, rank): the rank-th share of the row. Vector i of the share: thread i % 256.
+  const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
+  const uint4* src = reinterpret_cast<const uint4*>(x) + share * (kFixedLen / 8);
+  uint4* dst = reinterpret_cast<uint4*>(y) + share * (kFixedLen / 8);
+  auto at = [](int k) { return k * kFixedBlock + static_cast<int>(threadIdx.x); };  // k-th own
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) stage_copy(&share_smem[at(g * V + v)], src + at(g * V + v));
+    stage_commit();
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (N > 1) {
+    if (threadIdx.x == 0) mbar_init(&landed);
+    cluster_arrive_relaxed();  // started, mbarrier set up (waited for before any push)
+  }
+#endif
+  // This thread's (max of scale x, sum of exp(scale x - offset(max))), group by group.
+  MaxSum mine{kNegInf, 0.f};
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    stage_wait_n<G - 1>(G - 1 - g);
+    uint4 raw[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) raw[v] = share_smem[at(g * V + v)];
+    // max(scale x) = scale max(x) for scale > 0 (rounding is monotonic)
+    const float m = fmaxf(mine.m, vec_max<T>(raw) * scale), o = exp_offset(m);
+    // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two)
+    float s = mine.s * exp_elem<T>(mine.m - o);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[v], e), scale, -o));
+    }
+    mine = {m, s};
+  }
+  mine = fold_lanes<T>(mine, 32);
+  if (threadIdx.x % 32 == 0) warp_pairs[threadIdx.x / 32] = mine;
+  __syncthreads();
+  MaxSum row = fold_lanes<T>(warp_pairs[threadIdx.x % W], W);  // the share's, in every thread
   if constexpr (N > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cluster_wait();  // every block of the cluster has started: its slots may be written
-    if (threadIdx.x < N) *cl.map_shared_rank(&slots[blockIdx.y], threadIdx.x) = MaxSum{m, s};
-    cl.sync();  // release / acquire: every block has its N pairs; none is written again
-    const MaxSum row = Fwd{}.combine_lanes(slots, N);
-    m = row.m;
-    s = row.s;
-    o = exp_offset(m);
+    cluster_wait();  // every block of the cluster has started: its pairs may be pushed
+    if (threadIdx.x < N) push_to_peer(&slots[blockIdx.y], &landed, threadIdx.x, row);
+    if (threadIdx.x == 0) mbar_expect(&landed, N * sizeof(MaxSum));
+    mbar_wait(&landed, 0);  // no block leaves before every peer's push into it has landed
+    row = Fwd{}.combine_lanes(slots, N);
 #else
     __trap();  // the host launches clusters only where sm_90 code runs (cluster_fit)
 #endif
   }
-  // The write pass converts the words again. Without this (empty) asm the compiler keeps
-  // the sum pass's 64 values of x * scale - M live across the reduction instead, and
-  // spills them (ptxas: 328 bytes for bf16).
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
-  }
+  const float o = exp_offset(row.m);
   // elem(x): the output of the element x. The flag is uniform: each case its own loop (no
   // element pays for the other's work).
   auto write = [&](auto elem) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
+    for (int k = 0; k < G * V; ++k) {
+      const uint4 raw = share_smem[at(k)];
       uint32_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float lo = elem(vec_elem<T>(raw[k], 2 * j));
-        const float hi = elem(vec_elem<T>(raw[k], 2 * j + 1));
+        const float lo = elem(vec_elem<T>(raw, 2 * j));
+        const float hi = elem(vec_elem<T>(raw, 2 * j + 1));
         w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
       }
-      *reinterpret_cast<uint4*>(y + off + k * kStride) = make_uint4(w[0], w[1], w[2], w[3]);
+      dst[at(k)] = make_uint4(w[0], w[1], w[2], w[3]);
     }
   };
   if (log) {
-    const float f = logf(s);
+    const float f = logf(row.s);
     write([&](float v) { return fmaf(v, scale, -o) - f; });
   } else {
-    const float f = 1.f / s;
+    const float f = 1.f / row.s;
     write([&](float v) { return exp_elem<T>(fmaf(v, scale, -o)) * f; });
   }
 }
@@ -1069,11 +1104,13 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
       constexpr int N = decltype(kn)::value;
       constexpr auto kernel = softmax_fwd_fixed<T, N>;
       if constexpr (N == 1) {
-        launch_early(kernel, grid, dim3(kFixedBlock), 0, a.in[0], a.out, op.scale, op.log);
+        if (!allow_dynamic_smem_once(kernel, kFixedSmem)) return false;
+        launch_early(kernel, grid, dim3(kFixedBlock), kFixedSmem, a.in[0], a.out, op.scale,
+                     op.log);
         return true;
       } else {
-        if (cluster_fit(kernel, kFixedBlock, N, 0) == 0) return false;
-        ClusterLaunch(dim3(1, N), kFixedBlock, 0)
+        if (cluster_fit(kernel, kFixedBlock, N, kFixedSmem) == 0) return false;
+        ClusterLaunch(dim3(1, N), kFixedBlock, kFixedSmem)
             .early_start()
             .launch(grid, kernel, a.in[0], a.out, op.scale, op.log);
         return true;
