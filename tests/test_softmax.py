@@ -180,10 +180,11 @@ def test_cuda_long_rows_persistent(dtype, length):
         check_backward(y, scale=scale, msg=f"scale={scale}")
 
 
-# softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns, or (sm_90) 2, 4
-# or 8 times that in a cluster (scale > 0, no mask), shaped at compile time;
+# softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns, float32 rows of
+# 16384, or (sm_90) 2 to 16 times that in a cluster, up to 262144 (scale > 0, no mask),
+# shaped at compile time, each block's share staged in shared memory;
 # FUSED_SOFTMAX_FIXED=0 sends the same rows to the general path (persistent clusters on
-# sm_90), which float32 rows and 16384 take either way. More rows than clusters fit at
+# sm_90), which 16-bit rows of 16384 take either way. More rows than clusters fit at
 # once; rows of different spreads and offsets (a row mixed with another's max or sum would
 # show), a constant row (exactly 1 / length each), a row at +-1e4 (only the max
 # subtraction keeps exp finite), a row whose first half is -inf and the rest near -100,
@@ -226,13 +227,17 @@ def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
 @CUDA
 def test_cuda_fixed_dispatch(monkeypatch):
     # Which rows reach softmax_fwd_fixed (a dispatch slip would fall back silently: every
-    # result would still be right): 16-bit, 1, 2, 4 or 8 (sm_90) x 32768 columns, aligned,
-    # scale > 0, no mask, FUSED_SOFTMAX_FIXED unset; the backward never.
+    # result would still be right): 16-bit, 1, 2, 4 or 8 (sm_90) x 32768 columns, float32
+    # 1 .. 16 (sm_90 past 1) x 16384, aligned, scale > 0, no mask, FUSED_SOFTMAX_FIXED
+    # unset; the backward never.
     def kernels(fn):
         names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_fixed")
         return [n for n in cuda_kernel_names(fn) if any(k in n for k in names)]
 
     x = torch.randn(4, 32768, device="cuda", dtype=torch.bfloat16)
+
+    def long_row(t, k):  # one row of k copies of t's rows
+        return t.view(1, 4, 32768).expand(k, 4, 32768).reshape(1, k * 4 * 32768)
     # Clusters run here (sm_90 code on an sm_90 GPU, FUSED_SOFTMAX_CLUSTER not 0) if the
     # general path takes them for 65536 columns.
     monkeypatch.setenv("FUSED_SOFTMAX_FIXED", "0")
@@ -248,7 +253,10 @@ def test_cuda_fixed_dispatch(monkeypatch):
         ("scale 0.5", lambda: fused_ops.softmax(x, scale=0.5), "1", True),
         ("negative scale", lambda: fused_ops.softmax(x, scale=-0.5), "1", False),
         ("causal", lambda: fused_ops.softmax(x.view(1, 4, 32768), causal=True), "1", False),
-        ("float32", lambda: fused_ops.softmax(x.float()), "1", False),
+        ("float32 32768", lambda: fused_ops.softmax(x.float()), "1", sm90),
+        ("float32 16384", lambda: fused_ops.softmax(x.float().view(8, 16384)), "1", True),
+        ("float32 262144", lambda: fused_ops.softmax(long_row(x.float(), 2)), "1", sm90),
+        ("float32 524288", lambda: fused_ops.softmax(long_row(x.float(), 4)), "1", False),
         ("32767", lambda: fused_ops.softmax(x[:, :32767]), "1", False),
         ("backward", lambda: ops.softmax_backward(x, x, -1), "1", False),
         ("FUSED_SOFTMAX_FIXED=0", lambda: fused_ops.softmax(x), "0", False),

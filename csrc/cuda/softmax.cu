@@ -28,10 +28,10 @@
 //                          the row's partials and writes. x is read twice (3 passes of the
 //                          row instead of 2); no block ever waits for another.
 //
-// Plain 16-bit forward rows of exactly 1, 2, 4 or 8 x 32768 columns (scale > 0, no mask)
-// take softmax_fwd_fixed instead: a 256-thread block per 32768 columns (a cluster of them
-// past 32768), shaped at compile time, the share staged in shared memory (three blocks an
-// SM).
+// Plain forward rows of exactly 1, 2, 4 or 8 x 32768 16-bit columns, or 1 .. 16 x 16384
+// float32 ones (scale > 0, no mask), take softmax_fwd_fixed instead: a 256-thread block per
+// 64 KB share (a cluster of them past one share), shaped at compile time, the share staged
+// in shared memory (three blocks an SM).
 //
 // The shape is a compile-time choice per launch (P, BLOCK), with bounds checked at run time
 // per vector, not per element: the lean code is what reaches the copy bandwidth. A generic
@@ -773,10 +773,11 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// softmax_fwd_fixed: the forward of plain 16-bit rows of exactly N x 32768 columns (N = 1,
-// 2, 4, 8; scale > 0, no mask), shaped at compile time. A row is N shares of 32768
-// elements, a block of 256 threads each (N > 1, sm_90: the row's N blocks form a cluster,
-// grid (rows, N), cluster (1, N)). The share goes to shared memory by cp.async, each thread
+// softmax_fwd_fixed: the forward of plain rows of exactly N x 32768 16-bit or N x 16384
+// float32 columns, up to 262144 (N = 1 .. 8, float32 16; scale > 0, no mask), shaped at
+// compile time. A row is N shares of 64 KB (4096 16-byte vectors), a block of 256 threads
+// each (N > 1, sm_90: the row's N blocks form a cluster, grid (rows, N), cluster (1, N)).
+// The share goes to shared memory by cp.async, each thread
 // copying, and later reading back, only its own 16-byte vectors (so no block barrier guards
 // them), in four groups; each thread folds a group into its running (max, sum relative to
 // that max) as soon as the group has landed, so the exps of one group overlap the loads of
@@ -786,11 +787,15 @@ __global__ void __launch_bounds__(BLOCK, 1)
 // pairs; for N > 1 each block pushes its pair into every peer's shared memory (st.async,
 // one mbarrier wait, common/cluster.cuh) and combines the N pairs lane-wise (the same bits
 // in every block); then the output pass from shared memory, the exps recomputed.
-// (float32 rows of N x 16384 on the register kernel were measured and dropped: KERNEL_LOG v8d.)
-constexpr int kFixedBlock = 256, kFixedGroups = 4, kFixedMaxN = 8;
-constexpr int kFixedLen = 32768;                                        // elements a share
-constexpr int kFixedVecs = kFixedLen / 8 / kFixedBlock / kFixedGroups;  // a thread's a group
-constexpr int kFixedSmem = kFixedLen * 2;                               // bytes of a share
+// (float32 rows of N x 16384 on the register kernel were measured and dropped, KERNEL_LOG
+// v8d; in shared memory they take this kernel.)
+constexpr int kFixedBlock = 256, kFixedGroups = 4;
+constexpr int kFixedShareVecs = 4096;                                         // 16-byte vectors
+constexpr int kFixedVecs = kFixedShareVecs / kFixedBlock / kFixedGroups;      // a thread's a group
+constexpr int kFixedSmem = kFixedShareVecs * 16;                              // bytes of a share
+template <typename T>
+constexpr int kFixedLen = kFixedShareVecs * kVecElems<T>;  // elements a share: 32768, float 16384
+constexpr int kFixedMaxLen = 262144;  // rows up to the benchmarks' longest (float: 16 blocks)
 
 // max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
 template <typename T>
@@ -805,17 +810,30 @@ __device__ __forceinline__ uint32_t max_pair(uint32_t a, uint32_t b) {
   return r;
 }
 
-// Element e (a constant once unrolled) of a 16-byte vector of 16-bit T, as float.
+// Element e (a constant once unrolled) of a 16-byte vector of T, as float.
 template <typename T>
 __device__ __forceinline__ float vec_elem(const uint4& v, int e) {
-  const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
-  return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w);
+  } else {
+    const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+    return half_bits_to_float<T>(e % 2 ? w >> 16 : w & 0xffffu);
+  }
 }
 
-// The max of a thread's vectors of 16-bit T, as float (NaN ignored, as fmaxf), on packed
+// The max of a thread's vectors of T, as float (NaN ignored, as fmaxf); 16-bit T on packed
 // pairs (max.bf16x2 / max.f16x2, 3-input in SASS: ~14 instructions for 64 elements).
 template <typename T, int K>
 __device__ __forceinline__ float vec_max(const uint4 (&raw)[K]) {
+  if constexpr (std::is_same_v<T, float>) {
+    float m = kNegInf;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m = fmaxf(m, vec_elem<float>(raw[k], e));
+    }
+    return m;
+  }
   uint4 m4 = raw[0];
 #pragma unroll
   for (int k = 1; k < K; ++k) {
@@ -858,8 +876,8 @@ __global__ void __launch_bounds__(kFixedBlock)
   grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
   // Block (row, rank): the rank-th share of the row. Vector i of the share: thread i % 256.
   const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
-  const uint4* src = reinterpret_cast<const uint4*>(x) + share * (kFixedLen / 8);
-  uint4* dst = reinterpret_cast<uint4*>(y) + share * (kFixedLen / 8);
+  const uint4* src = reinterpret_cast<const uint4*>(x) + share * kFixedShareVecs;
+  uint4* dst = reinterpret_cast<uint4*>(y) + share * kFixedShareVecs;
   auto at = [](int k) { return k * kFixedBlock + static_cast<int>(threadIdx.x); };  // k-th own
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -888,7 +906,9 @@ __global__ void __launch_bounds__(kFixedBlock)
 #pragma unroll
     for (int v = 0; v < V; ++v) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s += exp_elem<T>(fmaf(vec_elem<T>(raw[v], e), scale, -o));
+      for (int e = 0; e < kVecElems<T>; ++e) {
+        s += exp_elem<T>(fmaf(vec_elem<T>(raw[v], e), scale, -o));
+      }
     }
     mine = {m, s};
   }
@@ -917,9 +937,13 @@ __global__ void __launch_bounds__(kFixedBlock)
       uint32_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float lo = elem(vec_elem<T>(raw, 2 * j));
-        const float hi = elem(vec_elem<T>(raw, 2 * j + 1));
-        w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
+        if constexpr (std::is_same_v<T, float>) {
+          w[j] = __float_as_uint(elem(vec_elem<T>(raw, j)));
+        } else {
+          const float lo = elem(vec_elem<T>(raw, 2 * j));
+          const float hi = elem(vec_elem<T>(raw, 2 * j + 1));
+          w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
+        }
       }
       dst[at(k)] = make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -1091,10 +1115,10 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
 // test or a comparison can switch it).
 template <typename T, typename Op>
 bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
-  if constexpr (std::is_same_v<Op, Fwd> && sizeof(T) == 2) {
-    const int n = a.len / kFixedLen;
-    if (env_switched_off("FUSED_SOFTMAX_FIXED") || a.len % kFixedLen != 0 || n > kFixedMaxN ||
-        (n & (n - 1)) != 0 || a.causal_q != 0 ||
+  if constexpr (std::is_same_v<Op, Fwd>) {
+    const int n = a.len / kFixedLen<T>;
+    if (env_switched_off("FUSED_SOFTMAX_FIXED") || a.len % kFixedLen<T> != 0 ||
+        a.len > kFixedMaxLen || (n & (n - 1)) != 0 || a.causal_q != 0 ||
         !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) || a.rows <= 0 ||
         a.rows > std::numeric_limits<int>::max()) {
       return false;
@@ -1116,7 +1140,7 @@ bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
         return true;
       }
     };
-    return with_pow2<1, kFixedMaxN>(n, go);
+    return with_pow2<1, kFixedMaxLen / kFixedLen<T>>(n, go);
   }
   return false;
 }
