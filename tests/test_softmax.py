@@ -18,12 +18,14 @@ INF = float("inf")
 # sm_90 a cluster of up to 16 blocks of 512 (scalar: up to 65536; on the 16-byte path up
 # to 8 blocks, bf16 131072 / float32 65536, then twice the vectors per thread: bf16 524288,
 # float32 262144), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
-# block, then) the split path: chunk partials, then a second launch.
+# block, then) the split path: chunk partials, then a second launch. The forward of rows of
+# 16-byte vectors past 16384 16-bit / 8192 float32 columns takes softmax_fwd_staged instead
+# (up to 16 even shares; FUSED_SOFTMAX_STAGED=0 sends it to the paths above).
 LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 2049,
            4096, 4097, 8192, 8193, 16384, 16385, 32768]
 # Long rows: clusters of 2..16 blocks, and odd lengths (scalar clusters, then split).
 # 262144 runs once, below.
-LONG_LENGTHS = [32769, 50257, 65536, 65537, 131071, 131072]
+LONG_LENGTHS = [32769, 40000, 50257, 65536, 65537, 131071, 131072, 151936]
 # Past what a cluster holds: the split path (forward and backward alike).
 HUGE_LENGTHS = [300001, 600001]
 # The CPU kernel has no thresholds: a few lengths keep CI time small.
@@ -180,22 +182,23 @@ def test_cuda_long_rows_persistent(dtype, length):
         check_backward(y, scale=scale, msg=f"scale={scale}")
 
 
-# softmax_fwd_fixed: the forward of 16-bit rows of exactly 32768 columns, float32 rows of
-# 16384, or (sm_90) 2 to 16 times that in a cluster, up to 262144 (scale > 0, no mask),
-# shaped at compile time, each block's share staged in shared memory;
-# FUSED_SOFTMAX_FIXED=0 sends the same rows to the general path (persistent clusters on
-# sm_90), which 16-bit rows of 16384 take either way. More rows than clusters fit at
-# once; rows of different spreads and offsets (a row mixed with another's max or sum would
+# softmax_fwd_staged: the forward of rows of 16-byte vectors past 16384 16-bit / 8192
+# float32 columns, cut into even shares of up to 64 KB (on sm_90 up to 16, a cluster),
+# each staged in shared memory (scale > 0, no mask); FUSED_SOFTMAX_STAGED=0 sends the same
+# rows to the general path (persistent clusters on sm_90), which 16-bit rows of 16384 take
+# either way. 24576: one share of 3072 vectors (a thread's last group partly past the
+# end); 151936: five shares (float32: ten, a non-portable cluster) the last one shorter.
+# More rows than clusters fit at once; rows of different spreads and offsets (a row mixed with another's max or sum would
 # show), a constant row (exactly 1 / length each), a row at +-1e4 (only the max
 # subtraction keeps exp finite), a row whose first half is -inf and the rest near -100,
 # the special rows, scales either side of 1 and a negative one (which takes the general
 # path).
 @CUDA
-@pytest.mark.parametrize("fixed", ["1", "0"])
+@pytest.mark.parametrize("staged", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("length", [16384, 32768, 65536, 131072, 262144])
-def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
-    monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
+@pytest.mark.parametrize("length", [16384, 24576, 32768, 65536, 131072, 151936, 262144])
+def test_cuda_staged_rows(length, dtype, staged, monkeypatch):
+    monkeypatch.setenv("FUSED_SOFTMAX_STAGED", staged)
     rows = (1 << 23) // length + 45  # 301 rows of 32768, ..., 77 of 262144
     spread = torch.rand(rows, 1, device="cuda") * 6 + 0.5
     x = torch.randn(rows, length, device="cuda") * spread + torch.randn(rows, 1, device="cuda") * 4
@@ -207,7 +210,7 @@ def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
     x[8, length // 2:] = torch.randn(length - length // 2, device="cuda") * 0.5 - 100
     x = x.to(dtype)
     for log in (False, True):
-        y = check_forward(x, log=log, msg=f"log={log} FUSED_SOFTMAX_FIXED={fixed}")
+        y = check_forward(x, log=log, msg=f"log={log} FUSED_SOFTMAX_STAGED={staged}")
         check_backward(y, log=log, msg=f"log={log}")
         if not log:
             assert torch.equal(y[3], torch.full_like(y[3], 1 / length)), "constant row"
@@ -216,7 +219,7 @@ def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
     # a float32 implementation that rounds scale * x (GPU calls 3-5; checked by emulation).
     xs = torch.cat([x[:7], x[9:]])
     for scale in (0.125, 3.0, -0.7):
-        check_forward(xs, scale=scale, msg=f"scale={scale} FUSED_SOFTMAX_FIXED={fixed}")
+        check_forward(xs, scale=scale, msg=f"scale={scale} FUSED_SOFTMAX_STAGED={staged}")
     special = special_rows(length, "cuda", dtype)
     for log in (False, True):
         y = check_forward(special, log=log, msg=f"special log={log}")
@@ -225,13 +228,13 @@ def test_cuda_fixed_rows(length, dtype, fixed, monkeypatch):
 
 
 @CUDA
-def test_cuda_fixed_dispatch(monkeypatch):
-    # Which rows reach softmax_fwd_fixed (a dispatch slip would fall back silently: every
-    # result would still be right): 16-bit, 1, 2, 4 or 8 (sm_90) x 32768 columns, float32
-    # 1 .. 16 (sm_90 past 1) x 16384, aligned, scale > 0, no mask, FUSED_SOFTMAX_FIXED
-    # unset; the backward never.
+def test_cuda_staged_dispatch(monkeypatch):
+    # Which rows reach softmax_fwd_staged (a dispatch slip would fall back silently: every
+    # result would still be right): rows of 16-byte vectors past 16384 16-bit / 8192 float32
+    # columns, up to one 64 KB share (32768 / 16384) or, on sm_90, 16 of them; scale > 0,
+    # no mask, FUSED_SOFTMAX_STAGED unset; the backward never.
     def kernels(fn):
-        names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_fixed")
+        names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_staged")
         return [n for n in cuda_kernel_names(fn) if any(k in n for k in names)]
 
     x = torch.randn(4, 32768, device="cuda", dtype=torch.bfloat16)
@@ -240,7 +243,7 @@ def test_cuda_fixed_dispatch(monkeypatch):
         return t.view(1, 4, 32768).expand(k, 4, 32768).reshape(1, k * 4 * 32768)
     # Clusters run here (sm_90 code on an sm_90 GPU, FUSED_SOFTMAX_CLUSTER not 0) if the
     # general path takes them for 65536 columns.
-    monkeypatch.setenv("FUSED_SOFTMAX_FIXED", "0")
+    monkeypatch.setenv("FUSED_SOFTMAX_STAGED", "0")
     general = kernels(lambda: fused_ops.softmax(x.view(2, 65536)))
     sm90 = any("softmax_cluster_kernel" in n for n in general)
     cases = [
@@ -248,7 +251,11 @@ def test_cuda_fixed_dispatch(monkeypatch):
         ("65536", lambda: fused_ops.softmax(x.view(2, 65536)), "1", sm90),
         ("262144", lambda: fused_ops.softmax(x.view(1, 4, 32768).expand(2, 4, 32768)
                                               .reshape(1, 262144)), "1", sm90),
-        ("98304 (3 blocks)", lambda: fused_ops.softmax(x[:3].reshape(1, 98304)), "1", False),
+        ("98304 (3 blocks)", lambda: fused_ops.softmax(x[:3].reshape(1, 98304)), "1", sm90),
+        ("24576", lambda: fused_ops.softmax(x[:, :24576]), "1", True),
+        ("16384", lambda: fused_ops.softmax(x.view(8, 16384)), "1", False),
+        ("524288", lambda: fused_ops.softmax(long_row(x, 4)), "1", sm90),
+        ("655360 (20 blocks)", lambda: fused_ops.softmax(long_row(x, 5)), "1", False),
         ("fp16 log", lambda: fused_ops.log_softmax(x.half()), "1", True),
         ("scale 0.5", lambda: fused_ops.softmax(x, scale=0.5), "1", True),
         ("negative scale", lambda: fused_ops.softmax(x, scale=-0.5), "1", False),
@@ -259,24 +266,26 @@ def test_cuda_fixed_dispatch(monkeypatch):
         ("float32 524288", lambda: fused_ops.softmax(long_row(x.float(), 4)), "1", False),
         ("32767", lambda: fused_ops.softmax(x[:, :32767]), "1", False),
         ("backward", lambda: ops.softmax_backward(x, x, -1), "1", False),
-        ("FUSED_SOFTMAX_FIXED=0", lambda: fused_ops.softmax(x), "0", False),
+        ("FUSED_SOFTMAX_STAGED=0", lambda: fused_ops.softmax(x), "0", False),
     ]
-    for name, call, fixed, want in cases:
-        monkeypatch.setenv("FUSED_SOFTMAX_FIXED", fixed)
+    for name, call, staged, want in cases:
+        monkeypatch.setenv("FUSED_SOFTMAX_STAGED", staged)
         names = kernels(call)
         assert names, name
-        assert any("softmax_fwd_fixed" in n for n in names) == want, (name, names)
+        assert any("softmax_fwd_staged" in n for n in names) == want, (name, names)
 
 
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [262144, 300000, 524288])
-def test_cuda_wide_clusters(dtype, length):
+def test_cuda_wide_clusters(dtype, length, monkeypatch):
     # Rows past 8 blocks of 4 vectors per thread on the 16-byte path (sm_90): clusters of 8
     # vectors per thread, staged (float32 262144 in 16 blocks; bf16 / fp16 262144 in 8,
     # 300000 in 10, 524288 in 16), else the split path (float32 300000 and 524288). 40
     # rows: float32 262144 has 7 clusters of 16 at once, so each walks 5-6 rows through
-    # its single backward slot.
+    # its single backward slot. The forward of these rows goes to softmax_fwd_staged unless
+    # FUSED_SOFTMAX_STAGED=0 (except float32 300000 / 524288): the general forward here.
+    monkeypatch.setenv("FUSED_SOFTMAX_STAGED", "0")
     spread = torch.rand(40, 1, device="cuda") * 6 + 0.5
     x = (torch.randn(40, length, device="cuda") * spread).to(dtype)
     for log in (False, True):
@@ -298,12 +307,13 @@ def test_cuda_many_rows(dtype):
 
 # Forward and backward captured in a CUDA graph and replayed on new data: every softmax
 # kernel is launched with programmatic dependent launch on sm_90 (common/launch.cuh), which
-# a graph keeps as programmatic edges. 1024: a block a row; 65536: the compile-time-shaped
-# forward on a 2-block cluster and the persistent cluster backward; 40000: the persistent
-# clusters both ways; the causal form. The replay must equal an eager run bit for bit.
+# a graph keeps as programmatic edges. 1024: a block a row; 65536: the staged forward on a
+# 2-block cluster and the persistent cluster backward; 40000: the staged forward in two
+# shorter shares; 40001 (odd: scalar): the persistent clusters both ways; the causal form. The replay must equal an eager run bit for bit.
 @CUDA
 @pytest.mark.parametrize("shape,causal", [((300, 1024), False), ((24, 65536), False),
-                                          ((24, 40000), False), ((2, 3, 256, 256), True)])
+                                          ((24, 40000), False), ((24, 40001), False),
+                                          ((2, 3, 256, 256), True)])
 def test_cuda_graph_replay(shape, causal):
     x = (torch.randn(shape, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(shape, device="cuda").to(torch.bfloat16)

@@ -1,6 +1,6 @@
 // Asynchronous global -> shared copies (cp.async, sm_80+) into a thread's own staging slots:
 // the thread reads them back itself after stage_wait, so no block barrier is involved (the
-// staged norm backwards, norm_bwd_regs with STAGES and norm_bwd_fixed; softmax_fwd_fixed).
+// staged norm backwards, norm_bwd_regs with STAGES and norm_bwd_fixed; softmax_fwd_staged).
 // The memory clobbers keep the compiler from moving shared-memory reads of a slot across the
 // copy that refills it. (The portable matmul has its own cp.async helpers: zero-filling,
 // with an L2 hint, ordered by block barriers instead.)

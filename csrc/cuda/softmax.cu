@@ -28,10 +28,10 @@
 //                          the row's partials and writes. x is read twice (3 passes of the
 //                          row instead of 2); no block ever waits for another.
 //
-// Plain forward rows of exactly 1, 2, 4 or 8 x 32768 16-bit columns, or 1 .. 16 x 16384
-// float32 ones (scale > 0, no mask), take softmax_fwd_fixed instead: a 256-thread block per
-// 64 KB share (a cluster of them past one share), shaped at compile time, the share staged
-// in shared memory (three blocks an SM).
+// Plain forward rows (scale > 0, no mask, 16-byte vectors) of 16385 to 524288 16-bit or
+// 8193 to 262144 float32 columns take softmax_fwd_staged instead: the row cut into up to 16
+// even shares of at most 64 KB, a 256-thread block each (a cluster of them past one share),
+// each share staged in shared memory (three blocks an SM).
 //
 // The shape is a compile-time choice per launch (P, BLOCK), with bounds checked at run time
 // per vector, not per element: the lean code is what reaches the copy bandwidth. A generic
@@ -773,11 +773,12 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // ---------------------------------------------------------------------------------------
-// softmax_fwd_fixed: the forward of plain rows of exactly N x 32768 16-bit or N x 16384
-// float32 columns, up to 262144 (N = 1 .. 8, float32 16; scale > 0, no mask), shaped at
-// compile time. A row is N shares of 64 KB (4096 16-byte vectors), a block of 256 threads
-// each (N > 1, sm_90: the row's N blocks form a cluster, grid (rows, N), cluster (1, N)).
-// The share goes to shared memory by cp.async, each thread
+// softmax_fwd_staged: the forward of plain long rows (scale > 0, no mask) of 16-byte vectors:
+// over 16384 16-bit / 8192 float32 columns, up to 16 shares of 64 KB (4096 vectors: 524288
+// / 262144 columns). A row is cut into N even shares, a block of 256 threads each (N > 1,
+// sm_90: the row's N blocks form a cluster, grid (rows, N), cluster (1, N)); vectors past
+// the last share's end are not read and count as -inf. The share goes to shared memory by
+// cp.async, each thread
 // copying, and later reading back, only its own 16-byte vectors (so no block barrier guards
 // them), in four groups; each thread folds a group into its running (max, sum relative to
 // that max) as soon as the group has landed, so the exps of one group overlap the loads of
@@ -787,15 +788,13 @@ __global__ void __launch_bounds__(BLOCK, 1)
 // pairs; for N > 1 each block pushes its pair into every peer's shared memory (st.async,
 // one mbarrier wait, common/cluster.cuh) and combines the N pairs lane-wise (the same bits
 // in every block); then the output pass from shared memory, the exps recomputed.
-// (float32 rows of N x 16384 on the register kernel were measured and dropped, KERNEL_LOG
-// v8d; in shared memory they take this kernel.)
-constexpr int kFixedBlock = 256, kFixedGroups = 4;
-constexpr int kFixedShareVecs = 4096;                                         // 16-byte vectors
-constexpr int kFixedVecs = kFixedShareVecs / kFixedBlock / kFixedGroups;      // a thread's a group
-constexpr int kFixedSmem = kFixedShareVecs * 16;                              // bytes of a share
-template <typename T>
-constexpr int kFixedLen = kFixedShareVecs * kVecElems<T>;  // elements a share: 32768, float 16384
-constexpr int kFixedMaxLen = 262144;  // rows up to the benchmarks' longest (float: 16 blocks)
+// (This kernel took rows of exactly 1, 2, 4 or 8 x 32768 16-bit columns in registers until
+// v13; float32 rows of N x 16384 on that register kernel were measured and dropped, v8d.)
+constexpr int kStagedBlock = 256, kStagedGroups = 4;
+constexpr int kStagedShareVecs = 4096;                                         // 16-byte vectors
+constexpr int kStagedVecs = kStagedShareVecs / kStagedBlock / kStagedGroups;      // a thread's a group
+constexpr int kStagedSmem = kStagedShareVecs * 16;                              // bytes of a share
+constexpr int kStagedMinVecs = 2048;  // shorter rows: a block per row (launch_rows)
 
 // max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
 template <typename T>
@@ -863,30 +862,44 @@ __device__ __forceinline__ MaxSum fold_lanes(MaxSum p, int width) {
   return p;
 }
 
-template <typename T, int N>
-__global__ void __launch_bounds__(kFixedBlock)
-    softmax_fwd_fixed(const T* __restrict__ x, T* __restrict__ y, float scale, bool log) {
-  constexpr int G = kFixedGroups, V = kFixedVecs, W = kFixedBlock / 32;
-  extern __shared__ uint4 share_smem[];  // [G][V][kFixedBlock] vectors of x
+// A 16-byte word of -inf elements of T: the vectors past a share's end, which add nothing
+// to the max (fmax) or to the sum (exp(-inf) = 0).
+template <typename T>
+constexpr uint32_t kNegInfWord = std::is_same_v<T, float>            ? 0xff800000u
+                                 : std::is_same_v<T, c10::BFloat16> ? 0xff80ff80u
+                                                                     : 0xfc00fc00u;
+
+// grid (rows, n), n = gridDim.y blocks a row of nvec 16-byte vectors, `share` of them a
+// block (the last block's share may be shorter).
+template <typename T>
+__global__ void __launch_bounds__(kStagedBlock)
+    softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int nvec, int share,
+                      float scale, bool log) {
+  constexpr int G = kStagedGroups, V = kStagedVecs, W = kStagedBlock / 32;
+  extern __shared__ uint4 share_smem[];  // [G][V][kStagedBlock] vectors of x
   __shared__ MaxSum warp_pairs[W];
-  __shared__ MaxSum slots[N];              // the cluster's pairs, N > 1 on sm_90 only
-  __shared__ __align__(8) uint64_t landed;  // their arrival, N > 1 on sm_90 only
+  __shared__ MaxSum slots[kMaxCluster];     // the cluster's pairs, n > 1 on sm_90 only
+  __shared__ __align__(8) uint64_t landed;  // their arrival, n > 1 on sm_90 only
   (void)slots;
   (void)landed;
   grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
   // Block (row, rank): the rank-th share of the row. Vector i of the share: thread i % 256.
-  const int64_t share = static_cast<int64_t>(blockIdx.x) * N + blockIdx.y;
-  const uint4* src = reinterpret_cast<const uint4*>(x) + share * kFixedShareVecs;
-  uint4* dst = reinterpret_cast<uint4*>(y) + share * kFixedShareVecs;
-  auto at = [](int k) { return k * kFixedBlock + static_cast<int>(threadIdx.x); };  // k-th own
+  const int n = static_cast<int>(gridDim.y), rank = static_cast<int>(blockIdx.y);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * nvec + static_cast<int64_t>(rank) * share;
+  const int limit = min(share, nvec - rank * share);  // this share's vectors
+  const uint4* src = reinterpret_cast<const uint4*>(x) + first;
+  uint4* dst = reinterpret_cast<uint4*>(y) + first;
+  auto at = [](int k) { return k * kStagedBlock + static_cast<int>(threadIdx.x); };  // k-th own
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
-    for (int v = 0; v < V; ++v) stage_copy(&share_smem[at(g * V + v)], src + at(g * V + v));
+    for (int v = 0; v < V; ++v) {
+      if (at(g * V + v) < limit) stage_copy(&share_smem[at(g * V + v)], src + at(g * V + v));
+    }
     stage_commit();
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (N > 1) {
+  if (n > 1) {
     if (threadIdx.x == 0) mbar_init(&landed);
     cluster_arrive_relaxed();  // started, mbarrier set up (waited for before any push)
   }
@@ -898,7 +911,10 @@ __global__ void __launch_bounds__(kFixedBlock)
     stage_wait_n<G - 1>(G - 1 - g);
     uint4 raw[V];
 #pragma unroll
-    for (int v = 0; v < V; ++v) raw[v] = share_smem[at(g * V + v)];
+    for (int v = 0; v < V; ++v) {
+      constexpr uint32_t ni = kNegInfWord<T>;
+      raw[v] = at(g * V + v) < limit ? share_smem[at(g * V + v)] : make_uint4(ni, ni, ni, ni);
+    }
     // max(scale x) = scale max(x) for scale > 0 (rounding is monotonic)
     const float m = fmaxf(mine.m, vec_max<T>(raw) * scale), o = exp_offset(m);
     // v - M = fma(x, scale, -M): one rounding (the general path's scale * x, then - M: two)
@@ -916,13 +932,13 @@ __global__ void __launch_bounds__(kFixedBlock)
   if (threadIdx.x % 32 == 0) warp_pairs[threadIdx.x / 32] = mine;
   __syncthreads();
   MaxSum row = fold_lanes<T>(warp_pairs[threadIdx.x % W], W);  // the share's, in every thread
-  if constexpr (N > 1) {
+  if (n > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cluster_wait();  // every block of the cluster has started: its pairs may be pushed
-    if (threadIdx.x < N) push_to_peer(&slots[blockIdx.y], &landed, threadIdx.x, row);
-    if (threadIdx.x == 0) mbar_expect(&landed, N * sizeof(MaxSum));
+    if (threadIdx.x < n) push_to_peer(&slots[rank], &landed, threadIdx.x, row);
+    if (threadIdx.x == 0) mbar_expect(&landed, n * sizeof(MaxSum));
     mbar_wait(&landed, 0);  // no block leaves before every peer's push into it has landed
-    row = Fwd{}.combine_lanes(slots, N);
+    row = Fwd{}.combine_lanes(slots, n);
 #else
     __trap();  // the host launches clusters only where sm_90 code runs (cluster_fit)
 #endif
@@ -933,6 +949,7 @@ __global__ void __launch_bounds__(kFixedBlock)
   auto write = [&](auto elem) {
 #pragma unroll
     for (int k = 0; k < G * V; ++k) {
+      if (at(k) >= limit) break;  // the thread's vectors ascend
       const uint4 raw = share_smem[at(k)];
       uint32_t w[4];
 #pragma unroll
@@ -1109,38 +1126,36 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
   launch<T, Op, VEC, kSplitBlock>(a, op);
 }
 
-// softmax_fwd_fixed for the rows it is shaped for (16-byte aligned, checked by the
-// caller; N > 1 where such clusters run: cluster_fit, so FUSED_SOFTMAX_CLUSTER=0 turns those
-// off too); false otherwise. FUSED_SOFTMAX_FIXED=0 turns it off (read on every call, so a
-// test or a comparison can switch it).
+// softmax_fwd_staged for the rows it takes (16-byte vectors, checked by the caller): more
+// than kStagedMinVecs vectors (the block-per-row kernels' limit), at most kMaxCluster shares
+// of kStagedShareVecs, cut evenly; past one share only where such clusters run
+// (cluster_fit, so FUSED_SOFTMAX_CLUSTER=0 turns those off too). False otherwise.
+// FUSED_SOFTMAX_STAGED=0 turns it off (read on every call, so a test or a comparison can
+// switch it).
 template <typename T, typename Op>
-bool launch_fixed(const Args<T, typename Op::State>& a, const Op& op) {
+bool launch_staged(const Args<T, typename Op::State>& a, const Op& op) {
   if constexpr (std::is_same_v<Op, Fwd>) {
-    const int n = a.len / kFixedLen<T>;
-    if (env_switched_off("FUSED_SOFTMAX_FIXED") || a.len % kFixedLen<T> != 0 ||
-        a.len > kFixedMaxLen || (n & (n - 1)) != 0 || a.causal_q != 0 ||
-        !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) || a.rows <= 0 ||
-        a.rows > std::numeric_limits<int>::max()) {
+    const int64_t nvec = a.len / kVecElems<T>;
+    const int n = static_cast<int>(ceil_div(nvec, kStagedShareVecs));
+    if (env_switched_off("FUSED_SOFTMAX_STAGED") || nvec <= kStagedMinVecs || n > kMaxCluster ||
+        a.causal_q != 0 || !(op.scale > 0.f && op.scale <= std::numeric_limits<float>::max()) ||
+        a.rows <= 0 || a.rows > std::numeric_limits<int>::max()) {
       return false;
     }
+    const int share = static_cast<int>(ceil_div(nvec, n));
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(n));
-    auto go = [&](auto kn) {
-      constexpr int N = decltype(kn)::value;
-      constexpr auto kernel = softmax_fwd_fixed<T, N>;
-      if constexpr (N == 1) {
-        if (!allow_dynamic_smem_once(kernel, kFixedSmem)) return false;
-        launch_early(kernel, grid, dim3(kFixedBlock), kFixedSmem, a.in[0], a.out, op.scale,
-                     op.log);
-        return true;
-      } else {
-        if (cluster_fit(kernel, kFixedBlock, N, kFixedSmem) == 0) return false;
-        ClusterLaunch(dim3(1, N), kFixedBlock, kFixedSmem)
-            .early_start()
-            .launch(grid, kernel, a.in[0], a.out, op.scale, op.log);
-        return true;
-      }
-    };
-    return with_pow2<1, kFixedMaxLen / kFixedLen<T>>(n, go);
+    constexpr auto kernel = softmax_fwd_staged<T>;
+    if (n == 1) {
+      if (!allow_dynamic_smem_once(kernel, kStagedSmem)) return false;
+      launch_early(kernel, grid, dim3(kStagedBlock), kStagedSmem, a.in[0], a.out,
+                   static_cast<int>(nvec), share, op.scale, op.log);
+      return true;
+    }
+    if (cluster_fit(kernel, kStagedBlock, n, kStagedSmem) == 0) return false;
+    ClusterLaunch(dim3(1, n), kStagedBlock, kStagedSmem)
+        .early_start()
+        .launch(grid, kernel, a.in[0], a.out, static_cast<int>(nvec), share, op.scale, op.log);
+    return true;
   }
   return false;
 }
@@ -1185,7 +1200,7 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
   const bool vec = len % V == 0 && is_aligned(in0) && (in1 == nullptr || is_aligned(in1)) &&
                    is_aligned(out);
   if (vec) {
-    if (launch_fixed(a, op) || launch_causal(a, op)) return;
+    if (launch_staged(a, op) || launch_causal(a, op)) return;
     launch_rows<T, Op, V>(a, op, opts);
   } else {
     launch_rows<T, Op, 1>(a, op, opts);
