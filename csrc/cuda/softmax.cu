@@ -791,9 +791,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
 // (This kernel took rows of exactly 1, 2, 4 or 8 x 32768 16-bit columns in registers until
 // v13; float32 rows of N x 16384 on that register kernel were measured and dropped, v8d.)
 constexpr int kStagedBlock = 256, kStagedGroups = 4;
-constexpr int kStagedShareVecs = 4096;                                         // 16-byte vectors
-constexpr int kStagedVecs = kStagedShareVecs / kStagedBlock / kStagedGroups;      // a thread's a group
-constexpr int kStagedSmem = kStagedShareVecs * 16;                              // bytes of a share
+constexpr int kStagedShareVecs = 4096;                                     // 16-byte vectors
+constexpr int kStagedVecs = kStagedShareVecs / kStagedBlock / kStagedGroups;  // a thread's a group
+constexpr int kStagedSmem = kStagedShareVecs * 16;                          // bytes of a share
 constexpr int kStagedMinVecs = 2048;  // shorter rows: a block per row (launch_rows)
 
 // max of two packed pairs of 16-bit T (max.bf16x2 / max.f16x2; NaN ignored, as fmaxf)
@@ -870,8 +870,10 @@ constexpr uint32_t kNegInfWord = std::is_same_v<T, float>            ? 0xff80000
                                                                      : 0xfc00fc00u;
 
 // grid (rows, n), n = gridDim.y blocks a row of nvec 16-byte vectors, `share` of them a
-// block (the last block's share may be shorter).
-template <typename T>
+// block (the last block's share may be shorter). FULL: every share is kStagedShareVecs long,
+// so no vector is tested (the tests cost 262144-column rows 6 points of copy, session 23
+// call 6).
+template <typename T, bool FULL>
 __global__ void __launch_bounds__(kStagedBlock)
     softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int nvec, int share,
                       float scale, bool log) {
@@ -885,8 +887,9 @@ __global__ void __launch_bounds__(kStagedBlock)
   grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
   // Block (row, rank): the rank-th share of the row. Vector i of the share: thread i % 256.
   const int n = static_cast<int>(gridDim.y), rank = static_cast<int>(blockIdx.y);
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * nvec + static_cast<int64_t>(rank) * share;
-  const int limit = min(share, nvec - rank * share);  // this share's vectors
+  const int64_t first =
+      static_cast<int64_t>(blockIdx.x) * nvec + static_cast<int64_t>(rank) * share;
+  const int limit = FULL ? kStagedShareVecs : min(share, nvec - rank * share);  // its vectors
   const uint4* src = reinterpret_cast<const uint4*>(x) + first;
   uint4* dst = reinterpret_cast<uint4*>(y) + first;
   auto at = [](int k) { return k * kStagedBlock + static_cast<int>(threadIdx.x); };  // k-th own
@@ -894,7 +897,9 @@ __global__ void __launch_bounds__(kStagedBlock)
   for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      if (at(g * V + v) < limit) stage_copy(&share_smem[at(g * V + v)], src + at(g * V + v));
+      if (FULL || at(g * V + v) < limit) {
+        stage_copy(&share_smem[at(g * V + v)], src + at(g * V + v));
+      }
     }
     stage_commit();
   }
@@ -913,7 +918,8 @@ __global__ void __launch_bounds__(kStagedBlock)
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       constexpr uint32_t ni = kNegInfWord<T>;
-      raw[v] = at(g * V + v) < limit ? share_smem[at(g * V + v)] : make_uint4(ni, ni, ni, ni);
+      raw[v] = FULL || at(g * V + v) < limit ? share_smem[at(g * V + v)]
+                                             : make_uint4(ni, ni, ni, ni);
     }
     // max(scale x) = scale max(x) for scale > 0 (rounding is monotonic)
     const float m = fmaxf(mine.m, vec_max<T>(raw) * scale), o = exp_offset(m);
@@ -949,7 +955,7 @@ __global__ void __launch_bounds__(kStagedBlock)
   auto write = [&](auto elem) {
 #pragma unroll
     for (int k = 0; k < G * V; ++k) {
-      if (at(k) >= limit) break;  // the thread's vectors ascend
+      if (!FULL && at(k) >= limit) continue;
       const uint4 raw = share_smem[at(k)];
       uint32_t w[4];
 #pragma unroll
@@ -1144,18 +1150,21 @@ bool launch_staged(const Args<T, typename Op::State>& a, const Op& op) {
     }
     const int share = static_cast<int>(ceil_div(nvec, n));
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(n));
-    constexpr auto kernel = softmax_fwd_staged<T>;
-    if (n == 1) {
-      if (!allow_dynamic_smem_once(kernel, kStagedSmem)) return false;
-      launch_early(kernel, grid, dim3(kStagedBlock), kStagedSmem, a.in[0], a.out,
-                   static_cast<int>(nvec), share, op.scale, op.log);
+    auto go = [&](auto kernel) {
+      if (n == 1) {
+        if (!allow_dynamic_smem_once(kernel, kStagedSmem)) return false;
+        launch_early(kernel, grid, dim3(kStagedBlock), kStagedSmem, a.in[0], a.out,
+                     static_cast<int>(nvec), share, op.scale, op.log);
+        return true;
+      }
+      if (cluster_fit(kernel, kStagedBlock, n, kStagedSmem) == 0) return false;
+      ClusterLaunch(dim3(1, n), kStagedBlock, kStagedSmem)
+          .early_start()
+          .launch(grid, kernel, a.in[0], a.out, static_cast<int>(nvec), share, op.scale, op.log);
       return true;
-    }
-    if (cluster_fit(kernel, kStagedBlock, n, kStagedSmem) == 0) return false;
-    ClusterLaunch(dim3(1, n), kStagedBlock, kStagedSmem)
-        .early_start()
-        .launch(grid, kernel, a.in[0], a.out, static_cast<int>(nvec), share, op.scale, op.log);
-    return true;
+    };
+    const bool full = share == kStagedShareVecs && nvec == int64_t{n} * share;
+    return full ? go(softmax_fwd_staged<T, true>) : go(softmax_fwd_staged<T, false>);
   }
   return false;
 }
