@@ -870,23 +870,25 @@ constexpr uint32_t kNegInfWord = std::is_same_v<T, float>            ? 0xff80000
                                                                      : 0xfc00fc00u;
 
 // grid (rows, n), n = gridDim.y blocks a row of nvec 16-byte vectors, `share` of them a
-// block (the last block's share may be shorter). FULL: every share is kStagedShareVecs long,
-// so no vector is tested (the tests cost 262144-column rows 6 points of copy, session 23
-// call 6).
-template <typename T, bool FULL>
+// block (the last block's share may be shorter). N > 0: n = N, every share kStagedShareVecs
+// long, so no vector is tested (the v13 kernel, shaped at compile time for those rows: a
+// runtime n with the tests, or without them, cost 262144-column rows 5-6 points of copy,
+// session 23 calls 6-7); N = 0: any n and share.
+template <typename T, int N>
 __global__ void __launch_bounds__(kStagedBlock)
     softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int nvec, int share,
                       float scale, bool log) {
   constexpr int G = kStagedGroups, V = kStagedVecs, W = kStagedBlock / 32;
   extern __shared__ uint4 share_smem[];  // [G][V][kStagedBlock] vectors of x
   __shared__ MaxSum warp_pairs[W];
-  __shared__ MaxSum slots[kMaxCluster];     // the cluster's pairs, n > 1 on sm_90 only
+  constexpr bool FULL = N > 0;
+  __shared__ MaxSum slots[FULL ? N : kMaxCluster];  // the cluster's pairs, n > 1 on sm_90 only
   __shared__ __align__(8) uint64_t landed;  // their arrival, n > 1 on sm_90 only
   (void)slots;
   (void)landed;
   grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
   // Block (row, rank): the rank-th share of the row. Vector i of the share: thread i % 256.
-  const int n = static_cast<int>(gridDim.y), rank = static_cast<int>(blockIdx.y);
+  const int n = FULL ? N : static_cast<int>(gridDim.y), rank = static_cast<int>(blockIdx.y);
   const int64_t first =
       static_cast<int64_t>(blockIdx.x) * nvec + static_cast<int64_t>(rank) * share;
   const int limit = FULL ? kStagedShareVecs : min(share, nvec - rank * share);  // its vectors
@@ -1163,8 +1165,12 @@ bool launch_staged(const Args<T, typename Op::State>& a, const Op& op) {
           .launch(grid, kernel, a.in[0], a.out, static_cast<int>(nvec), share, op.scale, op.log);
       return true;
     };
-    const bool full = share == kStagedShareVecs && nvec == int64_t{n} * share;
-    return full ? go(softmax_fwd_staged<T, true>) : go(softmax_fwd_staged<T, false>);
+    if (share == kStagedShareVecs && nvec == int64_t{n} * share && (n & (n - 1)) == 0) {
+      return with_pow2<1, kMaxCluster>(n, [&](auto kn) {
+        return go(softmax_fwd_staged<T, decltype(kn)::value>);
+      });
+    }
+    return go(softmax_fwd_staged<T, 0>);
   }
   return false;
 }
