@@ -86,6 +86,11 @@ __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
+// The same with release semantics: this thread's earlier memory accesses (a read of a
+// slot a peer will then overwrite) are ordered before the peers' accesses after their wait.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
