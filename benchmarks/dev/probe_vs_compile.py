@@ -1,4 +1,4 @@
-"""One fused norm forward and torch.compile's kernel for the same composition, in one process,
+"""One fused norm or softmax forward and torch.compile's kernel for the same composition, in one process,
 for Nsight Compute to profile side by side (KERNEL_LOG norm v15). On the GPU machine:
 
     PYTHONPATH=$PWD ncu --clock-control none --profile-from-start off --section SpeedOfLight \
@@ -7,7 +7,8 @@ for Nsight Compute to profile side by side (KERNEL_LOG norm v15). On the GPU mac
 
     TORCH_LOGS=output_code PYTHONPATH=$PWD python3 benchmarks/dev/probe_vs_compile.py ...
 
-(the second prints the Triton source Inductor generated). op: layer_norm or rms_norm; bf16.
+(the second prints the Triton source Inductor generated). op: layer_norm, rms_norm or softmax;
+bf16.
 Only the last fused call and the last compiled call run inside the profiled range.
 """
 import sys
@@ -31,6 +32,10 @@ elif op == "layer_norm":
     compiled = torch.compile(lambda x, w, b: reference.layer_norm(x, x.shape[-1:], w, b),
                              dynamic=False)
     comp = lambda: compiled(x, w, b)
+elif op == "softmax":
+    fused = lambda: fused_ops.softmax(x)
+    compiled = torch.compile(lambda x: reference.softmax(x), dynamic=False)
+    comp = lambda: compiled(x)
 else:
     raise SystemExit(f"unknown op {op}")
 for _ in range(5):  # compiles, warms both
