@@ -574,7 +574,8 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
 // forward's conversions, exps and sums and, both ways, their outputs' math (store_tile);
 // otherwise every vector takes it, as a compile-time constant.
 template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL>
-__global__ void __launch_bounds__(BLOCK) softmax_kernel(Args<T, typename Op::State> a, Op op) {
+__global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
+    softmax_kernel(Args<T, typename Op::State> a, Op op) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   using State = typename Op::State;
   static_assert(VEC == 1 || sizeof(Vec<T, VEC>) == 16, "vectors are 16 bytes");
@@ -1070,7 +1071,7 @@ bool launch_cluster(Args<T, typename Op::State> a, const Op& op, int n) {
 // chunks). The others take the plain kernel, which masks element by element: float32 causal
 // rows of 2048 measured 90.2% of copy with it, 86.8% with the variant (KERNEL_LOG softmax
 // v9).
-template <typename T, typename Op, int VEC, int BLOCK>
+template <typename T, typename Op, int VEC, int BLOCK, int P = kVectorsPerThread<VEC>>
 void launch(Args<T, typename Op::State> a, const Op& op) {
   a.tpr_shift = 0;
   while ((1 << a.tpr_shift) < a.tpr) ++a.tpr_shift;
@@ -1079,12 +1080,25 @@ void launch(Args<T, typename Op::State> a, const Op& op) {
               "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks,
               " x ", a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
-  constexpr int P = kVectorsPerThread<VEC>;
   auto kernel = softmax_kernel<T, Op, VEC, P, BLOCK, false>;
   if constexpr (BLOCK <= 512 && sizeof(T) == 2) {
     if (a.causal_q != 0) kernel = softmax_kernel<T, Op, VEC, P, BLOCK, true>;
   }
   launch_early(kernel, grid, dim3(BLOCK), 0, a, op);
+}
+
+// Rows of up to 128 threads go to blocks of max(tpr, min_block()) threads: 32 by default, so
+// a 32-thread row is a 1-warp block (its resources freed when its row is done, not with three
+// other rows'), which took the 16384x1024 bf16 forward from 69.0 to 72.1% of copy and its
+// backward from 78.5 to 80.1% (H200, KERNEL_LOG softmax v14). FUSED_SOFTMAX_MIN_BLOCK = 64
+// or 128 (the old shape) for comparisons.
+int min_block() {
+  static const int v = [] {
+    const char* e = std::getenv("FUSED_SOFTMAX_MIN_BLOCK");
+    const int b = e != nullptr ? std::atoi(e) : 32;
+    return b == 64 || b == 128 ? b : 32;
+  }();
+  return v;
 }
 
 template <typename T, typename Op, int VEC>
@@ -1096,8 +1110,20 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
   a.nchunks = 1;
   a.phase = kWhole;
   if (tpr <= 128) {
-    // Several rows per 128-thread block (one for tpr = 128).
+    // Rows of tpr threads in blocks of max(tpr, min_block()).
+    if constexpr (VEC == 4 && std::is_same_v<Op, Fwd>) {
+      // Trial (session 24): FUSED_SOFTMAX_F32_P8=1 gives float32 forward rows of up to 1024
+      // columns 8 vectors a thread, one warp a row.
+      static const bool p8 = std::getenv("FUSED_SOFTMAX_F32_P8") != nullptr;
+      const int64_t t8 = next_pow2((nvec + 7) / 8);
+      if (p8 && t8 <= 32) {
+        a.tpr = static_cast<int>(t8);
+        return launch<T, Op, VEC, 32, 8>(a, op);
+      }
+    }
     a.tpr = static_cast<int>(tpr);
+    if (tpr <= 32 && min_block() == 32) return launch<T, Op, VEC, 32>(a, op);
+    if (tpr <= 64 && min_block() <= 64) return launch<T, Op, VEC, 64>(a, op);
     return launch<T, Op, VEC, 128>(a, op);
   }
   a.tpr = static_cast<int>(tpr);
