@@ -14,7 +14,8 @@ INF = float("inf")
 
 # Row lengths across every threshold of the CUDA kernel's shapes and odd ones. Each thread
 # holds 4 vectors (32 bf16 / fp16, 16 float32 elements) or 8 scalars (odd lengths): row
-# groups of <= 32 threads, 64, then one block of 128 / 256 / 512 threads per row, then on
+# groups of <= 32 threads (1-warp blocks), 64, then one block of 128 / 256 / 512 threads per
+# row (float32 forward rows of up to 1024 columns: 8 vectors, a warp a row), then on
 # sm_90 a cluster of up to 16 blocks of 512 (scalar: up to 65536; on the 16-byte path up
 # to 8 blocks, bf16 131072 / float32 65536, then twice the vectors per thread: bf16 524288,
 # float32 262144), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
@@ -225,6 +226,34 @@ def test_cuda_staged_rows(length, dtype, staged, monkeypatch):
         y = check_forward(special, log=log, msg=f"special log={log}")
         native = torch.log_softmax(special, -1) if log else torch.softmax(special, -1)
         torch.testing.assert_close(y.isnan(), native.isnan())
+
+
+@CUDA
+@pytest.mark.parametrize("min_block", ["32", "64", "128"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_short_row_blocks(dtype, min_block, monkeypatch):
+    # Rows of up to 128 threads run in blocks of max(tpr, FUSED_SOFTMAX_MIN_BLOCK) threads:
+    # 32 by default (1-warp blocks; float32 forward rows of up to 1024 columns at 8 vectors
+    # a thread, a warp a row), 64 / 128 the older shapes kept for comparisons (several rows
+    # a block; 257 rows leave a partial last block). Each shape is checked, and that it ran.
+    monkeypatch.setenv("FUSED_SOFTMAX_MIN_BLOCK", min_block)
+    for length in (7, 100, 512, 1000, 1024, 4096):
+        x = (torch.randn(257, length, device="cuda") * 3).to(dtype)
+        for log in (False, True):
+            msg = f"length={length} log={log} FUSED_SOFTMAX_MIN_BLOCK={min_block}"
+            y = check_forward(x, log=log, msg=msg)
+            check_backward(y, log=log, msg=msg)
+    # The block size of softmax_kernel's launch (its 5th template argument) at 1024 columns:
+    # a 32-thread row (16-bit; float32 forward by default), else a 64-thread one.
+    x = torch.randn(257, 1024, device="cuda").to(dtype)
+    warp_row = dtype != torch.float32
+    for name, call in [("fwd", lambda: fused_ops.softmax(x)),
+                       ("bwd", lambda: ops.softmax_backward(x, x, -1))]:
+        tpr = 32 if warp_row or (name == "fwd" and min_block == "32") else 64
+        names = [n for n in cuda_kernel_names(call) if "softmax_kernel<" in n]
+        blocks = {int(m.group(1)) for n in names
+                  for m in [re.search(r"softmax_kernel<.*, \d+, \d+, (\d+), (?:false|0)>", n)] if m}
+        assert blocks == {max(tpr, int(min_block))}, (name, names)
 
 
 @CUDA

@@ -1093,14 +1093,11 @@ void launch(Args<T, typename Op::State> a, const Op& op) {
 // a 32-thread row is a 1-warp block (its resources freed when its row is done, not with three
 // other rows'), which took the 16384x1024 bf16 forward from 69.0 to 72.1% of copy and its
 // backward from 78.5 to 80.1% (H200, KERNEL_LOG softmax v14). FUSED_SOFTMAX_MIN_BLOCK = 64
-// or 128 (the old shape) for comparisons.
+// or 128 (the old shape) for comparisons (read on every call, so a test can switch it).
 int min_block() {
-  static const int v = [] {
-    const char* e = std::getenv("FUSED_SOFTMAX_MIN_BLOCK");
-    const int b = e != nullptr ? std::atoi(e) : 32;
-    return b == 64 || b == 128 ? b : 32;
-  }();
-  return v;
+  const char* e = std::getenv("FUSED_SOFTMAX_MIN_BLOCK");
+  const int b = e != nullptr ? std::atoi(e) : 32;
+  return b == 64 || b == 128 ? b : 32;
 }
 
 template <typename T, typename Op, int VEC>
@@ -1113,20 +1110,21 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
   a.phase = kWhole;
   if (tpr <= 128) {
     // Rows of tpr threads in blocks of max(tpr, min_block()).
+    const int mb = min_block();
     if constexpr (VEC == 4 && std::is_same_v<Op, Fwd>) {
       // float32 forward rows of up to 1024 columns: 8 vectors a thread, so that a warp holds
       // a row (shuffles only; 4 vectors would make 1024 a 64-thread row with a block barrier
       // per reduction): 16384x1024 37.6 -> 37.2 us (H200, KERNEL_LOG softmax v14). Not the
       // backward: its double sums spill at 8 vectors.
       const int64_t tpr8 = next_pow2((nvec + 7) / 8);
-      if (tpr8 <= 32 && min_block() == 32) {
+      if (tpr8 <= 32 && mb == 32) {
         a.tpr = static_cast<int>(tpr8);
         return launch<T, Op, VEC, 32, 8>(a, op);
       }
     }
     a.tpr = static_cast<int>(tpr);
-    if (tpr <= 32 && min_block() == 32) return launch<T, Op, VEC, 32>(a, op);
-    if (tpr <= 64 && min_block() <= 64) return launch<T, Op, VEC, 64>(a, op);
+    if (tpr <= 32 && mb == 32) return launch<T, Op, VEC, 32>(a, op);
+    if (tpr <= 64 && mb <= 64) return launch<T, Op, VEC, 64>(a, op);
     return launch<T, Op, VEC, 128>(a, op);
   }
   a.tpr = static_cast<int>(tpr);
