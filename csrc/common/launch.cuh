@@ -72,6 +72,13 @@ inline bool env_switched_off(const char* name) {
   return e != nullptr && e[0] == '0';
 }
 
+// The integer in the environment variable `name`, or `fallback` where it is unset: the FUSED_*
+// knobs that pick a launch shape for comparisons (each caller checks its own range).
+inline int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr && e[0] != '\0' ? std::atoi(e) : fallback;
+}
+
 // Lets `kernel` launch with `bytes` of dynamic shared memory: past the default 48 KB (which
 // counts the kernel's static shared memory too) a kernel must opt in, up to the device's
 // limit. Raises the kernel's limit, never lowers it, so other launch shapes of the same

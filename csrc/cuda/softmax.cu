@@ -1040,8 +1040,7 @@ constexpr int kStages = VEC == 1 || P == kVectorsPerThread<VEC>
 constexpr int kWideAfter = 8;
 int max_cluster() {
   static const int n = [] {
-    const char* e = std::getenv("FUSED_SOFTMAX_MAX_CLUSTER");
-    const int v = e != nullptr ? std::atoi(e) : kWideAfter;
+    const int v = env_int("FUSED_SOFTMAX_MAX_CLUSTER", kWideAfter);
     return v >= 2 && v <= kMaxCluster ? v : kWideAfter;
   }();
   return n;
@@ -1095,8 +1094,7 @@ void launch(Args<T, typename Op::State> a, const Op& op) {
 // backward from 78.5 to 80.1% (H200, KERNEL_LOG softmax v14). FUSED_SOFTMAX_MIN_BLOCK = 64
 // or 128 (the old shape) for comparisons (read on every call, so a test can switch it).
 int min_block() {
-  const char* e = std::getenv("FUSED_SOFTMAX_MIN_BLOCK");
-  const int b = e != nullptr ? std::atoi(e) : 32;
+  const int b = env_int("FUSED_SOFTMAX_MIN_BLOCK", 32);
   return b == 64 || b == 128 ? b : 32;
 }
 
@@ -1123,9 +1121,11 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const at::TensorOp
       }
     }
     a.tpr = static_cast<int>(tpr);
-    if (tpr <= 32 && mb == 32) return launch<T, Op, VEC, 32>(a, op);
-    if (tpr <= 64 && mb <= 64) return launch<T, Op, VEC, 64>(a, op);
-    return launch<T, Op, VEC, 128>(a, op);
+    switch (std::max<int>(a.tpr, mb)) {
+      case 32: return launch<T, Op, VEC, 32>(a, op);
+      case 64: return launch<T, Op, VEC, 64>(a, op);
+      default: return launch<T, Op, VEC, 128>(a, op);
+    }
   }
   a.tpr = static_cast<int>(tpr);
   switch (tpr) {
