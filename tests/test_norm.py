@@ -973,6 +973,75 @@ def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, monkeypatch):
         assert fixed == "1" or not any("norm_bwd_fixed" in n for n in names), names
 
 
+# norm_bwd_warp (16-bit rows of 256-512 columns, parameters and rows in x's dtype: a warp a
+# row, each warp's dweight / dbias terms in its own slice of shared memory, the slices added
+# in warp order at the end): its two widths (1 and 2 vectors a lane) with whole and partial
+# last vectors, the prefetching variant forced on and off (FUSED_NORM_BWD_PF; by default
+# the plain norms take it, the add forms not) and blocks of 3 warps
+# (FUSED_NORM_BWD_WARPS=3: many blocks an SM, many partial rows); rows enough that every
+# warp walks several (a slip in a slice's layout would mix columns or warps), of different
+# spread and offset, a constant row and a row at mean 1e4; every parameter config, and the
+# add forms (d_sum added to dx).
+WARP_BWD_CASES = [(torch.bfloat16, c) for c in [256, 264, 392, 504, 512]] + [
+    (torch.float16, 512)]
+
+
+@CUDA
+@pytest.mark.parametrize("knobs", ["", "FUSED_NORM_BWD_PF=0", "FUSED_NORM_BWD_PF=1",
+                                   "FUSED_NORM_BWD_WARPS=3"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,cols", WARP_BWD_CASES)
+def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
+    if knobs:
+        monkeypatch.setenv(*knobs.split("="))
+    rows = 4 * 132 * 24 + 37  # ~4 rows a warp on an H100 / H200 at 24 warps an SM
+    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
+    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
+    x[7] = 2.5
+    x[rows - 2] = _far_row(cols, dtype)
+    x = x.to(dtype)
+    for wcfg in ["same", None]:
+        w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
+        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg} {knobs}")
+    if kind == "layer":  # weight without bias: one term a warp's slice
+        w, _ = _params(kind, (cols,), dtype, "cuda", "same")
+        check_backward(kind, x, [cols], w, None, msg=f"cols={cols} no bias {knobs}")
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    r = torch.randn(rows, cols, device="cuda").to(dtype)
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add {knobs}")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype,cols,wdtype,want", [
+    (torch.bfloat16, 512, "same", True), (torch.float16, 256, "same", True),
+    (torch.bfloat16, 504, None, True),
+    (torch.bfloat16, 248, "same", False),   # under 32 vectors: lanes would idle
+    (torch.bfloat16, 520, "same", False),   # over 64 vectors (norm_bwd_regs is faster)
+    (torch.bfloat16, 1024, "same", False),
+    (torch.bfloat16, 512, "fp32", False),   # parameters not in x's dtype
+    (torch.float32, 512, "same", False)])
+def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
+    # Which rows take norm_bwd_warp, and FUSED_NORM_BWD_WARP=0 sending them elsewhere; the
+    # add forms with a float32 residual stream (float32 rows) never take it.
+    x = torch.randn(64, cols, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
+    w, _ = _params("layer", (cols,), dtype, "cuda", wdtype)
+    _, mean, rstd = fused_forward("layer", x, [cols], w, None, 1e-5)
+    call = lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, None,  # noqa: E731
+                                           [True, w is not None])
+    for env, expect in [("1", want), ("0", False)]:
+        monkeypatch.setenv("FUSED_NORM_BWD_WARP", env)
+        names = cuda_kernel_names(call)
+        assert any("norm_bwd_warp" in n for n in names) == expect, (env, names)
+    monkeypatch.delenv("FUSED_NORM_BWD_WARP")
+    if want and wdtype is not None:
+        x32 = x.float()
+        _, _, rstd = fused_forward("rms", x32, [cols], None, None, 1e-5)
+        names = cuda_kernel_names(
+            lambda: ops.add_rms_norm_backward(dy, dy.float(), x32, [cols], rstd, w, True))
+        assert not any("norm_bwd_warp" in n for n in names), names
+
+
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kind", KINDS)
@@ -1029,11 +1098,14 @@ def test_cuda_many_rows(kind):
 
 
 @CUDA
-@pytest.mark.parametrize("rows,cols", [(4096, 1024), (512, 32768)])
-def test_cuda_deterministic_param_grads(rows, cols):
-    # 32768: the cluster backward (sm_90) sums the blocks' row sums in a fixed order.
+@pytest.mark.parametrize("rows,cols,wdtype", [(4096, 1024, torch.float32),
+                                             (8192, 512, torch.bfloat16),
+                                             (512, 32768, torch.float32)])
+def test_cuda_deterministic_param_grads(rows, cols, wdtype):
+    # 32768: the cluster backward (sm_90) sums the blocks' row sums in a fixed order; 512
+    # with bfloat16 parameters: norm_bwd_warp adds its warps' slices in warp order.
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(cols, device="cuda", dtype=torch.float32)
+    w = torch.randn(cols, device="cuda", dtype=wdtype)
     y, mean, rstd = ops.layer_norm(x, [cols], w, w, 1e-5)
     dy = torch.randn_like(x)
     first = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, w, [True, True])

@@ -45,6 +45,9 @@
 //     then 16 without prefetch up to 8K); rows under 128 threads share a block. Float32
 //     rows stage their tiles, mean / rstd and w in shared memory instead (per-thread
 //     cp.async, two rows ahead instead of one; FUSED_NORM_STAGE=0: off).
+//   * norm_bwd_warp, ahead of norm_bwd_regs for 16-bit rows of 256-512 columns (parameters
+//     in x's dtype): a warp a row, no block barrier, the dweight / dbias terms in the
+//     warp's own slice of shared memory instead of registers (FUSED_NORM_BWD_WARP=0: off).
 //   * norm_bwd_fixed (sm_90), ahead of norm_bwd_regs: the launch shape a compile-time
 //     constant for 16-bit rows of 4096, 5120, 8192, 12288, 16384 or 32768 columns and
 //     float32 rows of 12288 or 16384, parameters (and the add forms' sum) in x's dtype: a
@@ -709,13 +712,14 @@ __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t ro
 }
 
 // The rest of a row once its tile is loaded, in two halves around the row reduction.
-// bwd_sums adds this thread's dweight / dbias terms to dw / db and returns its shares of the
-// two row sums; bwd_dx writes dx from the reduced sums. weight(i): w's vector i as floats.
-template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
-__device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile& t, bool valid,
-                                         int lane, int tpr, Weight&& weight,
-                                         float (&dw)[VPT][VEC], float (&db)[VPT][VEC],
-                                         float (&s)[2]) {
+// bwd_sums_to hands this thread's dweight / dbias terms of vector i to terms(i, dy, xhat)
+// and returns its shares of the two row sums; bwd_sums adds the terms to dw / db in
+// registers. bwd_dx writes dx from the reduced sums. weight(i): w's vector i as floats.
+template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight,
+          typename Terms>
+__device__ __forceinline__ void bwd_sums_to(const BwdParams<T, W, R>& p, const Tile& t,
+                                            bool valid, int lane, int tpr, Weight&& weight,
+                                            Terms&& terms, float (&s)[2]) {
   const int nvec = p.cols / VEC;
   s[0] = s[1] = 0.f;  // sum of g, sum of g * xhat
 #pragma unroll
@@ -723,18 +727,33 @@ __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile
     if (valid && i * tpr + lane < nvec) {
       const FVec<VEC> w = weight(i);
       const FVec<VEC> xf = to_float(t.xv(i)), df = to_float(t.gv(i));
+      FVec<VEC> xhat;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (xf.v[j] - t.mean) * t.rstd;
-        const float d = df.v[j];
-        const float gw = d * w.v[j];
+        xhat.v[j] = (xf.v[j] - t.mean) * t.rstd;
+        const float gw = df.v[j] * w.v[j];
         s[0] += gw;
-        s[1] += gw * xhat;
-        dw[i][j] += d * xhat;
-        db[i][j] += d;
+        s[1] += gw * xhat.v[j];
       }
+      terms(i, df, xhat);
     }
   }
+}
+
+template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
+__device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile& t, bool valid,
+                                         int lane, int tpr, Weight&& weight,
+                                         float (&dw)[VPT][VEC], float (&db)[VPT][VEC],
+                                         float (&s)[2]) {
+  bwd_sums_to<VEC, VPT>(p, t, valid, lane, tpr, weight,
+                        [&](int i, const FVec<VEC>& d, const FVec<VEC>& xhat) {
+#pragma unroll
+                          for (int j = 0; j < VEC; ++j) {
+                            dw[i][j] += d.v[j] * xhat.v[j];
+                            db[i][j] += d.v[j];
+                          }
+                        },
+                        s);
 }
 
 template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
@@ -993,6 +1012,116 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   for (int k = threadIdx.x; k < p.cols; k += blockDim.x) {
     if (dwp) dwp[k] = combine[k];
     if (dbp) dbp[k] = combine[p.cols + k];
+  }
+}
+
+// norm_bwd_warp: 16-bit rows of 256 to 512 columns (parameters and rows in x's dtype), a
+// warp a row and no block barrier in the row loop, as softmax's backward runs them. The
+// dweight / dbias terms go to the warp's own slice of shared memory (float32,
+// read-modify-write by the lane that owns them) instead of registers, so that the registers
+// hold the row: 24 warps an SM, or 16 with PF (the next row's tile loaded before this row's
+// sums, 128 registers). The block's warps add their slices in warp order at the end: one
+// partial row a block, deterministic. Against norm_bwd_regs (KERNEL_LOG norm v34, H200):
+// 4-10% faster at 512 columns, 4-16% at 256; at 1024 (4 vectors a lane) 0-25% slower, the
+// slices' shared-memory traffic (16 KB a row at 1024 columns for both terms) costing more
+// than the warps gain, so those rows stay on norm_bwd_regs.
+// Slice layout: float4 ((term * VPT + i) * 2 + h) * 32 + lane holds elements 4h..4h+3 of
+// the lane's vector i (consecutive lanes, consecutive 16 bytes: no bank conflicts).
+constexpr int kWarpBwdVec = 8;  // 16-bit elements in a 16-byte vector
+template <bool PF>
+constexpr int warp_bwd_threads() {
+  return PF ? 512 : 768;  // the launch bound: <= 128 / <= 85 registers a thread
+}
+
+template <int VPT>
+__host__ __device__ constexpr int warp_bwd_slice() {  // float4s a warp holds per term
+  return VPT * (kWarpBwdVec / 4) * 32;
+}
+
+template <typename T, int VPT, bool DSUM, bool PF>
+__global__ void __launch_bounds__(warp_bwd_threads<PF>(), 1)
+norm_bwd_warp(BwdParams<T, T, T> p) {
+  static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
+  constexpr int VEC = kWarpBwdVec, Q = VEC / 4;
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  if constexpr (!DSUM) p.dsum = nullptr;  // known at compile time: its loads and adds go
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int terms = (p.dw_part != nullptr) + (p.db_part != nullptr);
+  float4* acc_w = reinterpret_cast<float4*>(dyn_smem) + warp * terms * warp_bwd_slice<VPT>();
+  float4* acc_b = acc_w + (p.dw_part ? warp_bwd_slice<VPT>() : 0);
+  for (int k = lane; k < terms * warp_bwd_slice<VPT>(); k += 32) {
+    acc_w[k] = make_float4(0.f, 0.f, 0.f, 0.f);  // the lane's own float4s only: no barrier
+  }
+  // w read where it is used (L1 hits after the first row): held in registers across the
+  // row loop it spilled at 4 vectors a lane (the loop's stores to dx keep the compiler from
+  // hoisting the loads).
+  auto weight = [&](int i) { return param_or<T, VEC>(p.weight, i * 32 + lane, 1.f); };
+  auto add_terms = [&](int i, const FVec<VEC>& d, const FVec<VEC>& xhat) {
+#pragma unroll
+    for (int h = 0; h < Q; ++h) {
+      const int k = (i * Q + h) * 32 + lane;
+      const float* dh = d.v + 4 * h;
+      const float* xh = xhat.v + 4 * h;
+      if (p.dw_part) {
+        float4 a = acc_w[k];
+        a.x += dh[0] * xh[0];
+        a.y += dh[1] * xh[1];
+        a.z += dh[2] * xh[2];
+        a.w += dh[3] * xh[3];
+        acc_w[k] = a;
+      }
+      if (p.db_part) {
+        float4 a = acc_b[k];
+        a.x += dh[0];
+        a.y += dh[1];
+        a.z += dh[2];
+        a.w += dh[3];
+        acc_b[k] = a;
+      }
+    }
+  };
+  using Tile = BwdTile<T, T, VEC, VPT>;
+  auto finish = [&](const Tile& t, int64_t row) {
+    float s[2];
+    bwd_sums_to<VEC, VPT>(p, t, true, lane, 32, weight, add_terms, s);
+    s[0] = warp_sum(s[0]);
+    s[1] = warp_sum(s[1]);
+    bwd_dx<VEC, VPT>(p, t, row, true, lane, 32, weight, s);
+  };
+  const int64_t step = static_cast<int64_t>(gridDim.x) * warps;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  Tile cur;
+  if constexpr (PF) bwd_load(p, row, row < p.rows, lane, 32, cur);
+  for (; row < p.rows; row += step) {
+    if constexpr (PF) {
+      Tile next;
+      bwd_load(p, row + step, row + step < p.rows, lane, 32, next);
+      finish(cur, row);
+      cur = next;
+    } else {
+      bwd_load(p, row, true, lane, 32, cur);
+      finish(cur, row);
+    }
+  }
+  if (terms == 0) return;  // uniform across the grid
+  __syncthreads();
+  // Column col is element j of vector c = i * 32 + l: float (((i * Q + j / 4) * 32 + l) * 4
+  // + j % 4) of a term's slice.
+  const float* slices = reinterpret_cast<const float*>(dyn_smem);
+  const int slice = 4 * warp_bwd_slice<VPT>(), stride = terms * slice;
+  for (int col = threadIdx.x; col < p.cols; col += blockDim.x) {
+    const int c = col / VEC, j = col % VEC;
+    const int at = (((c / 32) * Q + j / 4) * 32 + c % 32) * 4 + j % 4;
+    float sw = 0.f, sb = 0.f;
+    for (int w = 0; w < warps; ++w) {
+      const float* q = slices + w * stride + at;
+      if (p.dw_part) sw += q[0];
+      if (p.db_part) sb += q[p.dw_part ? slice : 0];
+    }
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * p.cols + col;
+    if (p.dw_part) p.dw_part[e] = sw;
+    if (p.db_part) p.db_part[e] = sb;
   }
 }
 
@@ -1835,11 +1964,66 @@ bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   return true;
 }
 
+// norm_bwd_warp for 16-bit rows of 32-64 vectors (256-512 columns; shorter rows would leave
+// lanes idle, longer ones lose, norm v34) with parameters and rows in x's dtype; false where
+// it does not apply. PF (the prefetching variant) for the plain norms; the add forms' third
+// stream (d_sum) does better at 24 warps without it (norm v34). Knobs for comparisons:
+// FUSED_NORM_BWD_WARP=0 turns it off (norm_bwd_regs then), FUSED_NORM_BWD_PF=0|1 forces PF
+// off / on, FUSED_NORM_BWD_WARPS=n takes blocks of n warps (default: as many as fit an SM,
+// so that the fewest partial rows go to column_sum).
+template <typename T, typename W, typename R, int VEC>
+bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
+  if constexpr (VEC != kWarpBwdVec || sizeof(T) != 2 || !std::is_same_v<T, W> ||
+                !std::is_same_v<T, R>) {
+    return false;
+  } else {
+    const int nvec = p.cols / VEC;
+    if (nvec < 32 || nvec > 64 || env_switched_off("FUSED_NORM_BWD_WARP")) return false;
+    const bool dsum = p.dsum != nullptr;
+    const int pf_knob = env_int("FUSED_NORM_BWD_PF", -1);
+    const bool pf = pf_knob == 0 || pf_knob == 1 ? pf_knob == 1 : !dsum;
+    // slice: a warp's bytes a term (4 KB at 1024 columns), limit: the kernel's launch bound.
+    auto run = [&](auto kernel, size_t slice, int limit) {
+      const int terms = (nb.dweight.defined() ? 1 : 0) + (nb.dbias.defined() ? 1 : 0);
+      const int warps = std::clamp(env_int("FUSED_NORM_BWD_WARPS", limit / 32), 1, limit / 32);
+      const int threads = 32 * warps;
+      const size_t smem = slice * terms * warps;
+      const int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
+                                             static_cast<int>(smem), [&] {
+        if (!allow_dynamic_smem(kernel, smem)) return 0;
+        int n = 0;
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+        return n;
+      });
+      if (per_sm < 1) return false;
+      const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, warps), per_sm * int64_t{num_sms()});
+      at::Tensor part = alloc_partials(nb, blocks);
+      point_partials(p, part, blocks, nb);
+      launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p);
+      if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+      return true;
+    };
+    auto with_vpt = [&](auto vpt_tag) {
+      constexpr int VPT = decltype(vpt_tag)::value;
+      constexpr size_t slice = sizeof(float4) * warp_bwd_slice<VPT>();
+      if (pf) {
+        return dsum ? run(norm_bwd_warp<T, VPT, true, true>, slice, warp_bwd_threads<true>())
+                    : run(norm_bwd_warp<T, VPT, false, true>, slice, warp_bwd_threads<true>());
+      }
+      return dsum ? run(norm_bwd_warp<T, VPT, true, false>, slice, warp_bwd_threads<false>())
+                  : run(norm_bwd_warp<T, VPT, false, false>, slice, warp_bwd_threads<false>());
+    };
+    if (nvec <= 32) return with_vpt(std::integral_constant<int, 1>{});
+    return with_vpt(std::integral_constant<int, 2>{});
+  }
+}
+
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));
+  if (backward_warp<T, W, R, VEC>(p, nb)) return;
   if constexpr (kFixedBwdTypes<T, W, R, VEC>) {
     if (backward_fixed(p, nb)) return;
   }
