@@ -1931,6 +1931,30 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   }
 }
 
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on
+// an SM at once, 0 where that shared memory does not fit a block; queried once a shape.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem) {
+  return cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
+                             static_cast<int>(smem), [&] {
+    if (!allow_dynamic_smem(kernel, smem)) return 0;
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    return n;
+  });
+}
+
+// A persistent backward of `blocks` blocks, each writing one partial row of dweight /
+// dbias, then column_sum over the partial rows. args: the kernel's parameters after p.
+template <typename Kernel, typename T, typename W, typename R, typename... Args>
+void launch_with_partials(Kernel kernel, int64_t blocks, int threads, size_t smem,
+                          BwdParams<T, W, R> p, NormBackward& nb, Args... args) {
+  at::Tensor part = alloc_partials(nb, blocks);
+  point_partials(p, part, blocks, nb);
+  launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p, args...);
+  if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+}
+
 // Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
 // A block is one row group, or several of under kBwdBlock threads; a persistent grid of up
 // to kBwdBlocksPerSm blocks per SM (the sweep's best: 128 x 4, 256 x 2, 512 x 1 per SM).
@@ -1947,20 +1971,11 @@ bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   const size_t smem = BwdStage<T, W, R, VEC, VPT, STAGES>::bytes(threads, p.dsum != nullptr) +
                       (groups > 1 ? combine_bytes : 0);
   auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF, STAGES>;
-  int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
-                                   static_cast<int>(smem), [&] {
-    if (!allow_dynamic_smem(kernel, smem)) return 0;
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    return n;
-  });
+  int per_sm = resident_blocks(kernel, threads, smem);
   if (STAGES > 0 && per_sm < 1) return false;
   per_sm = std::clamp(per_sm, 1, kBwdBlocksPerSm);
   const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, groups), per_sm * int64_t{num_sms()});
-  at::Tensor part = alloc_partials(nb, blocks);
-  point_partials(p, part, blocks, nb);
-  launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p, tpr);
-  if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+  launch_with_partials(kernel, blocks, threads, smem, p, nb, tpr);
   return true;
 }
 
@@ -1982,25 +1997,16 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
     const bool dsum = p.dsum != nullptr;
     const int pf_knob = env_int("FUSED_NORM_BWD_PF", -1);
     const bool pf = pf_knob == 0 || pf_knob == 1 ? pf_knob == 1 : !dsum;
-    // slice: a warp's bytes a term (4 KB at 1024 columns), limit: the kernel's launch bound.
+    // slice: a warp's bytes a term (2 KB at 512 columns), limit: the kernel's launch bound.
     auto run = [&](auto kernel, size_t slice, int limit) {
       const int terms = (nb.dweight.defined() ? 1 : 0) + (nb.dbias.defined() ? 1 : 0);
       const int warps = std::clamp(env_int("FUSED_NORM_BWD_WARPS", limit / 32), 1, limit / 32);
       const int threads = 32 * warps;
       const size_t smem = slice * terms * warps;
-      const int per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
-                                             static_cast<int>(smem), [&] {
-        if (!allow_dynamic_smem(kernel, smem)) return 0;
-        int n = 0;
-        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-        return n;
-      });
+      const int per_sm = resident_blocks(kernel, threads, smem);
       if (per_sm < 1) return false;
       const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, warps), per_sm * int64_t{num_sms()});
-      at::Tensor part = alloc_partials(nb, blocks);
-      point_partials(p, part, blocks, nb);
-      launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p);
-      if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
+      launch_with_partials(kernel, blocks, threads, smem, p, nb);
       return true;
     };
     auto with_vpt = [&](auto vpt_tag) {
