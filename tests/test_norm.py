@@ -975,15 +975,24 @@ def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, monkeypatch):
 
 # norm_bwd_warp (16-bit rows of 256-512 columns, parameters and rows in x's dtype: a warp a
 # row, each warp's dweight / dbias terms in its own slice of shared memory, the slices added
-# in warp order at the end): its two widths (1 and 2 vectors a lane) with whole and partial
-# last vectors, the prefetching variant forced on and off (FUSED_NORM_BWD_PF; by default
-# the plain norms take it, the add forms not) and blocks of 3 warps
-# (FUSED_NORM_BWD_WARPS=3: many blocks an SM, many partial rows); rows enough that every
-# warp walks several (a slip in a slice's layout would mix columns or warps), of different
-# spread and offset, a constant row and a row at mean 1e4; every parameter config, and the
-# add forms (d_sum added to dx).
+# in warp order at the end): its two widths (1 and 2 vectors a lane; 264 / 392 / 504 columns
+# leave the last round of vectors partly filled), the prefetching variant forced on and off
+# (FUSED_NORM_BWD_PF; by default the plain norms take it, the add forms not) and blocks of 3
+# warps (FUSED_NORM_BWD_WARPS=3: many blocks an SM, many partial rows); rows enough that
+# every warp walks several (4-6 at 24 / 16 warps an SM on an H100 / H200; a slip in a
+# slice's layout would mix columns or warps), of different spread and offset, a constant row
+# and a row at mean 1e4; every parameter config (dweight alone, dbias alone, both, neither)
+# and the add forms (d_sum added to dx). Each case first checks which instantiation ran.
 WARP_BWD_CASES = [(torch.bfloat16, c) for c in [256, 264, 392, 504, 512]] + [
     (torch.float16, 512)]
+_WARP_KERNEL = re.compile(r"norm_bwd_warp<[^,<>]+, (\d), (true|false), (true|false)>")
+
+
+def _warp_instance(call):
+    """(VPT, DSUM, PF) of the one norm_bwd_warp launch call() makes, or None."""
+    found = [m.groups() for n in cuda_kernel_names(call) for m in [_WARP_KERNEL.search(n)] if m]
+    assert len(found) <= 1, found
+    return (int(found[0][0]), found[0][1] == "true", found[0][2] == "true") if found else None
 
 
 @CUDA
@@ -994,19 +1003,36 @@ WARP_BWD_CASES = [(torch.bfloat16, c) for c in [256, 264, 392, 504, 512]] + [
 def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
     if knobs:
         monkeypatch.setenv(*knobs.split("="))
-    rows = 4 * 132 * 24 + 37  # ~4 rows a warp on an H100 / H200 at 24 warps an SM
+    rows = 4 * 132 * 24 + 37
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
     x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
     x[7] = 2.5
     x[rows - 2] = _far_row(cols, dtype)
     x = x.to(dtype)
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
+    dy = torch.randn_like(x)
+    vpt = 1 if cols // 8 <= 32 else 2
+    for dsum in [False, True]:
+        pf = knobs.endswith("PF=1") or (not dsum and not knobs.endswith("PF=0"))
+        call = (_add_backward(kind, dy, torch.randn_like(x), x, cols, mean, rstd, w) if dsum
+                else _add_backward(kind, dy, None, x, cols, mean, rstd, w))
+        assert _warp_instance(call) == (vpt, dsum, pf), (dsum, knobs)
     for wcfg in ["same", None]:
         w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
         check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg} {knobs}")
-    if kind == "layer":  # weight without bias: one term a warp's slice
-        w, _ = _params(kind, (cols,), dtype, "cuda", "same")
-        check_backward(kind, x, [cols], w, None, msg=f"cols={cols} no bias {knobs}")
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    if kind == "layer":
+        # One term in a warp's slice: dweight alone (no bias), dbias alone (no weight).
+        check_backward(kind, x, [cols], w, None, msg=f"cols={cols} no bias {knobs}")
+        check_backward(kind, x, [cols], None, b, msg=f"cols={cols} no weight {knobs}")
+        # Masked outputs: the other term's slice is left out; the sums are the same bits.
+        full = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True])
+        for mask in [[True, False], [False, True]]:
+            part = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, mask)
+            assert torch.equal(part[0], full[0])
+            for k in (1, 2):
+                assert torch.equal(part[k], full[k]) if mask[k - 1] else part[k].numel() == 0
     r = torch.randn(rows, cols, device="cuda").to(dtype)
     check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add {knobs}")
 
@@ -1017,6 +1043,7 @@ def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
     (torch.bfloat16, 504, None, True),
     (torch.bfloat16, 248, "same", False),   # under 32 vectors: lanes would idle
     (torch.bfloat16, 520, "same", False),   # over 64 vectors (norm_bwd_regs is faster)
+    (torch.bfloat16, 260, "same", False),   # not whole 16-byte vectors: the scalar path
     (torch.bfloat16, 1024, "same", False),
     (torch.bfloat16, 512, "fp32", False),   # parameters not in x's dtype
     (torch.float32, 512, "same", False)])

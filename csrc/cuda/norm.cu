@@ -1022,15 +1022,16 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
 // hold the row: 24 warps an SM, or 16 with PF (the next row's tile loaded before this row's
 // sums, 128 registers). The block's warps add their slices in warp order at the end: one
 // partial row a block, deterministic. Against norm_bwd_regs (KERNEL_LOG norm v34, H200):
-// 4-10% faster at 512 columns, 4-16% at 256; at 1024 (4 vectors a lane) 0-25% slower, the
-// slices' shared-memory traffic (16 KB a row at 1024 columns for both terms) costing more
-// than the warps gain, so those rows stay on norm_bwd_regs.
+// 4-10% faster at 512 columns, 4-16% at 256; at 1024 (4 vectors a lane) from 5% faster
+// (rms, PF) to 22% slower (the add forms), the slices' shared-memory traffic (16 KB a row at
+// 1024 columns for both terms) costing more than the warps gain, so those rows stay on
+// norm_bwd_regs.
 // Slice layout: float4 ((term * VPT + i) * 2 + h) * 32 + lane holds elements 4h..4h+3 of
 // the lane's vector i (consecutive lanes, consecutive 16 bytes: no bank conflicts).
 constexpr int kWarpBwdVec = 8;  // 16-bit elements in a 16-byte vector
 template <bool PF>
 constexpr int warp_bwd_threads() {
-  return PF ? 512 : 768;  // the launch bound: <= 128 / <= 85 registers a thread
+  return PF ? 512 : 768;  // the launch bound: 128 / 80 registers a thread (allocated by 8s)
 }
 
 template <int VPT>
@@ -1995,12 +1996,14 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
     const int nvec = p.cols / VEC;
     if (nvec < 32 || nvec > 64 || env_switched_off("FUSED_NORM_BWD_WARP")) return false;
     const bool dsum = p.dsum != nullptr;
-    const int pf_knob = env_int("FUSED_NORM_BWD_PF", -1);
-    const bool pf = pf_knob == 0 || pf_knob == 1 ? pf_knob == 1 : !dsum;
+    const bool pf = env_switched_off("FUSED_NORM_BWD_PF")    ? false
+                    : env_int("FUSED_NORM_BWD_PF", 0) == 1 ? true
+                                                           : !dsum;
     // slice: a warp's bytes a term (2 KB at 512 columns), limit: the kernel's launch bound.
     auto run = [&](auto kernel, size_t slice, int limit) {
       const int terms = (nb.dweight.defined() ? 1 : 0) + (nb.dbias.defined() ? 1 : 0);
-      const int warps = std::clamp(env_int("FUSED_NORM_BWD_WARPS", limit / 32), 1, limit / 32);
+      int warps = env_int("FUSED_NORM_BWD_WARPS", limit / 32);
+      if (warps < 1 || warps > limit / 32) warps = limit / 32;  // out of range: the default
       const int threads = 32 * warps;
       const size_t smem = slice * terms * warps;
       const int per_sm = resident_blocks(kernel, threads, smem);
