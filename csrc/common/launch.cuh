@@ -121,6 +121,19 @@ bool allow_dynamic_smem_once(Kernel kernel, int bytes) {
          }) != 0;
 }
 
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on
+// an SM at once, 0 where that shared memory does not fit a block; queried once a shape.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem) {
+  return cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
+                             static_cast<int>(smem), [&] {
+    if (!allow_dynamic_smem(kernel, smem)) return 0;
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    return n;
+  });
+}
+
 // Whether the code of `kernel` that runs on this device was compiled for sm_90 or later:
 // kernels whose Hopper paths (clusters, wgmma) compile to no-ops in the 8.0 pass, which a
 // Hopper GPU would also run as PTX JIT-compiled from compute_80. PTX JIT-compiled here

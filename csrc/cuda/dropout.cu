@@ -623,11 +623,7 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   // Row chunks so that the grid is about one full wave of resident blocks (a ragged last
   // wave would idle SMs); each chunk a whole number of row steps.
   auto kernel = bias_grad_kernel<T, V, VEC, DROP>;
-  const int blocks_per_sm = cached_launch_query(reinterpret_cast<const void*>(kernel), 0, 0, [&] {
-    int b = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGradThreads, 0));
-    return std::max(b, 1);
-  });
+  const int blocks_per_sm = std::max(resident_blocks(kernel, kGradThreads, 0), 1);
   const int64_t row_step = static_cast<int64_t>(kGradTY) * kGradRows;
   const int64_t want_chunks =
       std::max<int64_t>(1, static_cast<int64_t>(num_sms()) * blocks_per_sm / col_blocks);

@@ -1803,11 +1803,14 @@ struct Tag {
   using type = X;
 };
 
+// Parameter gradients asked for (dweight, dbias): the partial rows' terms.
+int param_grads(const NormBackward& nb) { return nb.dweight.defined() + nb.dbias.defined(); }
+
 // dweight / dbias from the [outs, parts, cols] partials (dweight first when both).
 template <typename T>
 void reduce_partials(const at::Tensor& part, int64_t parts, int cols, NormBackward& nb) {
   const at::Tensor& first = nb.dweight.defined() ? nb.dweight : nb.dbias;
-  const int outs = nb.dweight.defined() && nb.dbias.defined() ? 2 : 1;
+  const int outs = param_grads(nb);  // >= 1 where there are partials
   const float* p0 = part.const_data_ptr<float>();
   const float* p1 = outs == 2 ? p0 + parts * cols : nullptr;
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), outs), block(32, 8);
@@ -1826,7 +1829,7 @@ void reduce_partials(const at::Tensor& part, int64_t parts, int cols, NormBackwa
 
 // Partial-sum buffers for dweight / dbias: [outs, parts, cols] float32, or undefined.
 at::Tensor alloc_partials(const NormBackward& nb, int64_t parts) {
-  const int outs = nb.dweight.defined() + nb.dbias.defined();
+  const int outs = param_grads(nb);
   if (outs == 0) return at::Tensor();
   return at::empty({outs, parts, nb.cols}, nb.dy.options().dtype(at::kFloat));
 }
@@ -1932,19 +1935,6 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   }
 }
 
-// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on
-// an SM at once, 0 where that shared memory does not fit a block; queried once a shape.
-template <typename Kernel>
-int resident_blocks(Kernel kernel, int threads, size_t smem) {
-  return cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
-                             static_cast<int>(smem), [&] {
-    if (!allow_dynamic_smem(kernel, smem)) return 0;
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    return n;
-  });
-}
-
 // A persistent backward of `blocks` blocks, each writing one partial row of dweight /
 // dbias, then column_sum over the partial rows. args: the kernel's parameters after p.
 template <typename Kernel, typename T, typename W, typename R, typename... Args>
@@ -2001,11 +1991,10 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
                                                            : !dsum;
     // slice: a warp's bytes a term (2 KB at 512 columns), limit: the kernel's launch bound.
     auto run = [&](auto kernel, size_t slice, int limit) {
-      const int terms = (nb.dweight.defined() ? 1 : 0) + (nb.dbias.defined() ? 1 : 0);
       int warps = env_int("FUSED_NORM_BWD_WARPS", limit / 32);
       if (warps < 1 || warps > limit / 32) warps = limit / 32;  // out of range: the default
       const int threads = 32 * warps;
-      const size_t smem = slice * terms * warps;
+      const size_t smem = slice * param_grads(nb) * warps;
       const int per_sm = resident_blocks(kernel, threads, smem);
       if (per_sm < 1) return false;
       const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, warps), per_sm * int64_t{num_sms()});
