@@ -937,6 +937,7 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
     _, mean, rstd = fused_forward("layer", x, [cols], None, None, 1e-5)
     call = lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, None, None,  # noqa: E731
                                            [False, False])
+    monkeypatch.setenv("FUSED_NORM_BWD_BULK", "0")  # 16-bit 1000 columns: norm_bwd_regs
     for env, want in [("1", staged), ("0", False)]:
         monkeypatch.setenv("FUSED_NORM_STAGE", env)
         names = [n for n in cuda_kernel_names(call) if "norm_bwd_regs" in n]
@@ -1042,7 +1043,7 @@ def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
     (torch.bfloat16, 512, "same", True), (torch.float16, 256, "same", True),
     (torch.bfloat16, 504, None, True),
     (torch.bfloat16, 248, "same", False),   # under 32 vectors: lanes would idle
-    (torch.bfloat16, 520, "same", False),   # over 64 vectors (norm_bwd_regs is faster)
+    (torch.bfloat16, 520, "same", False),   # over 64 vectors (norm_bwd_bulk's rows)
     (torch.bfloat16, 260, "same", False),   # not whole 16-byte vectors: the scalar path
     (torch.bfloat16, 1024, "same", False),
     (torch.bfloat16, 512, "fp32", False),   # parameters not in x's dtype
@@ -1067,6 +1068,97 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
         names = cuda_kernel_names(
             lambda: ops.add_rms_norm_backward(dy, dy.float(), x32, [cols], rstd, w, True))
         assert not any("norm_bwd_warp" in n for n in names), names
+
+
+# norm_bwd_bulk (16-bit rows of 65-128 vectors, parameters and rows in x's dtype, sm_90:
+# tiles of 8 rows brought into a 4-slot ring by the copy engine, a row pass of one row a warp
+# and a column pass of 4 columns a thread): 520 (some threads idle in the column pass, the
+# row pass's last vectors partly filled), 776, 1000 and 1024 columns; rows enough that every
+# block walks many tiles and the ring wraps, the last tile partial (5 rows: mean / rstd of
+# the 5th read from global memory, not copied), rows of different spread and offset, a
+# constant row and a row at mean 1e4; every parameter config (dweight alone, dbias alone,
+# both, neither), the masked outputs, the add forms (d_sum added to dx); each case first
+# checks that the kernel ran, and with FUSED_NORM_BWD_BULK=0 that it did not.
+BULK_BWD_CASES = [(torch.bfloat16, c) for c in [520, 776, 1000, 1024]] + [(torch.float16, 1024)]
+_BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), \d>")
+
+
+def _bulk_instance(call):
+    """DSUM of the one norm_bwd_bulk launch call() makes, or None."""
+    found = [m.group(1) for n in cuda_kernel_names(call) for m in [_BULK_KERNEL.search(n)] if m]
+    assert len(found) <= 1, found
+    return found[0] == "true" if found else None
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,cols", BULK_BWD_CASES)
+def test_cuda_bulk_backward(dtype, cols, kind, monkeypatch):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("norm_bwd_bulk is sm_90 code")
+    rows = 8 * 132 * 7 + 13
+    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
+    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
+    x[7] = 2.5
+    x[rows - 2] = _far_row(cols, dtype)
+    x = x.to(dtype)
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
+    dy = torch.randn_like(x)
+    for env, want in [("1", True), ("0", False)]:
+        monkeypatch.setenv("FUSED_NORM_BWD_BULK", env)
+        for dsum in [False, True]:
+            call = _add_backward(kind, dy, torch.randn_like(x) if dsum else None, x, cols, mean,
+                                 rstd, w)
+            assert _bulk_instance(call) == (dsum if want else None), (env, dsum)
+    monkeypatch.delenv("FUSED_NORM_BWD_BULK")
+    for wcfg in ["same", None]:
+        w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
+        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    if kind == "layer":
+        check_backward(kind, x, [cols], w, None, msg=f"cols={cols} no bias")
+        check_backward(kind, x, [cols], None, b, msg=f"cols={cols} no weight")
+        full = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True])
+        for mask in [[True, False], [False, True]]:
+            part = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, mask)
+            assert torch.equal(part[0], full[0])
+            for k in (1, 2):
+                assert torch.equal(part[k], full[k]) if mask[k - 1] else part[k].numel() == 0
+    r = torch.randn(rows, cols, device="cuda").to(dtype)
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add")
+
+
+@CUDA
+def test_cuda_bulk_backward_fallbacks():
+    # What norm_bwd_bulk leaves to the other kernels: mean / rstd not 16-byte aligned (their
+    # bulk copies), parameters in float32, float32 rows, 1032 columns; the answers still right.
+    cols, rows = 1024, 1000
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(w)
+    _, mean, rstd = fused_forward("layer", x, [cols], w, b, 1e-5)
+    mean1 = torch.empty(rows + 1, device="cuda")[1:].copy_(mean)
+    rstd1 = torch.empty(rows + 1, device="cuda")[1:].copy_(rstd)
+    want = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True])
+    call = lambda: ops.layer_norm_backward(dy, x, [cols], mean1, rstd1, w, b,  # noqa: E731
+                                           [True, True])
+    assert _bulk_instance(call) is None
+    got = call()
+    for g, r in zip(got, want):  # two kernels' bf16 results: bf16's tolerance
+        torch.testing.assert_close(g, r, rtol=1e-2, atol=1e-2)
+    w32, b32 = w.float(), b.float()
+    assert _bulk_instance(lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, w32, b32,
+                                                          [True, True])) is None
+    x32 = x.float()
+    _, mean32, rstd32 = fused_forward("layer", x32, [cols], None, None, 1e-5)
+    assert _bulk_instance(lambda: ops.layer_norm_backward(dy.float(), x32, [cols], mean32, rstd32,
+                                                          None, None, [False, False])) is None
+    x2 = torch.randn(rows, 1032, device="cuda", dtype=torch.bfloat16)
+    _, mean2, rstd2 = fused_forward("layer", x2, [1032], None, None, 1e-5)
+    assert _bulk_instance(lambda: ops.layer_norm_backward(torch.randn_like(x2), x2, [1032], mean2,
+                                                          rstd2, None, None, [False, False])) is None
 
 
 @CUDA

@@ -1126,6 +1126,197 @@ norm_bwd_warp(BwdParams<T, T, T> p) {
   }
 }
 
+// norm_bwd_bulk: 16-bit rows of 65-128 vectors (520-1024 columns), parameters and rows in
+// x's dtype, sm_90. norm_bwd_regs holds a row in 64 threads' registers next to their 32
+// dweight / dbias accumulators: 16 warps an SM with one row each in flight, ~32 KB an SM,
+// where softmax's backward over the same bytes keeps ~128 KB in flight and reads 80% of
+// copy against the norm's 58-66% (KERNEL_LOG norm v36). Here the copy engine brings tiles of
+// kBulkBwdRows whole rows (x, dy, d_sum, mean, rstd: one cp.async.bulk each, the rows of a
+// tile being contiguous) into a ring of kBulkBwdStages shared-memory slots, so ~3 tiles are
+// in flight an SM and no register holds them. A tile is used in two passes:
+// - the row pass: warp w forms row w's two sums (sum g, sum g * xhat; g = dy * w) from
+//   shared memory, as norm_bwd_warp does from registers, and leaves the row's (mean, rstd,
+//   c1, c2) in `coef`;
+// - the column pass: thread t owns columns 4t..4t+3 of every row, writes dx there and adds
+//   the dweight / dbias terms to 8 registers: one partial row a block, no shared-memory
+//   accumulators, and one block an SM (132 partial rows for column_sum).
+// The row pass of tile k + 1 and the column pass of tile k share one block barrier, after
+// which tile k's slot is refilled with tile k + kBulkBwdStages.
+constexpr int kBulkBwdThreads = 256;
+constexpr int kBulkBwdRows = kBulkBwdThreads / 32;  // a tile: one row a warp in the row pass
+constexpr int kBulkBwdStages = 4;
+constexpr int kBulkBwdCols = 4;    // columns a thread in the column pass
+constexpr int kBulkBwdMaxVpt = 4;  // 16-byte vectors a lane in the row pass (1024 columns)
+
+// A slot: x, dy (and d_sum) tiles of kBulkBwdRows x cols, then mean and rstd (a float each a
+// row); every part a multiple of 16 bytes (cols % 8 == 0).
+__host__ __device__ constexpr size_t bulk_bwd_slot(int cols, bool dsum) {
+  return (2 + dsum) * size_t{kBulkBwdRows} * cols * 2 + 2 * kBulkBwdRows * sizeof(float);
+}
+
+template <typename T, bool DSUM, int S>
+__global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T, T, T> p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
+  constexpr int VEC = 8, ROWS = kBulkBwdRows, CPT = kBulkBwdCols;
+  grid_dependency_wait();  // launched early (launch_early): nothing global before this
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ uint64_t full[S];
+  __shared__ float4 coef[2][ROWS];  // (mean, rstd, c1, c2) of a tile's rows, by tile parity
+  if constexpr (!DSUM) p.dsum = nullptr;
+  const int cols = p.cols, nvec = cols / VEC;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t tile_elems = int64_t{ROWS} * cols;
+  const size_t slot = bulk_bwd_slot(cols, DSUM);
+  auto rows_of = [&](int s) { return reinterpret_cast<T*>(dyn_smem + s * slot); };  // x, dy, d_sum
+  auto stats_of = [&](int s) {  // mean [ROWS], rstd [ROWS]
+    return reinterpret_cast<float*>(dyn_smem + s * slot + (2 + DSUM) * tile_elems * sizeof(T));
+  };
+  auto tile_rows = [&](int64_t tile) {
+    return static_cast<int>(std::min<int64_t>(ROWS, p.rows - tile * ROWS));
+  };
+  // Thread 0: the tile's rows into slot s. mean / rstd go in whole 16-byte pieces (the
+  // first n & ~3 rows); a last tile's other rows read theirs from global memory.
+  auto stage = [&](int64_t tile, int s) {
+    const int n = tile_rows(tile);
+    const int64_t r0 = tile * ROWS, off = r0 * cols;
+    const uint32_t row_bytes = static_cast<uint32_t>(n * cols * sizeof(T));
+    const uint32_t stat_bytes = static_cast<uint32_t>((n & ~3) * sizeof(float));
+    mbar_expect(&full[s], (2 + DSUM) * row_bytes + (p.mean ? 2 : 1) * stat_bytes);
+    T* dst = rows_of(s);
+    bulk_load(dst, p.x + off, row_bytes, &full[s]);
+    bulk_load(dst + tile_elems, p.dy + off, row_bytes, &full[s]);
+    if constexpr (DSUM) bulk_load(dst + 2 * tile_elems, p.dsum + off, row_bytes, &full[s]);
+    if (stat_bytes > 0) {
+      if (p.mean) bulk_load(stats_of(s), p.mean + r0, stat_bytes, &full[s]);
+      bulk_load(stats_of(s) + ROWS, p.rstd + r0, stat_bytes, &full[s]);
+    }
+  };
+
+  // w for the row pass (vectors lane + 32 i, packed) and for the column pass (4 floats).
+  Raw<T, VEC> wrow[kBulkBwdMaxVpt] = {};
+  const int c0 = CPT * static_cast<int>(threadIdx.x);  // the column pass's first column
+  FVec<CPT> wcol;
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) wcol.v[j] = 1.f;
+  if (p.weight) {
+#pragma unroll
+    for (int i = 0; i < kBulkBwdMaxVpt; ++i) {
+      if (i * 32 + lane < nvec) wrow[i] = load_raw<T, VEC>(p.weight + (i * 32 + lane) * VEC);
+    }
+    if (c0 < cols) wcol = to_float(load_raw<T, CPT>(p.weight + c0));
+  }
+  auto weight = [&](int i) {
+    FVec<VEC> w;
+    if (p.weight) return to_float(wrow[i]);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) w.v[j] = 1.f;
+    return w;
+  };
+
+  const float inv_n = 1.f / static_cast<float>(cols);
+  // The row pass: sum g and sum g * (x - mean) (g = dy * w) over the lane's vectors, one
+  // pair of partial sums a vector (four independent add chains, not one), then over the
+  // warp; the row's dx = rstd * g + b + xhat * c with b = -rstd * c1, c = -rstd * c2 goes to
+  // coef (mean, rstd, b, c).
+  auto row_pass = [&](int64_t tile, int s, int par) {
+    const int n = tile_rows(tile);
+    if (warp >= n) return;
+    const float* st = stats_of(s);
+    const int64_t row = tile * ROWS + warp;
+    const bool staged = warp < (n & ~3);
+    const float mean = !p.mean ? 0.f : staged ? st[warp] : p.mean[row];
+    const float rstd = staged ? st[ROWS + warp] : p.rstd[row];
+    const Raw<T, VEC>* xv = reinterpret_cast<const Raw<T, VEC>*>(rows_of(s) + int64_t{warp} * cols);
+    const Raw<T, VEC>* gv = xv + tile_elems / VEC;
+    float sg[kBulkBwdMaxVpt], sgx[kBulkBwdMaxVpt];
+#pragma unroll
+    for (int i = 0; i < kBulkBwdMaxVpt; ++i) {
+      sg[i] = sgx[i] = 0.f;
+      const int c = i * 32 + lane;
+      if (c < nvec) {
+        const FVec<VEC> xf = to_float(xv[c]), df = to_float(gv[c]), w = weight(i);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float g = df.v[j] * w.v[j];
+          sg[i] += g;
+          sgx[i] += g * (xf.v[j] - mean);
+        }
+      }
+    }
+    static_assert(kBulkBwdMaxVpt == 4, "the partial sums are added as a tree of four");
+    const float a = warp_sum((sg[0] + sg[1]) + (sg[2] + sg[3]));
+    const float b = warp_sum((sgx[0] + sgx[1]) + (sgx[2] + sgx[3]));
+    if (lane == 0) {
+      const float c1 = p.mean ? a * inv_n : 0.f, c2 = b * rstd * inv_n;
+      coef[par][warp] = make_float4(mean, rstd, -rstd * c1, -rstd * c2);
+    }
+  };
+
+  float dw[CPT], db[CPT];
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) dw[j] = db[j] = 0.f;
+  auto col_pass = [&](int64_t tile, int s, int par) {
+    if (c0 >= cols) return;
+    const int n = tile_rows(tile);
+    const T* x = rows_of(s) + c0;
+    T* dx = p.dx + tile * ROWS * cols + c0;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (r < n) {
+        const float4 k = coef[par][r];  // mean, rstd, b, c
+        const FVec<CPT> xf = to_float(load_raw<T, CPT>(x + r * cols));
+        const FVec<CPT> df = to_float(load_raw<T, CPT>(x + tile_elems + r * cols));
+        FVec<CPT> o;
+#pragma unroll
+        for (int j = 0; j < CPT; ++j) {
+          const float xhat = (xf.v[j] - k.x) * k.y;
+          o.v[j] = fmaf(xhat, k.w, fmaf(df.v[j] * wcol.v[j], k.y, k.z));
+          dw[j] += df.v[j] * xhat;
+          db[j] += df.v[j];
+        }
+        if constexpr (DSUM) {
+          const FVec<CPT> sf = to_float(load_raw<T, CPT>(x + 2 * tile_elems + r * cols));
+#pragma unroll
+          for (int j = 0; j < CPT; ++j) o.v[j] += sf.v[j];
+        }
+        store_raw<T, CPT>(dx + r * cols, from_float<T, CPT>(o));
+      }
+    }
+  };
+
+  if (threadIdx.x < S) mbar_init(&full[threadIdx.x]);
+  __syncthreads();  // the mbarriers exist before any copy or wait
+  const int64_t tiles = (p.rows + ROWS - 1) / ROWS, step = gridDim.x;
+  const int64_t first = blockIdx.x;  // the block's tiles: first + k * step (the grid <= tiles)
+  const int64_t mine = (tiles - first + step - 1) / step;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < S && k < mine; ++k) stage(first + k * step, k);
+  }
+  mbar_wait(&full[0], 0);
+  row_pass(first, 0, 0);
+  __syncthreads();
+  for (int64_t k = 0; k < mine; ++k) {
+    const int s = static_cast<int>(k % S);
+    col_pass(first + k * step, s, static_cast<int>(k & 1));  // before waiting on tile k + 1
+    if (k + 1 < mine) {
+      const int s1 = static_cast<int>((k + 1) % S);
+      mbar_wait(&full[s1], static_cast<uint32_t>(((k + 1) / S) & 1));
+      row_pass(first + (k + 1) * step, s1, static_cast<int>((k + 1) & 1));
+    }
+    __syncthreads();  // slot s read by every thread (both passes); coef[k & 1] free again
+    if (threadIdx.x == 0 && k + S < mine) stage(first + (k + S) * step, s);
+  }
+  if (c0 < cols) {
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * cols + c0;
+    if (p.dw_part) store_floats<CPT>(p.dw_part + e, dw);
+    if (p.db_part) store_floats<CPT>(p.db_part + e, db);
+  }
+#else
+  __trap();  // the host launches it only where sm_90 code runs (backward_bulk)
+#endif
+}
+
 // The row walk of the cluster backwards (norm_bwd_cluster, norm_bwd_fixed), sm_90 code only,
 // the whole exchange protocol: the mbarriers set up, the first row's tile loaded, a cluster
 // barrier (every block's mbarriers exist before any push); then clusters take rows cid,
@@ -2016,12 +2207,50 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
   }
 }
 
+// norm_bwd_bulk for 16-bit rows of 65-128 vectors (520-1024 columns) with parameters and rows
+// in x's dtype, where its sm_90 code runs and mean / rstd are 16-byte aligned (their bulk
+// copies); false where it does not apply. FUSED_NORM_BWD_BULK=0 turns it off (for
+// comparisons: norm_bwd_regs then).
+template <typename T, typename W, typename R, int VEC>
+bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
+  if constexpr (VEC != 8 || sizeof(T) != 2 || !std::is_same_v<T, W> || !std::is_same_v<T, R>) {
+    return false;
+  } else {
+    const int nvec = p.cols / VEC;
+    auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    if (nvec <= 64 || nvec > 32 * kBulkBwdMaxVpt || !aligned(p.mean) || !aligned(p.rstd) ||
+        env_switched_off("FUSED_NORM_BWD_BULK")) {
+      return false;
+    }
+    int stages = env_int("FUSED_NORM_BWD_BULK_STAGES", kBulkBwdStages);
+    if (stages < 2 || stages > 4) stages = kBulkBwdStages;  // out of range: the default
+    auto run = [&](auto kernel) {
+      if (!runs_sm90_code(kernel)) return false;
+      const size_t smem = stages * bulk_bwd_slot(p.cols, p.dsum != nullptr);
+      const int per_sm = resident_blocks(kernel, kBulkBwdThreads, smem);
+      if (per_sm < 1) return false;
+      const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, kBulkBwdRows),
+                                               per_sm * int64_t{num_sms()});
+      launch_with_partials(kernel, blocks, kBulkBwdThreads, smem, p, nb);
+      return true;
+    };
+    auto with_stages = [&](auto s_tag) {
+      constexpr int S = decltype(s_tag)::value;
+      return p.dsum ? run(norm_bwd_bulk<T, true, S>) : run(norm_bwd_bulk<T, false, S>);
+    };
+    if (stages == 2) return with_stages(std::integral_constant<int, 2>{});
+    if (stages == 3) return with_stages(std::integral_constant<int, 3>{});
+    return with_stages(std::integral_constant<int, 4>{});
+  }
+}
+
 template <typename T, typename W, typename R, int VEC>
 void backward_with(BwdParams<T, W, R> p, NormBackward& nb) {
   constexpr int VPT = kBwdElems / VEC;
   const int nvec = p.cols / VEC;
   const int need = static_cast<int>(ceil_div(nvec, VPT));
   if (backward_warp<T, W, R, VEC>(p, nb)) return;
+  if (backward_bulk<T, W, R, VEC>(p, nb)) return;
   if constexpr (kFixedBwdTypes<T, W, R, VEC>) {
     if (backward_fixed(p, nb)) return;
   }
