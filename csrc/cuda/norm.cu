@@ -1146,73 +1146,94 @@ constexpr int kBulkBwdThreads = 256;
 constexpr int kBulkBwdRows = kBulkBwdThreads / 32;  // a tile: one row a warp in the row pass
 constexpr int kBulkBwdStages = 4;
 constexpr int kBulkBwdCols = 4;    // columns a thread in the column pass
-constexpr int kBulkBwdMaxVpt = 4;  // 16-byte vectors a lane in the row pass (1024 columns)
+constexpr int kBulkBwdMaxVpt = 4;  // 16-byte vectors a lane in the row pass
+constexpr int kBulkBwdPitch = 32 * kBulkBwdMaxVpt * 8;  // a staged row's elements: 1024
 
-// A slot: x, dy (and d_sum) tiles of kBulkBwdRows x cols, then mean and rstd (a float each a
-// row); every part a multiple of 16 bytes (cols % 8 == 0).
-__host__ __device__ constexpr size_t bulk_bwd_slot(int cols, bool dsum) {
-  return (2 + dsum) * size_t{kBulkBwdRows} * cols * 2 + 2 * kBulkBwdRows * sizeof(float);
+// A slot: x, dy (and d_sum) tiles of kBulkBwdRows rows at a fixed pitch (each row its own
+// bulk copy, so that shared-memory addresses are constants whatever the row length), then
+// mean and rstd (a float each a row).
+__host__ __device__ constexpr size_t bulk_bwd_slot(bool dsum) {
+  return (2 + dsum) * size_t{kBulkBwdRows} * kBulkBwdPitch * 2 + 2 * kBulkBwdRows * sizeof(float);
+}
+
+// 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
+// loads), and 8 bytes stored to global memory as one.
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
+  Raw<T, N> r;
+  if constexpr (sizeof(r) == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+  } else {
+    static_assert(sizeof(r) == 8, "16 or 8 bytes");
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = v.x, r.w[1] = v.y;
+  }
+  return r;
 }
 
 template <typename T, bool DSUM, int S>
 __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
-  constexpr int VEC = 8, ROWS = kBulkBwdRows, CPT = kBulkBwdCols;
+  constexpr int VEC = 8, ROWS = kBulkBwdRows, CPT = kBulkBwdCols, PITCH = kBulkBwdPitch;
+  constexpr int kTile = ROWS * PITCH;  // elements of one input's tile in a slot
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ uint64_t full[S];
-  __shared__ float4 coef[2][ROWS];  // (mean, rstd, c1, c2) of a tile's rows, by tile parity
+  __shared__ float4 coef[2][ROWS];  // a tile's rows' (mean, rstd, b, c), by tile parity
   if constexpr (!DSUM) p.dsum = nullptr;
   const int cols = p.cols, nvec = cols / VEC;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t tile_elems = int64_t{ROWS} * cols;
-  const size_t slot = bulk_bwd_slot(cols, DSUM);
-  auto rows_of = [&](int s) { return reinterpret_cast<T*>(dyn_smem + s * slot); };  // x, dy, d_sum
+  auto rows_of = [&](int s) {  // x, then dy at + kTile, d_sum at + 2 kTile
+    return reinterpret_cast<T*>(dyn_smem + s * bulk_bwd_slot(DSUM));
+  };
   auto stats_of = [&](int s) {  // mean [ROWS], rstd [ROWS]
-    return reinterpret_cast<float*>(dyn_smem + s * slot + (2 + DSUM) * tile_elems * sizeof(T));
+    return reinterpret_cast<float*>(rows_of(s) + (2 + DSUM) * kTile);
   };
   auto tile_rows = [&](int64_t tile) {
     return static_cast<int>(std::min<int64_t>(ROWS, p.rows - tile * ROWS));
   };
-  // Thread 0: the tile's rows into slot s. mean / rstd go in whole 16-byte pieces (the
-  // first n & ~3 rows); a last tile's other rows read theirs from global memory.
+  // Every thread calls it: the tile's rows into slot s, warp w's lane 0 copying row w of each
+  // input, thread 0 expecting the bytes and copying mean / rstd in whole 16-byte pieces (the
+  // first n & ~3 rows; a last tile's other rows read theirs from global memory). Copies may
+  // land before the expect (the transaction count runs negative until then).
   auto stage = [&](int64_t tile, int s) {
     const int n = tile_rows(tile);
-    const int64_t r0 = tile * ROWS, off = r0 * cols;
-    const uint32_t row_bytes = static_cast<uint32_t>(n * cols * sizeof(T));
-    const uint32_t stat_bytes = static_cast<uint32_t>((n & ~3) * sizeof(float));
-    mbar_expect(&full[s], (2 + DSUM) * row_bytes + (p.mean ? 2 : 1) * stat_bytes);
-    T* dst = rows_of(s);
-    bulk_load(dst, p.x + off, row_bytes, &full[s]);
-    bulk_load(dst + tile_elems, p.dy + off, row_bytes, &full[s]);
-    if constexpr (DSUM) bulk_load(dst + 2 * tile_elems, p.dsum + off, row_bytes, &full[s]);
-    if (stat_bytes > 0) {
-      if (p.mean) bulk_load(stats_of(s), p.mean + r0, stat_bytes, &full[s]);
-      bulk_load(stats_of(s) + ROWS, p.rstd + r0, stat_bytes, &full[s]);
+    const int64_t r0 = tile * ROWS;
+    const uint32_t row_bytes = static_cast<uint32_t>(cols * sizeof(T));
+    if (threadIdx.x == 0) {
+      const uint32_t stat_bytes = static_cast<uint32_t>((n & ~3) * sizeof(float));
+      mbar_expect(&full[s], (2 + DSUM) * n * row_bytes + (p.mean ? 2 : 1) * stat_bytes);
+      if (stat_bytes > 0) {
+        if (p.mean) bulk_load(stats_of(s), p.mean + r0, stat_bytes, &full[s]);
+        bulk_load(stats_of(s) + ROWS, p.rstd + r0, stat_bytes, &full[s]);
+      }
+    }
+    if (lane == 0 && warp < n) {
+      const int64_t off = (r0 + warp) * cols;
+      T* dst = rows_of(s) + warp * PITCH;
+      bulk_load(dst, p.x + off, row_bytes, &full[s]);
+      bulk_load(dst + kTile, p.dy + off, row_bytes, &full[s]);
+      if constexpr (DSUM) bulk_load(dst + 2 * kTile, p.dsum + off, row_bytes, &full[s]);
     }
   };
 
-  // w for the row pass (vectors lane + 32 i, packed) and for the column pass (4 floats).
-  Raw<T, VEC> wrow[kBulkBwdMaxVpt] = {};
+  // w as floats: the row pass's vectors lane + 32 i, the column pass's 4 columns (1 where
+  // there is no weight or past the row).
   const int c0 = CPT * static_cast<int>(threadIdx.x);  // the column pass's first column
+  float wrow[kBulkBwdMaxVpt][VEC];
   FVec<CPT> wcol;
 #pragma unroll
-  for (int j = 0; j < CPT; ++j) wcol.v[j] = 1.f;
-  if (p.weight) {
+  for (int i = 0; i < kBulkBwdMaxVpt; ++i) {
+    const int c = i * 32 + lane;
+    const FVec<VEC> w = p.weight && c < nvec ? to_float(load_raw<T, VEC>(p.weight + c * VEC))
+                                             : FVec<VEC>{{1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f}};
 #pragma unroll
-    for (int i = 0; i < kBulkBwdMaxVpt; ++i) {
-      if (i * 32 + lane < nvec) wrow[i] = load_raw<T, VEC>(p.weight + (i * 32 + lane) * VEC);
-    }
-    if (c0 < cols) wcol = to_float(load_raw<T, CPT>(p.weight + c0));
+    for (int j = 0; j < VEC; ++j) wrow[i][j] = w.v[j];
   }
-  auto weight = [&](int i) {
-    FVec<VEC> w;
-    if (p.weight) return to_float(wrow[i]);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) w.v[j] = 1.f;
-    return w;
-  };
+  wcol = p.weight && c0 < cols ? to_float(load_raw<T, CPT>(p.weight + c0))
+                               : FVec<CPT>{{1.f, 1.f, 1.f, 1.f}};
 
   const float inv_n = 1.f / static_cast<float>(cols);
   // The row pass: sum g and sum g * (x - mean) (g = dy * w) over the lane's vectors, one
@@ -1227,18 +1248,17 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
     const bool staged = warp < (n & ~3);
     const float mean = !p.mean ? 0.f : staged ? st[warp] : p.mean[row];
     const float rstd = staged ? st[ROWS + warp] : p.rstd[row];
-    const Raw<T, VEC>* xv = reinterpret_cast<const Raw<T, VEC>*>(rows_of(s) + int64_t{warp} * cols);
-    const Raw<T, VEC>* gv = xv + tile_elems / VEC;
+    const T* xr = rows_of(s) + warp * PITCH + lane * VEC;
     float sg[kBulkBwdMaxVpt], sgx[kBulkBwdMaxVpt];
 #pragma unroll
     for (int i = 0; i < kBulkBwdMaxVpt; ++i) {
       sg[i] = sgx[i] = 0.f;
-      const int c = i * 32 + lane;
-      if (c < nvec) {
-        const FVec<VEC> xf = to_float(xv[c]), df = to_float(gv[c]), w = weight(i);
+      if (i * 32 + lane < nvec) {
+        const FVec<VEC> xf = to_float(lds_raw<T, VEC>(xr + i * 32 * VEC));
+        const FVec<VEC> df = to_float(lds_raw<T, VEC>(xr + kTile + i * 32 * VEC));
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float g = df.v[j] * w.v[j];
+          const float g = df.v[j] * wrow[i][j];
           sg[i] += g;
           sgx[i] += g * (xf.v[j] - mean);
         }
@@ -1262,11 +1282,11 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
     const T* x = rows_of(s) + c0;
     T* dx = p.dx + tile * ROWS * cols + c0;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
+    for (int r = 0; r < ROWS; ++r, dx += cols) {
       if (r < n) {
         const float4 k = coef[par][r];  // mean, rstd, b, c
-        const FVec<CPT> xf = to_float(load_raw<T, CPT>(x + r * cols));
-        const FVec<CPT> df = to_float(load_raw<T, CPT>(x + tile_elems + r * cols));
+        const FVec<CPT> xf = to_float(lds_raw<T, CPT>(x + r * PITCH));
+        const FVec<CPT> df = to_float(lds_raw<T, CPT>(x + kTile + r * PITCH));
         FVec<CPT> o;
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
@@ -1276,11 +1296,12 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
           db[j] += df.v[j];
         }
         if constexpr (DSUM) {
-          const FVec<CPT> sf = to_float(load_raw<T, CPT>(x + 2 * tile_elems + r * cols));
+          const FVec<CPT> sf = to_float(lds_raw<T, CPT>(x + 2 * kTile + r * PITCH));
 #pragma unroll
           for (int j = 0; j < CPT; ++j) o.v[j] += sf.v[j];
         }
-        store_raw<T, CPT>(dx + r * cols, from_float<T, CPT>(o));
+        const Raw<T, CPT> out = from_float<T, CPT>(o);
+        *reinterpret_cast<uint2*>(dx) = make_uint2(out.w[0], out.w[1]);
       }
     }
   };
@@ -1290,9 +1311,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
   const int64_t tiles = (p.rows + ROWS - 1) / ROWS, step = gridDim.x;
   const int64_t first = blockIdx.x;  // the block's tiles: first + k * step (the grid <= tiles)
   const int64_t mine = (tiles - first + step - 1) / step;
-  if (threadIdx.x == 0) {
-    for (int k = 0; k < S && k < mine; ++k) stage(first + k * step, k);
-  }
+  for (int k = 0; k < S && k < mine; ++k) stage(first + k * step, k);
   mbar_wait(&full[0], 0);
   row_pass(first, 0, 0);
   __syncthreads();
@@ -1305,7 +1324,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
       row_pass(first + (k + 1) * step, s1, static_cast<int>((k + 1) & 1));
     }
     __syncthreads();  // slot s read by every thread (both passes); coef[k & 1] free again
-    if (threadIdx.x == 0 && k + S < mine) stage(first + (k + S) * step, s);
+    if (k + S < mine) stage(first + (k + S) * step, s);
   }
   if (c0 < cols) {
     const int64_t e = static_cast<int64_t>(blockIdx.x) * cols + c0;
@@ -2226,7 +2245,7 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
     if (stages < 2 || stages > 4) stages = kBulkBwdStages;  // out of range: the default
     auto run = [&](auto kernel) {
       if (!runs_sm90_code(kernel)) return false;
-      const size_t smem = stages * bulk_bwd_slot(p.cols, p.dsum != nullptr);
+      const size_t smem = stages * bulk_bwd_slot(p.dsum != nullptr);
       const int per_sm = resident_blocks(kernel, kBulkBwdThreads, smem);
       if (per_sm < 1) return false;
       const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, kBulkBwdRows),
