@@ -1071,8 +1071,9 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
 
 
 # norm_bwd_bulk (16-bit rows of 65-128 vectors, parameters and rows in x's dtype, sm_90:
-# tiles of 8 rows brought into a 4-slot ring by the copy engine, a row pass of one row a warp
-# and a column pass of 4 columns a thread): 520 (some threads idle in the column pass, the
+# tiles of 8 rows brought into a ring of 2-4 slots by the copy engine, a row pass of one row a
+# warp and a column pass of 4 columns a thread; by default 3 slots, 2 for the add forms up to
+# 768 columns, 4 forced by FUSED_NORM_BWD_BULK_STAGES): 520 (threads idle in the column pass, the
 # row pass's last vectors partly filled), 776, 1000 and 1024 columns; rows enough that every
 # block walks many tiles and the ring wraps, the last tile partial (5 rows: mean / rstd of
 # the 5th read from global memory, not copied), rows of different spread and offset, a
@@ -1091,11 +1092,14 @@ def _bulk_instance(call):
 
 
 @CUDA
+@pytest.mark.parametrize("stages", ["", "4"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols", BULK_BWD_CASES)
-def test_cuda_bulk_backward(dtype, cols, kind, monkeypatch):
+def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("norm_bwd_bulk is sm_90 code")
+    if stages:
+        monkeypatch.setenv("FUSED_NORM_BWD_BULK_STAGES", stages)
     rows = 8 * 132 * 7 + 13
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
     x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")

@@ -1128,23 +1128,21 @@ norm_bwd_warp(BwdParams<T, T, T> p) {
 
 // norm_bwd_bulk: 16-bit rows of 65-128 vectors (520-1024 columns), parameters and rows in
 // x's dtype, sm_90. norm_bwd_regs holds a row in 64 threads' registers next to their 32
-// dweight / dbias accumulators: 16 warps an SM with one row each in flight, ~32 KB an SM,
-// where softmax's backward over the same bytes keeps ~128 KB in flight and reads 80% of
-// copy against the norm's 58-66% (KERNEL_LOG norm v36). Here the copy engine brings tiles of
-// kBulkBwdRows whole rows (x, dy, d_sum, mean, rstd: one cp.async.bulk each, the rows of a
-// tile being contiguous) into a ring of kBulkBwdStages shared-memory slots, so ~3 tiles are
-// in flight an SM and no register holds them. A tile is used in two passes:
-// - the row pass: warp w forms row w's two sums (sum g, sum g * xhat; g = dy * w) from
-//   shared memory, as norm_bwd_warp does from registers, and leaves the row's (mean, rstd,
-//   c1, c2) in `coef`;
+// dweight / dbias accumulators, 16 warps an SM with one row each in flight; softmax's
+// backward over the same bytes keeps ~4x the bytes in flight (KERNEL_LOG norm v36). Here the
+// copy engine brings tiles of kBulkBwdRows rows (x, dy, d_sum: a cp.async.bulk a row and
+// input; mean, rstd: one each) into a ring of S shared-memory slots, S - 1 tiles in flight
+// while one is used, and no register holds them. A tile is used in two passes:
+// - the row pass: warp w forms row w's two sums (sum g, sum g * (x - mean); g = dy * w)
+//   from shared memory and leaves the row's dx coefficients in `coef`;
 // - the column pass: thread t owns columns 4t..4t+3 of every row, writes dx there and adds
 //   the dweight / dbias terms to 8 registers: one partial row a block, no shared-memory
-//   accumulators, and one block an SM (132 partial rows for column_sum).
-// The row pass of tile k + 1 and the column pass of tile k share one block barrier, after
-// which tile k's slot is refilled with tile k + kBulkBwdStages.
+//   accumulators.
+// The column pass of tile k and the row pass of tile k + 1 share one block barrier, after
+// which tile k's slot is refilled with tile k + S. S = 3 (two blocks an SM for the plain
+// norms), 2 for the add forms' rows of up to 768 columns (backward_bulk).
 constexpr int kBulkBwdThreads = 256;
 constexpr int kBulkBwdRows = kBulkBwdThreads / 32;  // a tile: one row a warp in the row pass
-constexpr int kBulkBwdStages = 4;
 constexpr int kBulkBwdCols = 4;    // columns a thread in the column pass
 constexpr int kBulkBwdMaxVpt = 4;  // 16-byte vectors a lane in the row pass
 constexpr int kBulkBwdPitch = 32 * kBulkBwdMaxVpt * 8;  // a staged row's elements: 1024
@@ -2241,8 +2239,12 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
         env_switched_off("FUSED_NORM_BWD_BULK")) {
       return false;
     }
-    int stages = env_int("FUSED_NORM_BWD_BULK_STAGES", kBulkBwdStages);
-    if (stages < 2 || stages > 4) stages = kBulkBwdStages;  // out of range: the default
+    // Three slots: two tiles in flight while one is used, and two blocks an SM for the plain
+    // norms (96 KB each); the add forms' slots hold d_sum too (144 KB, one block), which
+    // won at 1024 columns, while at 520 two blocks of two slots won (norm v36).
+    const int fit = p.dsum != nullptr && nvec <= 96 ? 2 : 3;
+    int stages = env_int("FUSED_NORM_BWD_BULK_STAGES", fit);
+    if (stages < 2 || stages > 4) stages = fit;  // out of range: the default
     auto run = [&](auto kernel) {
       if (!runs_sm90_code(kernel)) return false;
       const size_t smem = stages * bulk_bwd_slot(p.dsum != nullptr);
