@@ -884,6 +884,40 @@ def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
         assert any("norm_bwd_fixed" in n for n in names) == want, (w_dtype, fixed, dsum, names)
 
 
+def _backward_rows(rows, cols, dtype):
+    """Rows of different spread and offset, a constant row (7) and a row at mean 1e4."""
+    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
+    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
+    x[7] = 2.5
+    x[rows - 2] = _far_row(cols, dtype)
+    return x.to(dtype)
+
+
+def _check_backward_forms(kind, x, dy, mean, rstd, tag):
+    """The backward of rows x against float64 in every parameter config (weight and bias,
+    neither; for layer norm dweight alone and dbias alone), the masked outputs (the same
+    bits as the unmasked ones: a masked term is left out, the sums unchanged) and the add
+    forms (d_sum added to dx). mean / rstd: x's forward statistics, dy: a gradient for
+    the mask check."""
+    rows, cols = x.shape
+    dtype = x.dtype
+    for wcfg in ["same", None]:
+        w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
+        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg} {tag}")
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    if kind == "layer":
+        check_backward(kind, x, [cols], w, None, msg=f"cols={cols} no bias {tag}")
+        check_backward(kind, x, [cols], None, b, msg=f"cols={cols} no weight {tag}")
+        full = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True])
+        for mask in [[True, False], [False, True]]:
+            part = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, mask)
+            assert torch.equal(part[0], full[0])
+            for k in (1, 2):
+                assert torch.equal(part[k], full[k]) if mask[k - 1] else part[k].numel() == 0
+    r = torch.randn(rows, cols, device="cuda").to(dtype)
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add {tag}")
+
+
 # norm_bwd_regs' staged variant (float32 rows, x or the add forms' float32 sum: the
 # prefetching path with its row tiles, mean / rstd and w in shared memory, each thread's
 # copies two rows ahead) against FUSED_NORM_STAGE=0 (tiles in registers): lengths on the
@@ -904,11 +938,7 @@ STAGED_CASES = [(torch.bfloat16, 8), (torch.bfloat16, 1000), (torch.bfloat16, 40
 def test_cuda_staged_backward(dtype, cols, kind, stage, monkeypatch):
     monkeypatch.setenv("FUSED_NORM_STAGE", stage)
     rows = max(1621, (1 << 22) // cols)  # >= 5 rows a row group at any grid size here
-    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
-    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
-    x[7] = 2.5
-    x[rows - 2] = _far_row(cols, dtype)
-    x = x.to(dtype)
+    x = _backward_rows(rows, cols, dtype)
     fp32_rows = dtype == torch.float32
     if fp32_rows:
         for wcfg in ["same", None]:
@@ -1005,11 +1035,7 @@ def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
     if knobs:
         monkeypatch.setenv(*knobs.split("="))
     rows = 4 * 132 * 24 + 37
-    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
-    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
-    x[7] = 2.5
-    x[rows - 2] = _far_row(cols, dtype)
-    x = x.to(dtype)
+    x = _backward_rows(rows, cols, dtype)
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
     _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
     dy = torch.randn_like(x)
@@ -1019,23 +1045,7 @@ def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
         call = (_add_backward(kind, dy, torch.randn_like(x), x, cols, mean, rstd, w) if dsum
                 else _add_backward(kind, dy, None, x, cols, mean, rstd, w))
         assert _warp_instance(call) == (vpt, dsum, pf), (dsum, knobs)
-    for wcfg in ["same", None]:
-        w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
-        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg} {knobs}")
-    w, b = _params(kind, (cols,), dtype, "cuda", "same")
-    if kind == "layer":
-        # One term in a warp's slice: dweight alone (no bias), dbias alone (no weight).
-        check_backward(kind, x, [cols], w, None, msg=f"cols={cols} no bias {knobs}")
-        check_backward(kind, x, [cols], None, b, msg=f"cols={cols} no weight {knobs}")
-        # Masked outputs: the other term's slice is left out; the sums are the same bits.
-        full = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True])
-        for mask in [[True, False], [False, True]]:
-            part = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, mask)
-            assert torch.equal(part[0], full[0])
-            for k in (1, 2):
-                assert torch.equal(part[k], full[k]) if mask[k - 1] else part[k].numel() == 0
-    r = torch.randn(rows, cols, device="cuda").to(dtype)
-    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add {knobs}")
+    _check_backward_forms(kind, x, dy, mean, rstd, knobs)
 
 
 @CUDA
@@ -1101,11 +1111,7 @@ def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
     if stages:
         monkeypatch.setenv("FUSED_NORM_BWD_BULK_STAGES", stages)
     rows = 8 * 132 * 7 + 13
-    spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
-    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
-    x[7] = 2.5
-    x[rows - 2] = _far_row(cols, dtype)
-    x = x.to(dtype)
+    x = _backward_rows(rows, cols, dtype)
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
     _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
     dy = torch.randn_like(x)
@@ -1116,21 +1122,7 @@ def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
                                  rstd, w)
             assert _bulk_instance(call) == (dsum if want else None), (env, dsum)
     monkeypatch.delenv("FUSED_NORM_BWD_BULK")
-    for wcfg in ["same", None]:
-        w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
-        check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
-    w, b = _params(kind, (cols,), dtype, "cuda", "same")
-    if kind == "layer":
-        check_backward(kind, x, [cols], w, None, msg=f"cols={cols} no bias")
-        check_backward(kind, x, [cols], None, b, msg=f"cols={cols} no weight")
-        full = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True])
-        for mask in [[True, False], [False, True]]:
-            part = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, mask)
-            assert torch.equal(part[0], full[0])
-            for k in (1, 2):
-                assert torch.equal(part[k], full[k]) if mask[k - 1] else part[k].numel() == 0
-    r = torch.randn(rows, cols, device="cuda").to(dtype)
-    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add")
+    _check_backward_forms(kind, x, dy, mean, rstd, f"stages={stages}")
 
 
 @CUDA
