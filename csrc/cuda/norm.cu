@@ -1155,7 +1155,7 @@ __host__ __device__ constexpr size_t bulk_bwd_slot(bool dsum) {
 }
 
 // 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
-// loads), and 8 bytes stored to global memory as one.
+// loads).
 template <typename T, int N>
 __device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
   Raw<T, N> r;
@@ -1170,6 +1170,7 @@ __device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
   return r;
 }
 
+// Launch bound: two blocks an SM (<= 128 registers), which the plain norms' 3-slot ring fits.
 template <typename T, bool DSUM, int S>
 __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1298,7 +1299,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
 #pragma unroll
           for (int j = 0; j < CPT; ++j) o.v[j] += sf.v[j];
         }
-        const Raw<T, CPT> out = from_float<T, CPT>(o);
+        const Raw<T, CPT> out = from_float<T, CPT>(o);  // one 8-byte store, not two halves
         *reinterpret_cast<uint2*>(dx) = make_uint2(out.w[0], out.w[1]);
       }
     }
