@@ -1019,11 +1019,18 @@ WARP_BWD_CASES = [(torch.bfloat16, c) for c in [256, 264, 392, 504, 512]] + [
 _WARP_KERNEL = re.compile(r"norm_bwd_warp<[^,<>]+, (\d), (true|false), (true|false)>")
 
 
+def _kernel_instance(call, pattern):
+    """The template arguments (pattern's groups) of the one launch of pattern's kernel that
+    call() makes, or None."""
+    found = [m.groups() for n in cuda_kernel_names(call) for m in [pattern.search(n)] if m]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
 def _warp_instance(call):
     """(VPT, DSUM, PF) of the one norm_bwd_warp launch call() makes, or None."""
-    found = [m.groups() for n in cuda_kernel_names(call) for m in [_WARP_KERNEL.search(n)] if m]
-    assert len(found) <= 1, found
-    return (int(found[0][0]), found[0][1] == "true", found[0][2] == "true") if found else None
+    g = _kernel_instance(call, _WARP_KERNEL)
+    return (int(g[0]), g[1] == "true", g[2] == "true") if g else None
 
 
 @CUDA
@@ -1096,9 +1103,8 @@ _BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), \d>")
 
 def _bulk_instance(call):
     """DSUM of the one norm_bwd_bulk launch call() makes, or None."""
-    found = [m.group(1) for n in cuda_kernel_names(call) for m in [_BULK_KERNEL.search(n)] if m]
-    assert len(found) <= 1, found
-    return found[0] == "true" if found else None
+    g = _kernel_instance(call, _BULK_KERNEL)
+    return g[0] == "true" if g else None
 
 
 @CUDA

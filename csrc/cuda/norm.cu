@@ -2144,11 +2144,14 @@ bool backward_fixed(const BwdParams<T, T, T>& p, NormBackward& nb) {
   }
 }
 
-// A persistent backward of `blocks` blocks, each writing one partial row of dweight /
-// dbias, then column_sum over the partial rows. args: the kernel's parameters after p.
+// A persistent backward: as many blocks of `kernel` as are resident at once (per_sm an SM),
+// but no more than `units` (the least a block takes: a row, a row group, a tile), each
+// writing one partial row of dweight / dbias; then column_sum over the partial rows. args:
+// the kernel's parameters after p.
 template <typename Kernel, typename T, typename W, typename R, typename... Args>
-void launch_with_partials(Kernel kernel, int64_t blocks, int threads, size_t smem,
+void launch_with_partials(Kernel kernel, int64_t units, int per_sm, int threads, size_t smem,
                           BwdParams<T, W, R> p, NormBackward& nb, Args... args) {
+  const int64_t blocks = std::min<int64_t>(units, per_sm * int64_t{num_sms()});
   at::Tensor part = alloc_partials(nb, blocks);
   point_partials(p, part, blocks, nb);
   launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p, args...);
@@ -2174,8 +2177,7 @@ bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
   int per_sm = resident_blocks(kernel, threads, smem);
   if (STAGES > 0 && per_sm < 1) return false;
   per_sm = std::clamp(per_sm, 1, kBwdBlocksPerSm);
-  const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, groups), per_sm * int64_t{num_sms()});
-  launch_with_partials(kernel, blocks, threads, smem, p, nb, tpr);
+  launch_with_partials(kernel, ceil_div(p.rows, groups), per_sm, threads, smem, p, nb, tpr);
   return true;
 }
 
@@ -2188,10 +2190,10 @@ bool backward_regs(BwdParams<T, W, R> p, NormBackward& nb, int need) {
 // so that the fewest partial rows go to column_sum).
 template <typename T, typename W, typename R, int VEC>
 bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
-  if constexpr (VEC != kWarpBwdVec || sizeof(T) != 2 || !std::is_same_v<T, W> ||
-                !std::is_same_v<T, R>) {
+  if constexpr (!kFixedTypes<T, W, R, VEC>) {  // 16-bit x, parameters and rows, 16-byte path
     return false;
   } else {
+    static_assert(VEC == kWarpBwdVec, "8 elements a 16-byte vector");
     const int nvec = p.cols / VEC;
     if (nvec < 32 || nvec > 64 || env_switched_off("FUSED_NORM_BWD_WARP")) return false;
     const bool dsum = p.dsum != nullptr;
@@ -2206,8 +2208,7 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
       const size_t smem = slice * param_grads(nb) * warps;
       const int per_sm = resident_blocks(kernel, threads, smem);
       if (per_sm < 1) return false;
-      const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, warps), per_sm * int64_t{num_sms()});
-      launch_with_partials(kernel, blocks, threads, smem, p, nb);
+      launch_with_partials(kernel, ceil_div(p.rows, warps), per_sm, threads, smem, p, nb);
       return true;
     };
     auto with_vpt = [&](auto vpt_tag) {
@@ -2231,12 +2232,12 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
 // comparisons: norm_bwd_regs then).
 template <typename T, typename W, typename R, int VEC>
 bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
-  if constexpr (VEC != 8 || sizeof(T) != 2 || !std::is_same_v<T, W> || !std::is_same_v<T, R>) {
+  if constexpr (!kFixedTypes<T, W, R, VEC>) {  // 16-bit x, parameters and rows, 16-byte path
     return false;
   } else {
+    static_assert(VEC == 8, "8 elements a 16-byte vector");
     const int nvec = p.cols / VEC;
-    auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    if (nvec <= 64 || nvec > 32 * kBulkBwdMaxVpt || !aligned(p.mean) || !aligned(p.rstd) ||
+    if (nvec <= 64 || nvec > 32 * kBulkBwdMaxVpt || !vec_ok<4>(p.mean) || !vec_ok<4>(p.rstd) ||
         env_switched_off("FUSED_NORM_BWD_BULK")) {
       return false;
     }
@@ -2251,9 +2252,8 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
       const size_t smem = stages * bulk_bwd_slot(p.dsum != nullptr);
       const int per_sm = resident_blocks(kernel, kBulkBwdThreads, smem);
       if (per_sm < 1) return false;
-      const int64_t blocks = std::min<int64_t>(ceil_div(p.rows, kBulkBwdRows),
-                                               per_sm * int64_t{num_sms()});
-      launch_with_partials(kernel, blocks, kBulkBwdThreads, smem, p, nb);
+      launch_with_partials(kernel, ceil_div(p.rows, kBulkBwdRows), per_sm, kBulkBwdThreads, smem,
+                           p, nb);
       return true;
     };
     auto with_stages = [&](auto s_tag) {
