@@ -48,6 +48,11 @@
 //   * norm_bwd_warp, ahead of norm_bwd_regs for 16-bit rows of 256-512 columns (parameters
 //     in x's dtype): a warp a row, no block barrier, the dweight / dbias terms in the
 //     warp's own slice of shared memory instead of registers (FUSED_NORM_BWD_WARP=0: off).
+//   * norm_bwd_bulk (sm_90), ahead of norm_bwd_regs for 16-bit rows of 520-1024 columns
+//     (parameters in x's dtype): a row a pair of warps, brought into the pair's own ring of
+//     shared-memory slots by the copy engine (cp.async.bulk), several rows a pair in flight
+//     and none in registers; the dweight / dbias terms in registers
+//     (FUSED_NORM_BWD_BULK=0: off).
 //   * norm_bwd_fixed (sm_90), ahead of norm_bwd_regs: the launch shape a compile-time
 //     constant for 16-bit rows of 4096, 5120, 8192, 12288, 16384 or 32768 columns and
 //     float32 rows of 12288 or 16384, parameters (and the add forms' sum) in x's dtype: a
@@ -1127,31 +1132,28 @@ norm_bwd_warp(BwdParams<T, T, T> p) {
 }
 
 // norm_bwd_bulk: 16-bit rows of 65-128 vectors (520-1024 columns), parameters and rows in
-// x's dtype, sm_90. norm_bwd_regs holds a row in 64 threads' registers next to their 32
-// dweight / dbias accumulators, 16 warps an SM with one row each in flight; softmax's
-// backward over the same bytes keeps ~4x the bytes in flight (KERNEL_LOG norm v36). Here the
-// copy engine brings tiles of kBulkBwdRows rows (x, dy, d_sum: a cp.async.bulk a row and
-// input; mean, rstd: one each) into a ring of S shared-memory slots, S - 1 tiles in flight
-// while one is used, and no register holds them. A tile is used in two passes:
-// - the row pass: warp w forms row w's two sums (sum g, sum g * (x - mean); g = dy * w)
-//   from shared memory and leaves the row's dx coefficients in `coef`;
-// - the column pass: thread t owns columns 4t..4t+3 of every row, writes dx there and adds
-//   the dweight / dbias terms to 8 registers: one partial row a block, no shared-memory
-//   accumulators.
-// The column pass of tile k and the row pass of tile k + 1 share one block barrier, after
-// which tile k's slot is refilled with tile k + S. S = 3 (two blocks an SM for the plain
-// norms), 2 for the add forms' rows of up to 768 columns (backward_bulk).
+// x's dtype, sm_90 (KERNEL_LOG norm v36, v37). norm_bwd_regs holds a row in 64 threads'
+// registers next to their 32 dweight / dbias accumulators: 16 warps an SM with one row each
+// in flight, where softmax's backward over the same bytes keeps ~4x the bytes in flight. Here
+// a row has the same 64 threads (a pair of warps, 2 vectors a thread), but the copy engine
+// brings it: each pair has its own ring of S one-row slots (x, dy, d_sum: a cp.async.bulk an
+// input), so S - 1 rows a pair are in flight while one is used and no register holds them.
+// A row is read from its slot once, into registers (x - mean and dy as floats); the pair adds
+// its two warps' row sums through shared memory at a named barrier of its 64 threads (no
+// block barrier in the row loop), after which the slot is refilled, and writes dx. The
+// dweight / dbias terms stay in registers; at the end the block's 4 pairs add theirs in pair
+// order: one partial row a block, deterministic.
+// dx = rstd (g - c1 - xhat c2) (g = dy w, xhat = (x - mean) rstd, c1 = mean g, c2 = mean
+// g xhat) as d w + (t kc + kb) with t = x - mean, d = dy rstd, kc = -rstd^2 c2,
+// kb = -rstd c1: 2 operations an element; dweight += d t, dbias += dy.
 constexpr int kBulkBwdThreads = 256;
-constexpr int kBulkBwdRows = kBulkBwdThreads / 32;  // a tile: one row a warp in the row pass
-constexpr int kBulkBwdCols = 4;    // columns a thread in the column pass
-constexpr int kBulkBwdMaxVpt = 4;  // 16-byte vectors a lane in the row pass
-constexpr int kBulkBwdPitch = 32 * kBulkBwdMaxVpt * 8;  // a staged row's elements: 1024
+constexpr int kBulkBwdPairs = kBulkBwdThreads / 64;  // rows in step in a block
+constexpr int kBulkBwdVpt = 2;                       // 16-byte vectors a thread
+constexpr int kBulkBwdPitch = 64 * kBulkBwdVpt * 8;  // a slot's row: 1024 elements
 
-// A slot: x, dy (and d_sum) tiles of kBulkBwdRows rows at a fixed pitch (each row its own
-// bulk copy, so that shared-memory addresses are constants whatever the row length), then
-// mean and rstd (a float each a row).
+// A slot: one row of x, dy (and d_sum) at a fixed pitch; a pair's ring is S slots.
 __host__ __device__ constexpr size_t bulk_bwd_slot(bool dsum) {
-  return (2 + dsum) * size_t{kBulkBwdRows} * kBulkBwdPitch * 2 + 2 * kBulkBwdRows * sizeof(float);
+  return (2 + dsum) * size_t{kBulkBwdPitch} * 2;
 }
 
 // 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
@@ -1170,165 +1172,175 @@ __device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
   return r;
 }
 
-// Launch bound: two blocks an SM (<= 128 registers), which the plain norms' 3-slot ring fits.
+// A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (0 is
+// __syncthreads'): orders their shared-memory accesses like __syncthreads.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Launch bound: two blocks an SM (<= 128 registers).
 template <typename T, bool DSUM, int S>
 __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
-  constexpr int VEC = 8, ROWS = kBulkBwdRows, CPT = kBulkBwdCols, PITCH = kBulkBwdPitch;
-  constexpr int kTile = ROWS * PITCH;  // elements of one input's tile in a slot
-  grid_dependency_wait();  // launched early (launch_early): nothing global before this
+  constexpr int VEC = 8, VPT = kBulkBwdVpt, PITCH = kBulkBwdPitch, PAIRS = kBulkBwdPairs;
+  constexpr int kInputs = 2 + DSUM;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  __shared__ uint64_t full[S];
-  __shared__ float4 coef[2][ROWS];  // a tile's rows' (mean, rstd, b, c), by tile parity
+  __shared__ uint64_t full[PAIRS][S];
+  __shared__ float2 sums[PAIRS][2][2];  // [pair][row parity][warp]: (sum g, sum g t)
   if constexpr (!DSUM) p.dsum = nullptr;
   const int cols = p.cols, nvec = cols / VEC;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  auto rows_of = [&](int s) {  // x, then dy at + kTile, d_sum at + 2 kTile
-    return reinterpret_cast<T*>(dyn_smem + s * bulk_bwd_slot(DSUM));
+  const int lane = threadIdx.x % 32, pair = threadIdx.x / 64, half = threadIdx.x / 32 % 2;
+  const int u = threadIdx.x % 64;  // the thread in its pair: vectors u and u + 64 of a row
+  // The pair's rows: first + j * pairs, j < mine.
+  const int64_t pairs = static_cast<int64_t>(gridDim.x) * PAIRS;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * PAIRS + pair;
+  const int64_t mine = first < p.rows ? (p.rows - first + pairs - 1) / pairs : 0;
+  T* const ring = reinterpret_cast<T*>(dyn_smem) + pair * S * kInputs * PITCH;
+  const uint32_t row_bytes = static_cast<uint32_t>(cols * sizeof(T));
+  auto stage = [&](int64_t j, int s) {  // the pair's row j into slot s (thread u == 0)
+    const int64_t off = (first + j * pairs) * cols;
+    T* dst = ring + s * kInputs * PITCH;
+    mbar_expect(&full[pair][s], kInputs * row_bytes);
+    bulk_load(dst, p.x + off, row_bytes, &full[pair][s]);
+    bulk_load(dst + PITCH, p.dy + off, row_bytes, &full[pair][s]);
+    if constexpr (DSUM) bulk_load(dst + 2 * PITCH, p.dsum + off, row_bytes, &full[pair][s]);
   };
-  auto stats_of = [&](int s) {  // mean [ROWS], rstd [ROWS]
-    return reinterpret_cast<float*>(rows_of(s) + (2 + DSUM) * kTile);
-  };
-  auto tile_rows = [&](int64_t tile) {
-    return static_cast<int>(std::min<int64_t>(ROWS, p.rows - tile * ROWS));
-  };
-  // Every thread calls it: the tile's rows into slot s, warp w's lane 0 copying row w of each
-  // input, thread 0 expecting the bytes and copying mean / rstd in whole 16-byte pieces (the
-  // first n & ~3 rows; a last tile's other rows read theirs from global memory). Copies may
-  // land before the expect (the transaction count runs negative until then).
-  auto stage = [&](int64_t tile, int s) {
-    const int n = tile_rows(tile);
-    const int64_t r0 = tile * ROWS;
-    const uint32_t row_bytes = static_cast<uint32_t>(cols * sizeof(T));
-    if (threadIdx.x == 0) {
-      const uint32_t stat_bytes = static_cast<uint32_t>((n & ~3) * sizeof(float));
-      mbar_expect(&full[s], (2 + DSUM) * n * row_bytes + (p.mean ? 2 : 1) * stat_bytes);
-      if (stat_bytes > 0) {
-        if (p.mean) bulk_load(stats_of(s), p.mean + r0, stat_bytes, &full[s]);
-        bulk_load(stats_of(s) + ROWS, p.rstd + r0, stat_bytes, &full[s]);
+  // The slots past the row (never copied to) hold zeros: a row is read whole, without
+  // bounds checks, and there dy = 0 adds nothing to the sums or the dweight / dbias terms.
+  bool valid[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    valid[i] = u + 64 * i < nvec;
+    if (!valid[i]) {
+      for (int e = 0; e < S * kInputs; ++e) {
+        *reinterpret_cast<uint4*>(ring + e * PITCH + (u + 64 * i) * VEC) = make_uint4(0, 0, 0, 0);
       }
     }
-    if (lane == 0 && warp < n) {
-      const int64_t off = (r0 + warp) * cols;
-      T* dst = rows_of(s) + warp * PITCH;
-      bulk_load(dst, p.x + off, row_bytes, &full[s]);
-      bulk_load(dst + kTile, p.dy + off, row_bytes, &full[s]);
-      if constexpr (DSUM) bulk_load(dst + 2 * kTile, p.dsum + off, row_bytes, &full[s]);
-    }
-  };
-
-  // w as floats: the row pass's vectors lane + 32 i, the column pass's 4 columns (1 where
-  // there is no weight or past the row).
-  const int c0 = CPT * static_cast<int>(threadIdx.x);  // the column pass's first column
-  float wrow[kBulkBwdMaxVpt][VEC];
-  FVec<CPT> wcol;
-#pragma unroll
-  for (int i = 0; i < kBulkBwdMaxVpt; ++i) {
-    const int c = i * 32 + lane;
-    const FVec<VEC> w = p.weight && c < nvec ? to_float(load_raw<T, VEC>(p.weight + c * VEC))
-                                             : FVec<VEC>{{1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f}};
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) wrow[i][j] = w.v[j];
   }
-  wcol = p.weight && c0 < cols ? to_float(load_raw<T, CPT>(p.weight + c0))
-                               : FVec<CPT>{{1.f, 1.f, 1.f, 1.f}};
+  if (threadIdx.x < PAIRS * S) mbar_init(&full[0][0] + threadIdx.x);
+  // Launched early (launch_early): shared memory only before this, nothing global.
+  grid_dependency_wait();
+  __syncthreads();  // the mbarriers exist before any copy or wait; the zeros are in
+  // w as floats (1 where there is no weight or past the row).
+  float w[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const FVec<VEC> f = param_or<T, VEC>(valid[i] ? p.weight : nullptr, u + 64 * i, 1.f);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) w[i][k] = f.v[k];
+  }
+  if (u == 0) {
+    for (int j = 0; j < S && j < mine; ++j) stage(j, j);
+  }
+  // mean / rstd of the pair's rows 32 at a time, lane l holding row 32 b + l's; the next 32
+  // loaded while these are used.
+  float stat[2][2];  // [this batch, next][mean, rstd]
+  auto load_stats = [&](int64_t b, float (&st)[2]) {
+    const int64_t j = 32 * b + lane;
+    const int64_t row = first + j * pairs;
+    st[0] = j < mine && p.mean ? p.mean[row] : 0.f;
+    st[1] = j < mine ? p.rstd[row] : 0.f;
+  };
+  load_stats(0, stat[0]);
+  load_stats(1, stat[1]);
 
+  float dw[VPT][VEC], db[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dw[i][k] = db[i][k] = 0.f;
+  }
   const float inv_n = 1.f / static_cast<float>(cols);
-  // The row pass: sum g and sum g * (x - mean) (g = dy * w) over the lane's vectors, one
-  // pair of partial sums a vector (four independent add chains, not one), then over the
-  // warp; the row's dx = rstd * g + b + xhat * c with b = -rstd * c1, c = -rstd * c2 goes to
-  // coef (mean, rstd, b, c).
-  auto row_pass = [&](int64_t tile, int s, int par) {
-    const int n = tile_rows(tile);
-    if (warp >= n) return;
-    const float* st = stats_of(s);
-    const int64_t row = tile * ROWS + warp;
-    const bool staged = warp < (n & ~3);
-    const float mean = !p.mean ? 0.f : staged ? st[warp] : p.mean[row];
-    const float rstd = staged ? st[ROWS + warp] : p.rstd[row];
-    const T* xr = rows_of(s) + warp * PITCH + lane * VEC;
-    float sg[kBulkBwdMaxVpt], sgx[kBulkBwdMaxVpt];
+  T* dx = p.dx + first * cols + u * VEC;  // the pair's row j: dx + j * step
+  const int64_t step = pairs * cols;
+  int s = 0;
+  uint32_t phase = 0;  // of slot s's barrier
+  for (int64_t j = 0; j < mine; ++j, dx += step) {
+    if (j % 32 == 0 && j > 0) {
+      stat[0][0] = stat[1][0], stat[0][1] = stat[1][1];
+      load_stats(j / 32 + 1, stat[1]);
+    }
+    const float mean = __shfl_sync(0xffffffffu, stat[0][0], static_cast<int>(j % 32));
+    const float rstd = __shfl_sync(0xffffffffu, stat[0][1], static_cast<int>(j % 32));
+    const T* src = ring + s * kInputs * PITCH + u * VEC;
+    mbar_wait(&full[pair][s], phase);
+    // The row into registers: t = x - mean, dy; the two sums over the thread's elements (a
+    // pair of add chains a vector).
+    float t[VPT][VEC], d[VPT][VEC], sg[VPT], sgt[VPT];
+    Raw<T, VEC> ds[VPT];
 #pragma unroll
-    for (int i = 0; i < kBulkBwdMaxVpt; ++i) {
-      sg[i] = sgx[i] = 0.f;
-      if (i * 32 + lane < nvec) {
-        const FVec<VEC> xf = to_float(lds_raw<T, VEC>(xr + i * 32 * VEC));
-        const FVec<VEC> df = to_float(lds_raw<T, VEC>(xr + kTile + i * 32 * VEC));
+    for (int i = 0; i < VPT; ++i) {
+      sg[i] = sgt[i] = 0.f;
+      const FVec<VEC> xf = to_float(lds_raw<T, VEC>(src + 64 * i * VEC));
+      const FVec<VEC> df = to_float(lds_raw<T, VEC>(src + PITCH + 64 * i * VEC));
+      if constexpr (DSUM) ds[i] = lds_raw<T, VEC>(src + 2 * PITCH + 64 * i * VEC);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float g = df.v[j] * wrow[i][j];
-          sg[i] += g;
-          sgx[i] += g * (xf.v[j] - mean);
-        }
+      for (int k = 0; k < VEC; ++k) {
+        t[i][k] = xf.v[k] - mean;
+        d[i][k] = df.v[k];
+        const float g = df.v[k] * w[i][k];
+        sg[i] += g;
+        sgt[i] += g * t[i][k];
       }
     }
-    static_assert(kBulkBwdMaxVpt == 4, "the partial sums are added as a tree of four");
-    const float a = warp_sum((sg[0] + sg[1]) + (sg[2] + sg[3]));
-    const float b = warp_sum((sgx[0] + sgx[1]) + (sgx[2] + sgx[3]));
-    if (lane == 0) {
-      const float c1 = p.mean ? a * inv_n : 0.f, c2 = b * rstd * inv_n;
-      coef[par][warp] = make_float4(mean, rstd, -rstd * c1, -rstd * c2);
-    }
-  };
-
-  float dw[CPT], db[CPT];
+    static_assert(VPT == 2, "two add chains a sum");
+    const float a = warp_sum(sg[0] + sg[1]), b = warp_sum(sgt[0] + sgt[1]);
+    if (lane == 0) sums[pair][j & 1][half] = make_float2(a, b);
+    // Both warps' sums are in, and both have read the slot: refill it.
+    named_barrier(1 + pair, 64);
+    if (u == 0 && j + S < mine) stage(j + S, s);
+    if (++s == S) s = 0, phase ^= 1;
+    const float2 s0 = sums[pair][j & 1][0], s1 = sums[pair][j & 1][1];  // one order for both
+    const float c1 = p.mean ? (s0.x + s1.x) * inv_n : 0.f, c2 = (s0.y + s1.y) * rstd * inv_n;
+    const float kb = -rstd * c1, kc = -rstd * rstd * c2;
 #pragma unroll
-  for (int j = 0; j < CPT; ++j) dw[j] = db[j] = 0.f;
-  auto col_pass = [&](int64_t tile, int s, int par) {
-    if (c0 >= cols) return;
-    const int n = tile_rows(tile);
-    const T* x = rows_of(s) + c0;
-    T* dx = p.dx + tile * ROWS * cols + c0;
+    for (int i = 0; i < VPT; ++i) {
+      FVec<VEC> o;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r, dx += cols) {
-      if (r < n) {
-        const float4 k = coef[par][r];  // mean, rstd, b, c
-        const FVec<CPT> xf = to_float(lds_raw<T, CPT>(x + r * PITCH));
-        const FVec<CPT> df = to_float(lds_raw<T, CPT>(x + kTile + r * PITCH));
-        FVec<CPT> o;
-#pragma unroll
-        for (int j = 0; j < CPT; ++j) {
-          const float xhat = (xf.v[j] - k.x) * k.y;
-          o.v[j] = fmaf(xhat, k.w, fmaf(df.v[j] * wcol.v[j], k.y, k.z));
-          dw[j] += df.v[j] * xhat;
-          db[j] += df.v[j];
-        }
-        if constexpr (DSUM) {
-          const FVec<CPT> sf = to_float(lds_raw<T, CPT>(x + 2 * kTile + r * PITCH));
-#pragma unroll
-          for (int j = 0; j < CPT; ++j) o.v[j] += sf.v[j];
-        }
-        const Raw<T, CPT> out = from_float<T, CPT>(o);  // one 8-byte store, not two halves
-        *reinterpret_cast<uint2*>(dx) = make_uint2(out.w[0], out.w[1]);
+      for (int k = 0; k < VEC; ++k) {
+        const float dr = d[i][k] * rstd;
+        o.v[k] = fmaf(dr, w[i][k], fmaf(t[i][k], kc, kb));
+        dw[i][k] = fmaf(dr, t[i][k], dw[i][k]);
+        db[i][k] += d[i][k];
       }
+      if constexpr (DSUM) {
+        const FVec<VEC> sf = to_float(ds[i]);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o.v[k] += sf.v[k];
+      }
+      if (valid[i]) store_raw<T, VEC>(dx + 64 * i * VEC, from_float<T, VEC>(o));
     }
-  };
-
-  if (threadIdx.x < S) mbar_init(&full[threadIdx.x]);
-  __syncthreads();  // the mbarriers exist before any copy or wait
-  const int64_t tiles = (p.rows + ROWS - 1) / ROWS, step = gridDim.x;
-  const int64_t first = blockIdx.x;  // the block's tiles: first + k * step (the grid <= tiles)
-  const int64_t mine = (tiles - first + step - 1) / step;
-  for (int k = 0; k < S && k < mine; ++k) stage(first + k * step, k);
-  mbar_wait(&full[0], 0);
-  row_pass(first, 0, 0);
-  __syncthreads();
-  for (int64_t k = 0; k < mine; ++k) {
-    const int s = static_cast<int>(k % S);
-    col_pass(first + k * step, s, static_cast<int>(k & 1));  // before waiting on tile k + 1
-    if (k + 1 < mine) {
-      const int s1 = static_cast<int>((k + 1) % S);
-      mbar_wait(&full[s1], static_cast<uint32_t>(((k + 1) / S) & 1));
-      row_pass(first + (k + 1) * step, s1, static_cast<int>((k + 1) & 1));
-    }
-    __syncthreads();  // slot s read by every thread (both passes); coef[k & 1] free again
-    if (k + S < mine) stage(first + (k + S) * step, s);
   }
+  if (!p.dw_part && !p.db_part) return;  // uniform across the grid
+  // The pairs' partials through the (now idle) rings, added in pair order: [pair][term][PITCH]
+  // floats, 32 KB (the rings hold >= 2 slots of 4 KB a pair).
+  static_assert(S * bulk_bwd_slot(false) >= 2 * PITCH * sizeof(float), "the partials fit");
+  __syncthreads();  // every pair's last slot read
+  float* part = reinterpret_cast<float*>(dyn_smem);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (valid[i]) {
+      float* q = part + pair * 2 * PITCH + (u + 64 * i) * VEC;
+      store_floats<VEC>(q, dw[i]);
+      store_floats<VEC>(q + PITCH, db[i]);
+    }
+  }
+  __syncthreads();
+  constexpr int CPT = PITCH / kBulkBwdThreads;  // columns a thread in the sum: 4
+  const int c0 = CPT * static_cast<int>(threadIdx.x);
   if (c0 < cols) {
+    float sw[CPT], sb[CPT];
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) sw[k] = sb[k] = 0.f;
+    for (int q = 0; q < PAIRS; ++q) {
+      const float* src = part + q * 2 * PITCH + c0;
+#pragma unroll
+      for (int k = 0; k < CPT; ++k) sw[k] += src[k], sb[k] += src[PITCH + k];
+    }
     const int64_t e = static_cast<int64_t>(blockIdx.x) * cols + c0;
-    if (p.dw_part) store_floats<CPT>(p.dw_part + e, dw);
-    if (p.db_part) store_floats<CPT>(p.db_part + e, db);
+    if (p.dw_part) store_floats<CPT>(p.dw_part + e, sw);
+    if (p.db_part) store_floats<CPT>(p.db_part + e, sb);
   }
 #else
   __trap();  // the host launches it only where sm_90 code runs (backward_bulk)
@@ -2227,9 +2239,9 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
 }
 
 // norm_bwd_bulk for 16-bit rows of 65-128 vectors (520-1024 columns) with parameters and rows
-// in x's dtype, where its sm_90 code runs and mean / rstd are 16-byte aligned (their bulk
-// copies); false where it does not apply. FUSED_NORM_BWD_BULK=0 turns it off (for
-// comparisons: norm_bwd_regs then).
+// in x's dtype, where its sm_90 code runs; false where it does not apply.
+// FUSED_NORM_BWD_BULK=0 turns it off (for comparisons: norm_bwd_regs then),
+// FUSED_NORM_BWD_BULK_STAGES=2|3|4|6 sets a pair's slots.
 template <typename T, typename W, typename R, int VEC>
 bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
   if constexpr (!kFixedTypes<T, W, R, VEC>) {  // 16-bit x, parameters and rows, 16-byte path
@@ -2237,31 +2249,33 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
   } else {
     static_assert(VEC == 8, "8 elements a 16-byte vector");
     const int nvec = p.cols / VEC;
-    if (nvec <= 64 || nvec > 32 * kBulkBwdMaxVpt || !vec_ok<4>(p.mean) || !vec_ok<4>(p.rstd) ||
-        env_switched_off("FUSED_NORM_BWD_BULK")) {
+    if (nvec <= 64 || nvec > 64 * kBulkBwdVpt || env_switched_off("FUSED_NORM_BWD_BULK")) {
       return false;
     }
-    // Three slots: two tiles in flight while one is used, and two blocks an SM for the plain
-    // norms (96 KB each); the add forms' slots hold d_sum too (144 KB, one block), which
-    // won at 1024 columns, while at 520 two blocks of two slots won (norm v36).
-    const int fit = p.dsum != nullptr && nvec <= 96 ? 2 : 3;
+    // A pair's slots (two blocks an SM in each case): 4 (three rows in flight) at 776-1024
+    // columns; shorter rows measured best with fewer, 3 for the plain norms, 2 for the add
+    // forms (norm v37).
+    const int fit = nvec > 96 ? 4 : p.dsum ? 2 : 3;
     int stages = env_int("FUSED_NORM_BWD_BULK_STAGES", fit);
-    if (stages < 2 || stages > 4) stages = fit;  // out of range: the default
+    if (stages < 2 || stages > 6 || stages == 5) stages = fit;  // out of range: the default
     auto run = [&](auto kernel) {
       if (!runs_sm90_code(kernel)) return false;
-      const size_t smem = stages * bulk_bwd_slot(p.dsum != nullptr);
+      const size_t smem = kBulkBwdPairs * stages * bulk_bwd_slot(p.dsum != nullptr);
       const int per_sm = resident_blocks(kernel, kBulkBwdThreads, smem);
       if (per_sm < 1) return false;
-      launch_with_partials(kernel, ceil_div(p.rows, kBulkBwdRows), per_sm, kBulkBwdThreads, smem,
-                           p, nb);
+      launch_with_partials(kernel, ceil_div(p.rows, kBulkBwdPairs), per_sm, kBulkBwdThreads,
+                           smem, p, nb);
       return true;
     };
     auto with_stages = [&](auto s_tag) {
       constexpr int S = decltype(s_tag)::value;
       return p.dsum ? run(norm_bwd_bulk<T, true, S>) : run(norm_bwd_bulk<T, false, S>);
     };
-    if (stages == 2) return with_stages(std::integral_constant<int, 2>{});
-    if (stages == 3) return with_stages(std::integral_constant<int, 3>{});
+    switch (stages) {
+      case 2: return with_stages(std::integral_constant<int, 2>{});
+      case 3: return with_stages(std::integral_constant<int, 3>{});
+      case 6: return with_stages(std::integral_constant<int, 6>{});
+    }
     return with_stages(std::integral_constant<int, 4>{});
   }
 }
