@@ -1131,6 +1131,23 @@ def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
 
 
 @CUDA
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_bulk_backward_many_rows(kind):
+    # Over 32 rows a pair (8 pairs an SM at 4 slots): the pair's mean / rstd come 32 rows at
+    # a time, so this walks past its first batch into the one loaded while it was used.
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("norm_bwd_bulk is sm_90 code")
+    cols = 1024
+    rows = 40 * 8 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    x = _backward_rows(rows, cols, torch.bfloat16)
+    w, b = _params(kind, (cols,), torch.bfloat16, "cuda", "same")
+    _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
+    call = _add_backward(kind, torch.randn_like(x), None, x, cols, mean, rstd, w)
+    assert _bulk_instance(call) is False
+    check_backward(kind, x, [cols], w, b, msg=f"rows={rows}")
+
+
+@CUDA
 def test_cuda_bulk_backward_fallbacks():
     # mean / rstd at any 4-byte offset stay on norm_bwd_bulk (each thread loads them; the same
     # bits as aligned ones); what it leaves to the other kernels: parameters in float32, float32
