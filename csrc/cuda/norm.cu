@@ -1239,7 +1239,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
   auto load_stats = [&](int64_t b, float (&st)[2]) {
     const int64_t j = 32 * b + lane;
     const int64_t row = first + j * pairs;
-    st[0] = j < mine && p.mean ? p.mean[row] : 0.f;
+    st[0] = (j < mine && p.mean) ? p.mean[row] : 0.f;
     st[1] = j < mine ? p.rstd[row] : 0.f;
   };
   load_stats(0, stat[0]);
@@ -2252,9 +2252,9 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
     if (nvec <= 64 || nvec > 64 * kBulkBwdVpt || env_switched_off("FUSED_NORM_BWD_BULK")) {
       return false;
     }
-    // A pair's slots (two blocks an SM in each case): 4 (three rows in flight) at 776-1024
-    // columns; shorter rows measured best with fewer, 3 for the plain norms, 2 for the add
-    // forms (norm v37).
+    // A pair's slots (each default fits two blocks an SM; 6 with d_sum fits one): 4 (three
+    // rows in flight) at 776-1024 columns; shorter rows measured best with fewer, 3 for the
+    // plain norms, 2 for the add forms (norm v37).
     const int fit = nvec > 96 ? 4 : p.dsum ? 2 : 3;
     int stages = env_int("FUSED_NORM_BWD_BULK_STAGES", fit);
     if (stages < 2 || stages > 6 || stages == 5) stages = fit;  // out of range: the default
