@@ -1100,6 +1100,11 @@ BULK_BWD_CASES = [(torch.bfloat16, c) for c in [520, 776, 1000, 1024]] + [(torch
 _BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), \d>")
 
 
+def _skip_unless_sm90():
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("norm_bwd_bulk is sm_90 code")
+
+
 def _bulk_instance(call):
     """DSUM of the one norm_bwd_bulk launch call() makes, or None."""
     g = _kernel_instance(call, _BULK_KERNEL)
@@ -1111,8 +1116,7 @@ def _bulk_instance(call):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols", BULK_BWD_CASES)
 def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("norm_bwd_bulk is sm_90 code")
+    _skip_unless_sm90()
     if stages:
         monkeypatch.setenv("FUSED_NORM_BWD_BULK_STAGES", stages)
     rows = 8 * 132 * 7 + 13
@@ -1135,8 +1139,7 @@ def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
 def test_cuda_bulk_backward_many_rows(kind):
     # Over 32 rows a pair (8 pairs an SM at 4 slots): the pair's mean / rstd come 32 rows at
     # a time, so this walks past its first batch into the one loaded while it was used.
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("norm_bwd_bulk is sm_90 code")
+    _skip_unless_sm90()
     cols = 1024
     rows = 40 * 8 * torch.cuda.get_device_properties(0).multi_processor_count + 7
     x = _backward_rows(rows, cols, torch.bfloat16)
@@ -1152,8 +1155,7 @@ def test_cuda_bulk_backward_fallbacks():
     # mean / rstd at any 4-byte offset stay on norm_bwd_bulk (each thread loads them; the same
     # bits as aligned ones); what it leaves to the other kernels: parameters in float32, float32
     # rows, 1032 columns.
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("norm_bwd_bulk is sm_90 code")
+    _skip_unless_sm90()
     cols, rows = 1024, 1000
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)

@@ -1180,7 +1180,7 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 
 // Launch bound: two blocks an SM (<= 128 registers).
 template <typename T, bool DSUM, int S>
-__global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T, T, T> p) {
+__global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
   constexpr int VEC = 8, VPT = kBulkBwdVpt, PITCH = kBulkBwdPitch, PAIRS = kBulkBwdPairs;
@@ -1188,7 +1188,6 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(BwdParams<T,
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ uint64_t full[PAIRS][S];
   __shared__ float2 sums[PAIRS][2][2];  // [pair][row parity][warp]: (sum g, sum g t)
-  if constexpr (!DSUM) p.dsum = nullptr;
   const int cols = p.cols, nvec = cols / VEC;
   const int lane = threadIdx.x % 32, pair = threadIdx.x / 64, half = threadIdx.x / 32 % 2;
   const int u = threadIdx.x % 64;  // the thread in its pair: vectors u and u + 64 of a row
