@@ -1095,9 +1095,10 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
 # pairs with one row more than others, rows of different spread and offset, a constant row
 # and a row at mean 1e4; every parameter config (dweight alone, dbias alone, both,
 # neither), the masked outputs, the add forms (d_sum added to dx); each case first checks
-# that the kernel ran, and with FUSED_NORM_BWD_BULK=0 that it did not.
+# that the kernel ran in the norm's form (layer_norm's, or rms_norm's without mean and
+# dbias), and with FUSED_NORM_BWD_BULK=0 that it did not.
 BULK_BWD_CASES = [(torch.bfloat16, c) for c in [520, 776, 1000, 1024]] + [(torch.float16, 1024)]
-_BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), \d>")
+_BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), (true|false), \d>")
 
 
 def _skip_unless_sm90():
@@ -1105,9 +1106,12 @@ def _skip_unless_sm90():
         pytest.skip("norm_bwd_bulk is sm_90 code")
 
 
-def _bulk_instance(call):
-    """DSUM of the one norm_bwd_bulk launch call() makes, or None."""
+def _bulk_instance(call, kind=None):
+    """DSUM of the one norm_bwd_bulk launch call() makes, or None; given the norm's kind,
+    also asserts the kernel's form (LAYER) is that norm's."""
     g = _kernel_instance(call, _BULK_KERNEL)
+    if g and kind is not None:
+        assert (g[1] == "true") == (kind == "layer"), (kind, g)
     return g[0] == "true" if g else None
 
 
@@ -1129,7 +1133,7 @@ def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
         for dsum in [False, True]:
             call = _add_backward(kind, dy, torch.randn_like(x) if dsum else None, x, cols, mean,
                                  rstd, w)
-            assert _bulk_instance(call) == (dsum if want else None), (env, dsum)
+            assert _bulk_instance(call, kind) == (dsum if want else None), (env, dsum)
     monkeypatch.delenv("FUSED_NORM_BWD_BULK")
     _check_backward_forms(kind, x, dy, mean, rstd, f"stages={stages}")
 
@@ -1146,7 +1150,7 @@ def test_cuda_bulk_backward_many_rows(kind):
     w, b = _params(kind, (cols,), torch.bfloat16, "cuda", "same")
     _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
     call = _add_backward(kind, torch.randn_like(x), None, x, cols, mean, rstd, w)
-    assert _bulk_instance(call) is False
+    assert _bulk_instance(call, kind) is False
     check_backward(kind, x, [cols], w, b, msg=f"rows={rows}")
 
 

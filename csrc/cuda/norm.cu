@@ -1178,8 +1178,10 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Launch bound: two blocks an SM (<= 128 registers).
-template <typename T, bool DSUM, int S>
+// Launch bound: two blocks an SM (<= 128 registers). LAYER: layer_norm's backward (mean, the
+// g sum, dbias); otherwise rms_norm's (mean 0, no bias), which skips them: 3 of ~11
+// operations an element.
+template <typename T, bool DSUM, bool LAYER, int S>
 __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
@@ -1238,7 +1240,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
   auto load_stats = [&](int64_t b, float (&st)[2]) {
     const int64_t j = 32 * b + lane;
     const int64_t row = first + j * pairs;
-    st[0] = (j < mine && p.mean) ? p.mean[row] : 0.f;
+    st[0] = (LAYER && j < mine && p.mean) ? p.mean[row] : 0.f;
     st[1] = j < mine ? p.rstd[row] : 0.f;
   };
   load_stats(0, stat[0]);
@@ -1276,22 +1278,23 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
       if constexpr (DSUM) ds[i] = lds_raw<T, VEC>(src + 2 * PITCH + 64 * i * VEC);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        t[i][k] = xf.v[k] - mean;
+        t[i][k] = LAYER ? xf.v[k] - mean : xf.v[k];
         d[i][k] = df.v[k];
         const float g = df.v[k] * w[i][k];
-        sg[i] += g;
+        if constexpr (LAYER) sg[i] += g;
         sgt[i] += g * t[i][k];
       }
     }
     static_assert(VPT == 2, "two add chains a sum");
-    const float a = warp_sum(sg[0] + sg[1]), b = warp_sum(sgt[0] + sgt[1]);
+    const float a = LAYER ? warp_sum(sg[0] + sg[1]) : 0.f, b = warp_sum(sgt[0] + sgt[1]);
     if (lane == 0) sums[pair][j & 1][half] = make_float2(a, b);
     // Both warps' sums are in, and both have read the slot: refill it.
     named_barrier(1 + pair, 64);
     if (u == 0 && j + S < mine) stage(j + S, s);
     if (++s == S) s = 0, phase ^= 1;
     const float2 s0 = sums[pair][j & 1][0], s1 = sums[pair][j & 1][1];  // one order for both
-    const float c1 = p.mean ? (s0.x + s1.x) * inv_n : 0.f, c2 = (s0.y + s1.y) * rstd * inv_n;
+    const float c1 = LAYER && p.mean ? (s0.x + s1.x) * inv_n : 0.f;
+    const float c2 = (s0.y + s1.y) * rstd * inv_n;
     const float kb = -rstd * c1, kc = -rstd * rstd * c2;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -1299,9 +1302,9 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const float dr = d[i][k] * rstd;
-        o.v[k] = fmaf(dr, w[i][k], fmaf(t[i][k], kc, kb));
+        o.v[k] = fmaf(dr, w[i][k], LAYER ? fmaf(t[i][k], kc, kb) : t[i][k] * kc);
         dw[i][k] = fmaf(dr, t[i][k], dw[i][k]);
-        db[i][k] += d[i][k];
+        if constexpr (LAYER) db[i][k] += d[i][k];
       }
       if constexpr (DSUM) {
         const FVec<VEC> sf = to_float(ds[i]);
@@ -2266,9 +2269,17 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
                            smem, p, nb);
       return true;
     };
+    // rms_norm's rows (no mean, no bias) on the kernel's rms form; FUSED_NORM_BWD_BULK_RMS=0
+    // puts them on the layer form (for comparisons).
+    const bool layer = p.mean || nb.dbias.defined() || env_int("FUSED_NORM_BWD_BULK_RMS", 1) == 0;
     auto with_stages = [&](auto s_tag) {
       constexpr int S = decltype(s_tag)::value;
-      return p.dsum ? run(norm_bwd_bulk<T, true, S>) : run(norm_bwd_bulk<T, false, S>);
+      if (layer) {
+        return p.dsum ? run(norm_bwd_bulk<T, true, true, S>)
+                      : run(norm_bwd_bulk<T, false, true, S>);
+      }
+      return p.dsum ? run(norm_bwd_bulk<T, true, false, S>)
+                    : run(norm_bwd_bulk<T, false, false, S>);
     };
     switch (stages) {
       case 2: return with_stages(std::integral_constant<int, 2>{});
