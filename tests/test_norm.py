@@ -702,48 +702,6 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
     assert got == want, names
 
 
-# norm_fwd_regs' prefetching form (PF: one 1024-thread block an SM on a persistent grid, each
-# thread's vectors of the block's next row copied into shared memory while this row is
-# reduced and written; 128 KB of slots, sm_90): the plain rows of float32 32768 and 16-bit
-# 65536 columns with parameters in x's dtype. Rows enough that every block walks several
-# (the copies cross rows) and some blocks one more than others; rows of one value (layer
-# norm: exactly b), a row at mean 1e4 (float32: 1e3); every parameter config; with
-# FUSED_NORM_FWD_PF=0 the same rows take the one-row-a-block form.
-PF_FWD_CASES = [(torch.float32, 32768), (torch.bfloat16, 65536), (torch.float16, 65536)]
-_PF_FWD_KERNEL = re.compile(r"norm_fwd_regs<[^<>]*, 1024, true>")
-
-
-@CUDA
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype,cols", PF_FWD_CASES)
-def test_cuda_prefetch_forward(kind, dtype, cols, monkeypatch):
-    _skip_unless_sm90()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = 2 * sms + 7
-    x = torch.randn(rows, cols, device="cuda")
-    const = [3, sms + 5, rows - 1]
-    x[const] = torch.randn(len(const), 1, device="cuda") * 3
-    x[sms + 2] = _far_row(cols, dtype)
-    x = x.to(dtype)
-    w, b = _fixed_params(kind, cols, dtype, True, True)
-    for env, want in [("1", True), ("0", False)]:
-        monkeypatch.setenv("FUSED_NORM_FWD_PF", env)
-        names = cuda_kernel_names(lambda: fused_forward(kind, x, [cols], w, b, 1e-5))
-        assert any(_PF_FWD_KERNEL.search(n) for n in names) == want, (env, names)
-    monkeypatch.delenv("FUSED_NORM_FWD_PF")
-    configs = [(True, True), (False, False)] + ([(True, False), (False, True)]
-                                                 if kind == "layer" else [])
-    for weight, bias in configs:
-        w, b = _fixed_params(kind, cols, dtype, weight, bias)
-        msg = f"cols={cols} rows={rows} weight={weight} bias={bias}"
-        check_forward(kind, x, [cols], w, b, msg=msg)
-        if kind == "layer":
-            y = fused_forward(kind, x, [cols], w, b, _eps(kind, dtype))[0]
-            want = b if b is not None else torch.zeros(cols, device="cuda", dtype=dtype)
-            for r in const:
-                assert torch.equal(y[r], want), f"{msg}: constant row {r} not exactly b"
-
-
 # The add forms' rows past 4 vectors a thread (float32 16K-32K, 16-bit sums in x's dtype
 # 32K-64K): the wide variant with the residual staged in shared memory (norm_fwd_regs with
 # RES = 2), compile-time shaped at 32768 float32 / 65536 16-bit with parameters in x's
@@ -783,9 +741,9 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
         call = ((lambda: ops.add_layer_norm(x, r, [cols], w, b, 1e-5, res32)) if kind == "layer"
                 else (lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, res32)))
         names = [n for n in cuda_kernel_names(call) if "norm_fwd" in n]
-        # norm_fwd_regs<T, W, R, VEC, VPT = 8, LAYER, RES = 2, FIXED_TPR, PF = false>
+        # norm_fwd_regs<T, W, R, VEC, VPT = 8, LAYER, RES = 2, FIXED_TPR>
         staged = [m.group(1) for n in names
-                  for m in [re.search(r"norm_fwd_regs<[^>]*, 8, [01], 2, (\d+), false>", n)] if m]
+                  for m in [re.search(r"norm_fwd_regs<[^>]*, 8, [01], 2, (\d+)>", n)] if m]
         got = "staged" if staged else ("long" if any("norm_fwd_long" in n for n in names)
                                        else "other")
         assert got == want, (wdtype, names)
@@ -836,8 +794,8 @@ def test_cuda_fixed_backward(cols, kind, dtype):
 # back to the run-time kernels silently: every result would still be right): per (columns,
 # dtype, add form), a predicate on the kernel names. Only with parameters in x's dtype and
 # FUSED_NORM_FIXED unset (16-bit x: not with float32 parameters either).
-def _wide_at(tpr):  # FIXED_TPR, then PF (at 1024 threads: test_cuda_prefetch_forward)
-    return lambda n: "norm_fwd_regs" in n and re.search(f", {tpr}, (true|false)>", n)
+def _wide_at(tpr):
+    return lambda n: "norm_fwd_regs" in n and f", {tpr}>" in n
 
 
 FWD_FIXED_KERNELS = [
@@ -1145,7 +1103,7 @@ _BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), (true|false), \
 
 def _skip_unless_sm90():
     if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("an sm_90 kernel (its shared memory or its copy-engine code)")
+        pytest.skip("norm_bwd_bulk is sm_90 code")
 
 
 def _bulk_instance(call, kind=None):

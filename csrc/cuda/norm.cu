@@ -34,10 +34,6 @@
 //     dtype 32K-64K) take the wide variant too, the residual staged in shared memory
 //     (RES = kStagedRes: x's 8 vectors and the residual's would not fit 64 registers; the
 //     run-time-shaped layer variants still spill 8-48 bytes, the compile-time ones none).
-//     The plain rows of one 1024-thread block an SM (float32 32768, 16-bit 65536, shaped at
-//     compile time) run persistent, each thread copying its vectors of the block's next row
-//     into shared memory while this one is reduced and written (PF; FUSED_NORM_FWD_PF=0:
-//     one row a block instead).
 //   * norm_fwd_long: longer rows: a block per row, Welford (of x - x0) over one read, then
 //     a second read (mostly from L2) to write y.
 // Backward, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g)):
@@ -230,22 +226,6 @@ __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
   return f;
 }
 
-// 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
-// loads).
-template <typename T, int N>
-__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
-  Raw<T, N> r;
-  if constexpr (sizeof(r) == 16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-  } else {
-    static_assert(sizeof(r) == 8, "16 or 8 bytes");
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    r.w[0] = v.x, r.w[1] = v.y;
-  }
-  return r;
-}
-
 // The first element of a row as normalized (x + residual rounded to R, or x): layer norm
 // shifts the row by it before summing, mean = x0 + sum(x - x0) / n, so a constant row gets
 // exactly mean = x0 and xhat = 0 (sum / n of the unshifted row can be 1 ulp off, which
@@ -341,14 +321,9 @@ constexpr int kFwdWideThreads = 512;
 // spill) but copied by each thread into its own slots of dynamic shared memory ([VPT][tpr]
 // vectors, cp.async, in flight with x's loads) and read back by the same thread after
 // stage_wait (no barrier).
-// PF: the plain rows of one block an SM (the wide variant at 1024 threads: float32 32768,
-// 16-bit 65536) on a persistent grid, each thread's vectors of the block's next row copied
-// into its own slots of dynamic shared memory ([VPT][tpr], cp.async) while this row is
-// reduced and written: without it an SM idles for a row's load latency between its blocks
-// (norm v38: float32 layer_norm 4096x32768 85% -> 89-90% of copy on an H200).
 constexpr int kStagedRes = 2;
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
-          int FIXED_TPR = 0, bool PF = false>
+          int FIXED_TPR = 0>
 __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr bool kFixed = FIXED_TPR > 0;
@@ -365,41 +340,21 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
   static_assert(!kStaged || (std::is_same_v<T, R> && VEC > 1), "staged: rows in x's dtype");
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   auto* rstage = reinterpret_cast<Raw<R, VEC>*>(dyn_smem);  // [VPT][tpr] when kStaged
-  auto* xstage = reinterpret_cast<Raw<T, VEC>*>(dyn_smem);  // [VPT][tpr] when PF
-  static_assert(!PF || (kFixed && RES == 0 && std::is_same_v<T, R> && VEC > 1),
-                "PF: plain rows in x's dtype, shaped at compile time");
   const RowGroup g(tpr);
   const int64_t cols = kFixed ? kFixedCols : p.cols;
   const int nvec = static_cast<int>(cols / VEC);
   const float inv_n = 1.f / static_cast<float>(cols);
   const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
-  // Vector i of a row, if this thread holds it, sits at the row's offset + col(i) * VEC.
-  auto col = [&](int i) { return i * tpr + g.lane; };
-  // PF: row's vectors into this thread's slots (one cp.async group, empty past the last
-  // row), its first element (layer_norm's shift) into next_shift.
-  float next_shift = 0.f;
-  auto prefetch = [&](int64_t row) {
-    if constexpr (PF) {
-      if (row < p.rows) {
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          stage_vec(&xstage[i * tpr + g.lane],
-                    reinterpret_cast<const Raw<T, VEC>*>(p.x + row * cols + col(i) * VEC));
-        }
-        if (layer) next_shift = row_first(p, row * cols, false);
-      }
-      stage_commit();
-    }
-  };
-  if constexpr (PF) prefetch(static_cast<int64_t>(blockIdx.x) * g.groups + g.group);
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
        first += step) {
     const int64_t row = first + g.group;
     const bool valid = row < p.rows;
     const int64_t off = row * cols;
+    // Vector i of the row, if this thread holds it, sits at off + col(i) * VEC.
+    auto col = [&](int i) { return i * tpr + g.lane; };
     auto live = [&](int i) { return valid && (kFixed || col(i) < nvec); };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
-    const float shift = !layer || !valid ? 0.f : PF ? next_shift : row_first(p, off, res);
+    const float shift = layer && valid ? row_first(p, off, res) : 0.f;
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
     // packed words. When T == R, x is loaded straight into v (no second copy of the row).
     constexpr bool kSame = std::is_same_v<T, R>;
@@ -420,16 +375,9 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
         return rv[i];
       }
     };
-    if constexpr (PF) {
-      stage_wait<0>();
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        xv(i) = lds_raw<T, VEC>(reinterpret_cast<const T*>(&xstage[i * tpr + g.lane]));
-      }
-    }
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      if (!PF && live(i)) {
+      if (live(i)) {
         xv(i) = load_raw<T, VEC>(p.x + off + col(i) * VEC);
         const R* r = p.residual + off + col(i) * VEC;
         if constexpr (kStaged) {
@@ -461,8 +409,6 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
         for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
       }
     }
-    // The slots are read (the sum used every vector): the next row's copies may land there.
-    if constexpr (PF) prefetch(row + step);
     float mean = 0.f;
     if (layer) {
       float t[1] = {sum};
@@ -1210,6 +1156,22 @@ __host__ __device__ constexpr size_t bulk_bwd_slot(bool dsum) {
   return (2 + dsum) * size_t{kBulkBwdPitch} * 2;
 }
 
+// 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
+// loads).
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
+  Raw<T, N> r;
+  if constexpr (sizeof(r) == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+  } else {
+    static_assert(sizeof(r) == 8, "16 or 8 bytes");
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = v.x, r.w[1] = v.y;
+  }
+  return r;
+}
+
 // A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (0 is
 // __syncthreads'): orders their shared-memory accesses like __syncthreads.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -1944,19 +1906,6 @@ bool launch_wide_fixed(const FwdParams<T, W, R>& p, std::integer_sequence<int, T
   auto launch = [&](auto tpr) {
     constexpr int TPR = decltype(tpr)::value;
     if (p.cols != TPR * kFwdWideVpt * VEC) return false;
-    if constexpr (TPR == kFwdMaxThreads && !LAYER_ONLY) {
-      // One block an SM: the persistent, prefetching form where its slots fit (128 KB).
-      auto kernel = p.layer ? norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, TPR, true>
-                            : norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, TPR, true>;
-      const size_t smem = size_t{kFwdWideVpt} * TPR * sizeof(Raw<T, VEC>);
-      const int per_sm = env_switched_off("FUSED_NORM_FWD_PF") ? 0
-                                                                : resident_blocks(kernel, TPR, smem);
-      if (per_sm > 0) {
-        const int64_t blocks = std::min<int64_t>(p.rows, int64_t{per_sm} * num_sms());
-        launch_early(kernel, dim3(grid_for(blocks)), dim3(TPR), smem, p, TPR);
-        return true;
-      }
-    }
     auto kernel = norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 1, 0, TPR>;
     if constexpr (!LAYER_ONLY) {
       if (!p.layer) kernel = norm_fwd_regs<T, W, R, VEC, kFwdWideVpt, 0, 0, TPR>;
