@@ -181,22 +181,6 @@ __device__ __forceinline__ void store_raw(T* p, const Raw<T, N>& r) {
   *reinterpret_cast<Raw<T, N>*>(p) = r;
 }
 
-// load_raw from shared memory: 16 / 8 bytes as one access (a Raw read there member by member
-// became 4-byte loads).
-template <typename T, int N>
-__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
-  Raw<T, N> r;
-  if constexpr (sizeof(r) == 16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-  } else {
-    static_assert(sizeof(r) == 8, "16 or 8 bytes");
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    r.w[0] = v.x, r.w[1] = v.y;
-  }
-  return r;
-}
-
 template <typename T, int N>
 __device__ __forceinline__ FVec<N> to_float(const Raw<T, N>& r) {
   FVec<N> f;
@@ -1170,6 +1154,22 @@ constexpr int kBulkBwdPitch = 64 * kBulkBwdVpt * 8;  // a slot's row: 1024 eleme
 // A slot: one row of x, dy (and d_sum) at a fixed pitch; a pair's ring is S slots.
 __host__ __device__ constexpr size_t bulk_bwd_slot(bool dsum) {
   return (2 + dsum) * size_t{kBulkBwdPitch} * 2;
+}
+
+// 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
+// loads).
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
+  Raw<T, N> r;
+  if constexpr (sizeof(r) == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+  } else {
+    static_assert(sizeof(r) == 8, "16 or 8 bytes");
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = v.x, r.w[1] = v.y;
+  }
+  return r;
 }
 
 // A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (0 is
