@@ -1,0 +1,154 @@
+// Where the portable GEMM's time goes, built up from its inner loop (session 29): the
+// shipped Big tile's warp work (8 warps an SM, each a 64 x 64 warp tile of a 128 x 256 x 64
+// block tile: per k16 step 4 + 4 ldmatrix.x4 and 32 mma.sync.m16n8k16, fragments double
+// buffered across steps) from shared memory that is never refilled, then with the
+// k-tile's __syncthreads, then with the k-tile's 48 KB refill by cp.async from an
+// L2-resident buffer (into a second region, as the pipeline's next stage). What is left
+// between the last figure and the kernel's own is DRAM and the edges.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/dev/ldsm_mma_peak.cu -lcublas -o /tmp/ldsm_mma
+//   /tmp/ldsm_mma
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#define CHECK(x)                                                             \
+  do {                                                                       \
+    cudaError_t e = (x);                                                     \
+    if (e != cudaSuccess) {                                                  \
+      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                    \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
+constexpr int kPitch = 72;                       // bf16 a smem row: 64 + 8 (conflict-free)
+constexpr int kReadBytes = (128 + 256) * kPitch * 2;  // one stage, A then B, K-major
+constexpr int kFillBytes = (128 + 256) * 64 * 2;      // a k-tile's operands: 48 KB
+constexpr int kChunks = kFillBytes / 16 / 256;        // 16-byte copies a thread: 12
+
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// MODE 0: ldmatrix + mma only; 1: + __syncthreads a k-tile; 2: + the k-tile's cp.async
+// refill (wait for the previous one, commit, barrier), as the 3-stage pipeline does.
+template <int MODE>
+__global__ void __launch_bounds__(256, 1)
+    ldsm_mma(const uint4* __restrict__ src, int src_tiles, float* out, int iters) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  for (int i = threadIdx.x; i < kReadBytes / 4; i += 256) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+    h ^= h >> 15;
+    reinterpret_cast<uint32_t*>(smem)[i] = 0x3f003f00u | (h & 0x007f007fu);  // bf16 in [0.5, 1)
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t a_off = base + ((wm * 64 + lane % 16) * kPitch + (lane / 16) * 8) * 2;
+  const uint32_t b_off =
+      base + ((128 + wn * 64 + lane % 8 + (lane / 16) * 8) * kPitch + (lane / 8 % 2) * 8) * 2;
+  const uint32_t fill = base + kReadBytes;
+  float acc[4][8][4] = {};
+  uint32_t af[2][4][4], bf[2][4][4];
+  auto load = [&](int buf, int ks) {
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi) ldsm4(af[buf][mi], a_off + (mi * 16 * kPitch + ks * 16) * 2);
+#pragma unroll
+    for (int nj = 0; nj < 4; ++nj) ldsm4(bf[buf][nj], b_off + (nj * 16 * kPitch + ks * 16) * 2);
+  };
+  load(0, 0);
+  for (int it = 0; it < iters; ++it) {
+    if constexpr (MODE == 2) {  // the next stage's copies, issued at the k-tile's start
+      const uint4* g = src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int e = c * 256 + threadIdx.x;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(fill + e * 16),
+                     "l"(g + e));
+      }
+      asm volatile("cp.async.commit_group;");
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (ks == 3) {
+        if constexpr (MODE == 2) asm volatile("cp.async.wait_group 0;" ::: "memory");
+        if constexpr (MODE >= 1) __syncthreads();
+      }
+      load((ks + 1) & 1, (ks + 1) % 4);
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj) {
+          mma(acc[mi][2 * nj], af[ks & 1][mi], bf[ks & 1][nj][0], bf[ks & 1][nj][1]);
+          mma(acc[mi][2 * nj + 1], af[ks & 1][mi], bf[ks & 1][nj][2], bf[ks & 1][nj][3]);
+        }
+      }
+    }
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) s += acc[mi][n][0] + acc[mi][n][1] + acc[mi][n][2] + acc[mi][n][3];
+  out[blockIdx.x * 256 + threadIdx.x] = s;
+}
+
+template <typename F>
+float time_ms(F&& f, int reps) {
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  f();
+  cudaEventRecord(t0);
+  for (int r = 0; r < reps; ++r) f();
+  cudaEventRecord(t1);
+  cudaEventSynchronize(t1);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, t0, t1);
+  return ms / reps;
+}
+
+template <int MODE>
+int run(int sms, const uint4* src, int src_tiles, float* out, const char* what) {
+  const int smem = kReadBytes + (MODE == 2 ? kFillBytes : 0);
+  CHECK(cudaFuncSetAttribute(ldsm_mma<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int iters = 2048;
+  for (int round = 0; round < 2; ++round) {
+    const float ms =
+        time_ms([&] { ldsm_mma<MODE><<<sms, 256, smem>>>(src, src_tiles, out, iters); }, 5);
+    CHECK(cudaGetLastError());
+    const double flops = double(sms) * 8 * iters * 128 * 4096.0;
+    std::printf("%-44s %.1f TFLOP/s\n", what, flops / (ms * 1e-3) / 1e12);
+  }
+  return 0;
+}
+
+int main() {
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::printf("%s, %d SMs; one 256-thread block an SM (8 warps, 2 a scheduler)\n", prop.name, sms);
+  float* out;
+  CHECK(cudaMalloc(&out, sizeof(float) * sms * 256));
+  const int src_tiles = 256;  // 12 MB of k-tiles, L2-resident after the first pass
+  uint4* src;
+  CHECK(cudaMalloc(&src, size_t(src_tiles) * kFillBytes));
+  CHECK(cudaMemset(src, 0x3c, size_t(src_tiles) * kFillBytes));
+  if (run<0>(sms, src, src_tiles, out, "ldmatrix + mma (warp tile 64x64)")) return 1;
+  if (run<1>(sms, src, src_tiles, out, "  + __syncthreads a k-tile")) return 1;
+  if (run<2>(sms, src, src_tiles, out, "  + 48 KB cp.async refill a k-tile (L2)")) return 1;
+  return 0;
+}
