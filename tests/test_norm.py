@@ -1089,9 +1089,7 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
 
 # norm_bwd_bulk (16-bit rows of 65-128 vectors, parameters and rows in x's dtype, sm_90: a
 # row a pair of warps, 2 vectors a thread, each pair with its own ring of one-row slots
-# filled by the copy engine; 4 slots by default, 3 forced by FUSED_NORM_BWD_BULK_STAGES;
-# with FUSED_NORM_BWD_BULK_CLUSTER=1 the 4-slot rows run in clusters of 2 that add their
-# partial rows through distributed shared memory):
+# filled by the copy engine; 4 slots by default, 3 forced by FUSED_NORM_BWD_BULK_STAGES):
 # 520 (most of the pair's second vectors past the row: zeros in the slots, no stores), 776,
 # 1000 and 1024 columns; rows enough that every pair walks several rows and its ring wraps,
 # pairs with one row more than others, rows of different spread and offset, a constant row
@@ -1100,7 +1098,7 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
 # that the kernel ran in the norm's form (layer_norm's, or rms_norm's without mean and
 # dbias), and with FUSED_NORM_BWD_BULK=0 that it did not.
 BULK_BWD_CASES = [(torch.bfloat16, c) for c in [520, 776, 1000, 1024]] + [(torch.float16, 1024)]
-_BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), (true|false), \d, (true|false)>")
+_BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), (true|false), \d>")
 
 
 def _skip_unless_sm90():
@@ -1108,27 +1106,22 @@ def _skip_unless_sm90():
         pytest.skip("norm_bwd_bulk is sm_90 code")
 
 
-def _bulk_instance(call, kind=None, cluster=False):
+def _bulk_instance(call, kind=None):
     """DSUM of the one norm_bwd_bulk launch call() makes, or None; given the norm's kind,
-    also asserts the kernel's form (LAYER) is that norm's, and its cluster flag (CL) is
-    `cluster`."""
+    also asserts the kernel's form (LAYER) is that norm's."""
     g = _kernel_instance(call, _BULK_KERNEL)
     if g and kind is not None:
         assert (g[1] == "true") == (kind == "layer"), (kind, g)
-        assert (g[2] == "true") == cluster, (cluster, g)
     return g[0] == "true" if g else None
 
 
 @CUDA
-@pytest.mark.parametrize("stages", ["", "3", "cluster"])
+@pytest.mark.parametrize("stages", ["", "3"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols", BULK_BWD_CASES)
 def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
     _skip_unless_sm90()
-    cluster = stages == "cluster" and cols >= 776  # the clusters serve the 4-slot rows
-    if stages == "cluster":
-        monkeypatch.setenv("FUSED_NORM_BWD_BULK_CLUSTER", "1")
-    elif stages:
+    if stages:
         monkeypatch.setenv("FUSED_NORM_BWD_BULK_STAGES", stages)
     rows = 8 * 132 * 7 + 13
     x = _backward_rows(rows, cols, dtype)
@@ -1140,26 +1133,24 @@ def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
         for dsum in [False, True]:
             call = _add_backward(kind, dy, torch.randn_like(x) if dsum else None, x, cols, mean,
                                  rstd, w)
-            assert _bulk_instance(call, kind, cluster) == (dsum if want else None), (env, dsum)
+            assert _bulk_instance(call, kind) == (dsum if want else None), (env, dsum)
     monkeypatch.delenv("FUSED_NORM_BWD_BULK")
     _check_backward_forms(kind, x, dy, mean, rstd, f"stages={stages}")
 
 
 @CUDA
-@pytest.mark.parametrize("cluster", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_cuda_bulk_backward_many_rows(kind, cluster, monkeypatch):
+def test_cuda_bulk_backward_many_rows(kind):
     # Over 32 rows a pair (8 pairs an SM at 4 slots): the pair's mean / rstd come 32 rows at
     # a time, so this walks past its first batch into the one loaded while it was used.
     _skip_unless_sm90()
-    monkeypatch.setenv("FUSED_NORM_BWD_BULK_CLUSTER", str(int(cluster)))
     cols = 1024
     rows = 40 * 8 * torch.cuda.get_device_properties(0).multi_processor_count + 7
     x = _backward_rows(rows, cols, torch.bfloat16)
     w, b = _params(kind, (cols,), torch.bfloat16, "cuda", "same")
     _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
     call = _add_backward(kind, torch.randn_like(x), None, x, cols, mean, rstd, w)
-    assert _bulk_instance(call, kind, cluster) is False
+    assert _bulk_instance(call, kind) is False
     check_backward(kind, x, [cols], w, b, msg=f"rows={rows}")
 
 

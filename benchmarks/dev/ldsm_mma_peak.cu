@@ -26,7 +26,6 @@
 constexpr int kPitch = 72;                       // bf16 a smem row: 64 + 8 (conflict-free)
 constexpr int kReadBytes = (128 + 256) * kPitch * 2;  // one stage, A then B, K-major
 constexpr int kFillBytes = (128 + 256) * 64 * 2;      // a k-tile's operands: 48 KB
-constexpr int kChunks = kFillBytes / 16 / 256;        // 16-byte copies a thread: 12
 
 __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -43,11 +42,13 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// MODE 0: ldmatrix + mma only; 1: + __syncthreads a k-tile; 2: + the k-tile's cp.async
-// refill (wait for the previous one, commit, barrier), as the 3-stage pipeline does.
-template <int MODE>
+// MODE 0: ldmatrix + mma only; 1: + __syncthreads a k-tile; 2: + a refill of FILL bytes a
+// k-tile by cp.async, INFLIGHT k-tiles' refills in flight (each into its own region), the
+// oldest waited for before the k-tile's barrier (the shipped 3-stage pipeline: 2).
+template <int MODE, int FILL = kFillBytes, int INFLIGHT = 1>
 __global__ void __launch_bounds__(256, 1)
     ldsm_mma(const uint4* __restrict__ src, int src_tiles, float* out, int iters) {
+  constexpr int kChunks = FILL / 16 / 256;  // 16-byte copies a thread (48 KB: 12)
   extern __shared__ __align__(128) unsigned char smem[];
   for (int i = threadIdx.x; i < kReadBytes / 4; i += 256) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
@@ -73,10 +74,11 @@ __global__ void __launch_bounds__(256, 1)
   for (int it = 0; it < iters; ++it) {
     if constexpr (MODE == 2) {  // the next stage's copies, issued at the k-tile's start
       const uint4* g = src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
+      const uint32_t dst = fill + (it % INFLIGHT) * FILL;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const int e = c * 256 + threadIdx.x;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(fill + e * 16),
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16),
                      "l"(g + e));
       }
       asm volatile("cp.async.commit_group;");
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       if (ks == 3) {
-        if constexpr (MODE == 2) asm volatile("cp.async.wait_group 0;" ::: "memory");
+        if constexpr (MODE == 2) asm volatile("cp.async.wait_group %0;" ::"n"(INFLIGHT - 1) : "memory");
         if constexpr (MODE >= 1) __syncthreads();
       }
       load((ks + 1) & 1, (ks + 1) % 4);
@@ -121,17 +123,19 @@ float time_ms(F&& f, int reps) {
   return ms / reps;
 }
 
-template <int MODE>
+template <int MODE, int FILL = kFillBytes, int INFLIGHT = 1>
 int run(int sms, const uint4* src, int src_tiles, float* out, const char* what) {
-  const int smem = kReadBytes + (MODE == 2 ? kFillBytes : 0);
-  CHECK(cudaFuncSetAttribute(ldsm_mma<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int smem = kReadBytes + (MODE == 2 ? FILL * INFLIGHT : 0);
+  auto kernel = ldsm_mma<MODE, FILL, INFLIGHT>;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int iters = 2048;
   for (int round = 0; round < 2; ++round) {
     const float ms =
-        time_ms([&] { ldsm_mma<MODE><<<sms, 256, smem>>>(src, src_tiles, out, iters); }, 5);
+        time_ms([&] { kernel<<<sms, 256, smem>>>(src, src_tiles, out, iters); }, 5);
     CHECK(cudaGetLastError());
     const double flops = double(sms) * 8 * iters * 128 * 4096.0;
-    std::printf("%-44s %.1f TFLOP/s\n", what, flops / (ms * 1e-3) / 1e12);
+    const double l2 = MODE == 2 ? double(sms) * iters * FILL / (ms * 1e-3) / 1e12 : 0.0;
+    std::printf("%-52s %.1f TFLOP/s, L2 -> smem %.2f TB/s\n", what, flops / (ms * 1e-3) / 1e12, l2);
   }
   return 0;
 }
@@ -149,6 +153,10 @@ int main() {
   CHECK(cudaMemset(src, 0x3c, size_t(src_tiles) * kFillBytes));
   if (run<0>(sms, src, src_tiles, out, "ldmatrix + mma (warp tile 64x64)")) return 1;
   if (run<1>(sms, src, src_tiles, out, "  + __syncthreads a k-tile")) return 1;
-  if (run<2>(sms, src, src_tiles, out, "  + 48 KB cp.async refill a k-tile (L2)")) return 1;
+  if (run<2>(sms, src, src_tiles, out, "  + 48 KB cp.async refill a k-tile (L2), 1 in flight")) return 1;
+  if (run<2, kFillBytes, 2>(sms, src, src_tiles, out, "  + 48 KB refill, 2 in flight")) return 1;
+  if (run<2, kFillBytes, 3>(sms, src, src_tiles, out, "  + 48 KB refill, 3 in flight")) return 1;
+  if (run<2, kFillBytes / 2, 2>(sms, src, src_tiles, out, "  + 24 KB refill, 2 in flight")) return 1;
+  if (run<2, kFillBytes / 4, 2>(sms, src, src_tiles, out, "  + 12 KB refill, 2 in flight")) return 1;
   return 0;
 }

@@ -1181,10 +1181,7 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // Launch bound: two blocks an SM (<= 128 registers). LAYER: layer_norm's backward (mean, the
 // g sum, dbias); otherwise rms_norm's (mean 0, no bias), which skips them: 3 of ~11
 // operations an element.
-// CL (session 28, prepared, not run): launched in clusters of 2, whose blocks add their
-// partial rows through distributed shared memory: one partial row a cluster (half the rows
-// column_sum reads; the partials' stores halved).
-template <typename T, bool DSUM, bool LAYER, int S, bool CL = false>
+template <typename T, bool DSUM, bool LAYER, int S>
 __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
@@ -1333,12 +1330,11 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
   }
   __syncthreads();
   constexpr int CPT = PITCH / kBulkBwdThreads;  // columns a thread in the sum: 4
-  static_assert(CPT == 4, "a float4 of columns a thread");
   const int c0 = CPT * static_cast<int>(threadIdx.x);
-  float sw[CPT], sb[CPT];
-#pragma unroll
-  for (int k = 0; k < CPT; ++k) sw[k] = sb[k] = 0.f;
   if (c0 < cols) {
+    float sw[CPT], sb[CPT];
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) sw[k] = sb[k] = 0.f;
     for (int q = 0; q < PAIRS; ++q) {
       const float* src = part + q * 2 * PITCH + c0;
 #pragma unroll
@@ -1347,32 +1343,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
         if constexpr (LAYER) sb[k] += src[PITCH + k];
       }
     }
-  }
-  int64_t prow = blockIdx.x;  // the partial row this block writes
-  bool writes = c0 < cols;
-  if constexpr (CL) {
-    // The cluster's two block sums meet in rank 0: rank 0's + rank 1's, one order.
-    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    __syncthreads();  // every thread's reads of `part` are done: its start is reused
-    float4* own = reinterpret_cast<float4*>(dyn_smem);  // [term][thread]
-    own[threadIdx.x] = make_float4(sw[0], sw[1], sw[2], sw[3]);
-    if constexpr (LAYER) own[kBulkBwdThreads + threadIdx.x] = make_float4(sb[0], sb[1], sb[2], sb[3]);
-    cluster.sync();  // both blocks' sums are in (release / acquire)
-    const bool lead = cluster.block_rank() == 0;
-    if (lead && writes) {
-      const float4 w1 = *cluster.map_shared_rank(&own[threadIdx.x], 1);
-      sw[0] += w1.x, sw[1] += w1.y, sw[2] += w1.z, sw[3] += w1.w;
-      if constexpr (LAYER) {
-        const float4 b1 = *cluster.map_shared_rank(&own[kBulkBwdThreads + threadIdx.x], 1);
-        sb[0] += b1.x, sb[1] += b1.y, sb[2] += b1.z, sb[3] += b1.w;
-      }
-    }
-    cluster.sync();  // rank 1's shared memory outlives rank 0's reads of it
-    prow = blockIdx.x / 2;
-    writes = writes && lead;
-  }
-  if (writes) {
-    const int64_t e = prow * cols + c0;
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * cols + c0;
     if (p.dw_part) store_floats<CPT>(p.dw_part + e, sw);
     if (p.db_part) store_floats<CPT>(p.db_part + e, sb);
   }
@@ -2306,22 +2277,6 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
     const bool layer = p.mean != nullptr;
     auto with_stages = [&](auto s_tag) {
       constexpr int S = decltype(s_tag)::value;
-      // FUSED_NORM_BWD_BULK_CLUSTER=1 (4 slots): clusters of 2 that add their partial rows
-      // (clusters = partial rows, as many as are resident at once).
-      if constexpr (S == 4) {
-        if (env_int("FUSED_NORM_BWD_BULK_CLUSTER", 0) == 1) {
-          const int smem = static_cast<int>(kBulkBwdPairs * S * bulk_bwd_slot(p.dsum != nullptr));
-          auto cl = [&](auto kernel) {
-            return launch_cluster_backward(kernel, 2, kBulkBwdThreads, p, nb, smem);
-          };
-          if (layer) {
-            return p.dsum ? cl(norm_bwd_bulk<T, true, true, S, true>)
-                          : cl(norm_bwd_bulk<T, false, true, S, true>);
-          }
-          return p.dsum ? cl(norm_bwd_bulk<T, true, false, S, true>)
-                        : cl(norm_bwd_bulk<T, false, false, S, true>);
-        }
-      }
       if (layer) {
         return p.dsum ? run(norm_bwd_bulk<T, true, true, S>)
                       : run(norm_bwd_bulk<T, false, true, S>);
