@@ -2,14 +2,19 @@
 to its time: KERNEL_LOG matmul v10's open question (work overlapped with the tensor cores
 cost more than the same work after them). Written in session 17; not yet run.
 
-    python benchmarks/dev/gemm_power.py [--seconds S] [MxNxK ...]
+    python benchmarks/dev/gemm_power.py [--seconds S] [--constant] [--cases a,b] [MxNxK ...]
+
+--constant: operands of one value each (linear_cases); --cases: a comma-separated subset
+of the case names. With FUSED_OPS_MATMUL_KERNEL=portable, "fused mm" is the portable
+kernel (session 29).
 
 Each case is timed once, then enqueued as event-timed batches of 8 calls filling about S
 seconds (default 2) with a single synchronize at the end (the GPU never waits for the
 host), while `nvidia-smi -i <this GPU> -lms 20` samples clocks.sm, power.draw and
 power.draw.instant with nvidia-smi's own timestamps (a pipe may deliver its lines late).
 The report gives the median time a call and the median clock and power of the samples in
-the second half of the case's window. The activation pass of v10 itself needs a build of
+the second half of the case's window, and the first batch's time a call (before the clock
+comes down: what the harness's short bursts see). The activation pass of v10 itself needs a build of
 commit 2cf44f9 (FUSED_OPS_MATMUL_ACT_PASS=producer|consumer there).
 """
 import datetime
@@ -28,6 +33,14 @@ seconds = 2.0
 if "--seconds" in args:
     seconds = float(args[args.index("--seconds") + 1])
     del args[args.index("--seconds"):args.index("--seconds") + 2]
+constant = "--constant" in args
+if constant:
+    args.remove("--constant")
+names = ("fused mm", "fused +bias+gelu_tanh", "cublas mm", "cublasLt bias+gelu",
+         "eager F.gelu(F.linear)")
+if "--cases" in args:
+    names = tuple(args[args.index("--cases") + 1].split(","))
+    del args[args.index("--cases"):args.index("--cases") + 2]
 shapes = args or ["4096x4096x4096", "8192x8192x8192", "16384x4096x4096", "4096x16384x4096",
                   "16384x4096x16384"]
 torch.manual_seed(0)
@@ -61,9 +74,8 @@ try:
     time.sleep(1.0)
     print(torch.cuda.get_device_name())
     for s in shapes:
-        (m, n, k), every = linear_cases(s)
-        cases = {name: every[name] for name in ("fused mm", "fused +bias+gelu_tanh", "cublas mm",
-                                                "cublasLt bias+gelu", "eager F.gelu(F.linear)")}
+        (m, n, k), every = linear_cases(s, constant)
+        cases = {name: every[name] for name in names}
         for name, f in cases.items():
             f()
             torch.cuda.synchronize()
@@ -84,11 +96,13 @@ try:
             t1 = time.time()
             time.sleep(0.1)  # the last samples' lines
             us = statistics.median(a.elapsed_time(e) * 1e3 / 8 for a, e in events)
+            us0 = events[0][0].elapsed_time(events[0][1]) * 1e3 / 8
             window = [smp for smp in samples if t0 + (t1 - t0) / 2 <= smp[0] <= t1]
             tf = 2 * m * n * k / (us * 1e-6) / 1e12
             print(f"{s:>16} {name:<24} {us:9.1f} us {tf:6.0f} TFLOP/s  "
                   f"SM {median_of(window, 1):6.0f} MHz  {median_of(window, 2):5.0f} W "
-                  f"(instant {median_of(window, 3):5.0f} W, {len(window)} samples)")
+                  f"(instant {median_of(window, 3):5.0f} W, {len(window)} samples); "
+                  f"first batch {2 * m * n * k / (us0 * 1e-6) / 1e12:6.0f} TFLOP/s")
 finally:
     proc.terminate()
     proc.wait()

@@ -7,11 +7,16 @@ import torch.nn.functional as F
 import fused_ops
 
 
-def linear_cases(shape):
-    """(M, N, K) and {name: callable} for an "MxNxK" string."""
+def linear_cases(shape, constant=False):
+    """(M, N, K) and {name: callable} for an "MxNxK" string; constant: x and the weight
+    all one value each (fewer bits toggling in the tensor cores: less energy a FLOP)."""
     m, n, k = (int(v) for v in shape.split("x"))
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    if constant:
+        x = torch.full((m, k), 0.5, device="cuda", dtype=torch.bfloat16)
+        w = torch.full((n, k), k ** -0.5, device="cuda", dtype=torch.bfloat16)
+    else:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     return (m, n, k), {
         "fused mm": lambda: fused_ops.linear(x, w),
