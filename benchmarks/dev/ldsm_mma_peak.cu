@@ -6,7 +6,7 @@
 // L2-resident buffer (into a second region, as the pipeline's next stage). What is left
 // between the last figure and the kernel's own is DRAM and the edges.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/dev/ldsm_mma_peak.cu -lcublas -o /tmp/ldsm_mma
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc benchmarks/dev/ldsm_mma_peak.cu -o /tmp/ldsm_mma
 //   /tmp/ldsm_mma
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -14,32 +14,22 @@
 #include <cstdint>
 #include <cstdio>
 
-#define CHECK(x)                                                             \
-  do {                                                                       \
-    cudaError_t e = (x);                                                     \
-    if (e != cudaSuccess) {                                                  \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                    \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
+#include "cuda/matmul_portable.cuh"  // the portable kernel's ldmatrix / mma / cp.async waits
+#include "dev_cuda.cuh"
 
 constexpr int kPitch = 72;                       // bf16 a smem row: 64 + 8 (conflict-free)
 constexpr int kReadBytes = (128 + 256) * kPitch * 2;  // one stage, A then B, K-major
 constexpr int kFillBytes = (128 + 256) * 64 * 2;      // a k-tile's operands: 48 KB
 
-__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
+using fused::matmul::cp_async_commit;
+using fused::matmul::cp_async_wait;
 
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  fused::matmul::ldmatrix_x4<false>(r, addr);
+}
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  fused::matmul::mma_16816<__nv_bfloat16>(c, a, b0, b1);
 }
 
 // MODE 0: ldmatrix + mma only; 1: + __syncthreads a k-tile; 2: + a refill of FILL bytes a
@@ -78,15 +68,17 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const int e = c * 256 + threadIdx.x;
+        // Plain cp.async.cg (as measured in session 29; the kernel's cp_async_16 adds an
+        // L2::128B hint and a source size).
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16),
                      "l"(g + e));
       }
-      asm volatile("cp.async.commit_group;");
+      cp_async_commit();
     }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       if (ks == 3) {
-        if constexpr (MODE == 2) asm volatile("cp.async.wait_group %0;" ::"n"(INFLIGHT - 1) : "memory");
+        if constexpr (MODE == 2) cp_async_wait<INFLIGHT - 1>();
         if constexpr (MODE >= 1) __syncthreads();
       }
       load((ks + 1) & 1, (ks + 1) % 4);
@@ -108,20 +100,6 @@ __global__ void __launch_bounds__(256, 1)
   out[blockIdx.x * 256 + threadIdx.x] = s;
 }
 
-template <typename F>
-float time_ms(F&& f, int reps) {
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  f();
-  cudaEventRecord(t0);
-  for (int r = 0; r < reps; ++r) f();
-  cudaEventRecord(t1);
-  cudaEventSynchronize(t1);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, t0, t1);
-  return ms / reps;
-}
 
 template <int MODE, int FILL = kFillBytes, int INFLIGHT = 1>
 int run(int sms, const uint4* src, int src_tiles, float* out, const char* what) {

@@ -4,7 +4,7 @@
 // The portable kernel cannot run faster than the first figure (its operands here are
 // constant per thread, which draws less power than a GEMM's: an upper bound).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/dev/mma_peak.cu -lcublas -o /tmp/mma_peak
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc benchmarks/dev/mma_peak.cu -lcublas -o /tmp/mma_peak
 //   /tmp/mma_peak
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -13,14 +13,9 @@
 #include <cstdint>
 #include <cstdio>
 
-#define CHECK(x)                                                             \
-  do {                                                                       \
-    cudaError_t e = (x);                                                     \
-    if (e != cudaSuccess) {                                                  \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                    \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
+#include "cuda/matmul_portable.cuh"  // mma_16816: the portable kernel's own mma
+#include "dev_cuda.cuh"
+
 
 // NACC independent accumulator chains a warp (the mma's latency is covered by the other
 // chains and the other warps); each mma is 2 * 16 * 8 * 16 = 4096 FLOPs.
@@ -35,11 +30,7 @@ __global__ void __launch_bounds__(256) mma_chain(float* out, int iters) {
   for (int it = 0; it < iters; ++it) {
 #pragma unroll
     for (int j = 0; j < NACC; ++j) {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-          "{%8,%9}, {%0,%1,%2,%3};"
-          : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+      fused::matmul::mma_16816<__nv_bfloat16>(acc[j], a, b[0], b[1]);
     }
   }
   float s = 0.f;
@@ -61,20 +52,6 @@ __global__ void fill_random(__nv_bfloat16* p, size_t n) {
   }
 }
 
-template <typename F>
-float time_ms(F&& f, int reps) {
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  f();  // warm-up
-  cudaEventRecord(t0);
-  for (int r = 0; r < reps; ++r) f();
-  cudaEventRecord(t1);
-  cudaEventSynchronize(t1);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, t0, t1);
-  return ms / reps;
-}
 
 int main() {
   cudaDeviceProp prop;
