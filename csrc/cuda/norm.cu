@@ -181,22 +181,6 @@ __device__ __forceinline__ void store_raw(T* p, const Raw<T, N>& r) {
   *reinterpret_cast<Raw<T, N>*>(p) = r;
 }
 
-// load_raw from shared memory: 16 / 8 bytes as one access (a Raw read there member by member
-// became 4-byte loads).
-template <typename T, int N>
-__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
-  Raw<T, N> r;
-  if constexpr (sizeof(r) == 16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-  } else {
-    static_assert(sizeof(r) == 8, "16 or 8 bytes");
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    r.w[0] = v.x, r.w[1] = v.y;
-  }
-  return r;
-}
-
 template <typename T, int N>
 __device__ __forceinline__ FVec<N> to_float(const Raw<T, N>& r) {
   FVec<N> f;
@@ -1170,6 +1154,22 @@ constexpr int kBulkBwdPitch = 64 * kBulkBwdVpt * 8;  // a slot's row: 1024 eleme
 // A slot: one row of x, dy (and d_sum) at a fixed pitch; a pair's ring is S slots.
 __host__ __device__ constexpr size_t bulk_bwd_slot(bool dsum) {
   return (2 + dsum) * size_t{kBulkBwdPitch} * 2;
+}
+
+// 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
+// loads).
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
+  Raw<T, N> r;
+  if constexpr (sizeof(r) == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+  } else {
+    static_assert(sizeof(r) == 8, "16 or 8 bytes");
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = v.x, r.w[1] = v.y;
+  }
+  return r;
 }
 
 // A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (0 is
@@ -2175,17 +2175,6 @@ void launch_with_partials(Kernel kernel, int64_t units, int per_sm, int threads,
   if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
 }
 
-// launch_with_partials with as many blocks an SM as fit; false (nothing launched) where not
-// even one does.
-template <typename Kernel, typename T, typename W, typename R>
-bool launch_resident_with_partials(Kernel kernel, int64_t units, int threads, size_t smem,
-                                   BwdParams<T, W, R> p, NormBackward& nb) {
-  const int per_sm = resident_blocks(kernel, threads, smem);
-  if (per_sm < 1) return false;
-  launch_with_partials(kernel, units, per_sm, threads, smem, p, nb);
-  return true;
-}
-
 // Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
 // A block is one row group, or several of under kBwdBlock threads; a persistent grid of up
 // to kBwdBlocksPerSm blocks per SM (the sweep's best: 128 x 4, 256 x 2, 512 x 1 per SM).
@@ -2234,7 +2223,10 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
       if (warps < 1 || warps > limit / 32) warps = limit / 32;  // out of range: the default
       const int threads = 32 * warps;
       const size_t smem = slice * param_grads(nb) * warps;
-      return launch_resident_with_partials(kernel, ceil_div(p.rows, warps), threads, smem, p, nb);
+      const int per_sm = resident_blocks(kernel, threads, smem);
+      if (per_sm < 1) return false;
+      launch_with_partials(kernel, ceil_div(p.rows, warps), per_sm, threads, smem, p, nb);
+      return true;
     };
     auto with_vpt = [&](auto vpt_tag) {
       constexpr int VPT = decltype(vpt_tag)::value;
@@ -2274,8 +2266,11 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
     auto run = [&](auto kernel) {
       if (!runs_sm90_code(kernel)) return false;
       const size_t smem = kBulkBwdPairs * stages * bulk_bwd_slot(p.dsum != nullptr);
-      return launch_resident_with_partials(kernel, ceil_div(p.rows, kBulkBwdPairs),
-                                           kBulkBwdThreads, smem, p, nb);
+      const int per_sm = resident_blocks(kernel, kBulkBwdThreads, smem);
+      if (per_sm < 1) return false;
+      launch_with_partials(kernel, ceil_div(p.rows, kBulkBwdPairs), per_sm, kBulkBwdThreads,
+                           smem, p, nb);
+      return true;
     };
     // layer_norm's rows (which keep a mean) on the kernel's layer form; rms_norm's (no mean,
     // never a bias) on its rms form.
