@@ -181,6 +181,22 @@ __device__ __forceinline__ void store_raw(T* p, const Raw<T, N>& r) {
   *reinterpret_cast<Raw<T, N>*>(p) = r;
 }
 
+// load_raw from shared memory: 16 / 8 bytes as one access (a Raw read there member by member
+// became 4-byte loads).
+template <typename T, int N>
+__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
+  Raw<T, N> r;
+  if constexpr (sizeof(r) == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+  } else {
+    static_assert(sizeof(r) == 8, "16 or 8 bytes");
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = v.x, r.w[1] = v.y;
+  }
+  return r;
+}
+
 template <typename T, int N>
 __device__ __forceinline__ FVec<N> to_float(const Raw<T, N>& r) {
   FVec<N> f;
@@ -1154,22 +1170,6 @@ constexpr int kBulkBwdPitch = 64 * kBulkBwdVpt * 8;  // a slot's row: 1024 eleme
 // A slot: one row of x, dy (and d_sum) at a fixed pitch; a pair's ring is S slots.
 __host__ __device__ constexpr size_t bulk_bwd_slot(bool dsum) {
   return (2 + dsum) * size_t{kBulkBwdPitch} * 2;
-}
-
-// 16 / 8 bytes of shared memory as one access (a Raw read member by member became 4-byte
-// loads).
-template <typename T, int N>
-__device__ __forceinline__ Raw<T, N> lds_raw(const T* p) {
-  Raw<T, N> r;
-  if constexpr (sizeof(r) == 16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-  } else {
-    static_assert(sizeof(r) == 8, "16 or 8 bytes");
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    r.w[0] = v.x, r.w[1] = v.y;
-  }
-  return r;
 }
 
 // A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (0 is
@@ -2175,6 +2175,17 @@ void launch_with_partials(Kernel kernel, int64_t units, int per_sm, int threads,
   if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
 }
 
+// launch_with_partials with as many blocks an SM as fit; false (nothing launched) where not
+// even one does.
+template <typename Kernel, typename T, typename W, typename R>
+bool launch_resident_with_partials(Kernel kernel, int64_t units, int threads, size_t smem,
+                                   BwdParams<T, W, R> p, NormBackward& nb) {
+  const int per_sm = resident_blocks(kernel, threads, smem);
+  if (per_sm < 1) return false;
+  launch_with_partials(kernel, units, per_sm, threads, smem, p, nb);
+  return true;
+}
+
 // Rows in registers, VPT vectors per thread, `need` threads per row (<= kBwdMaxThreads).
 // A block is one row group, or several of under kBwdBlock threads; a persistent grid of up
 // to kBwdBlocksPerSm blocks per SM (the sweep's best: 128 x 4, 256 x 2, 512 x 1 per SM).
@@ -2223,10 +2234,7 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
       if (warps < 1 || warps > limit / 32) warps = limit / 32;  // out of range: the default
       const int threads = 32 * warps;
       const size_t smem = slice * param_grads(nb) * warps;
-      const int per_sm = resident_blocks(kernel, threads, smem);
-      if (per_sm < 1) return false;
-      launch_with_partials(kernel, ceil_div(p.rows, warps), per_sm, threads, smem, p, nb);
-      return true;
+      return launch_resident_with_partials(kernel, ceil_div(p.rows, warps), threads, smem, p, nb);
     };
     auto with_vpt = [&](auto vpt_tag) {
       constexpr int VPT = decltype(vpt_tag)::value;
@@ -2246,7 +2254,8 @@ bool backward_warp(BwdParams<T, W, R> p, NormBackward& nb) {
 // norm_bwd_bulk for 16-bit rows of 65-128 vectors (520-1024 columns) with parameters and rows
 // in x's dtype, where its sm_90 code runs; false where it does not apply.
 // FUSED_NORM_BWD_BULK=0 turns it off (for comparisons: norm_bwd_regs then),
-// FUSED_NORM_BWD_BULK_STAGES=2|3|4|6 sets a pair's slots.
+// FUSED_NORM_BWD_BULK_STAGES=2|3|4 sets a pair's slots (6, five rows in flight, lost 2-5%:
+// norm v37).
 template <typename T, typename W, typename R, int VEC>
 bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
   if constexpr (!kFixedTypes<T, W, R, VEC>) {  // 16-bit x, parameters and rows, 16-byte path
@@ -2257,20 +2266,17 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
     if (nvec <= 64 || nvec > 64 * kBulkBwdVpt || env_switched_off("FUSED_NORM_BWD_BULK")) {
       return false;
     }
-    // A pair's slots (each default fits two blocks an SM; 6 with d_sum fits one): 4 (three
-    // rows in flight) at 776-1024 columns; shorter rows measured best with fewer, 3 for the
-    // plain norms, 2 for the add forms (norm v37).
+    // A pair's slots (each choice fits two blocks an SM): 4 (three rows in flight) at 776-1024
+    // columns; shorter rows measured best with fewer, 3 for the plain norms, 2 for the add
+    // forms (norm v37).
     const int fit = nvec > 96 ? 4 : p.dsum ? 2 : 3;
     int stages = env_int("FUSED_NORM_BWD_BULK_STAGES", fit);
-    if (stages < 2 || stages > 6 || stages == 5) stages = fit;  // out of range: the default
+    if (stages < 2 || stages > 4) stages = fit;  // out of range: the default
     auto run = [&](auto kernel) {
       if (!runs_sm90_code(kernel)) return false;
       const size_t smem = kBulkBwdPairs * stages * bulk_bwd_slot(p.dsum != nullptr);
-      const int per_sm = resident_blocks(kernel, kBulkBwdThreads, smem);
-      if (per_sm < 1) return false;
-      launch_with_partials(kernel, ceil_div(p.rows, kBulkBwdPairs), per_sm, kBulkBwdThreads,
-                           smem, p, nb);
-      return true;
+      return launch_resident_with_partials(kernel, ceil_div(p.rows, kBulkBwdPairs),
+                                           kBulkBwdThreads, smem, p, nb);
     };
     // layer_norm's rows (which keep a mean) on the kernel's layer form; rms_norm's (no mean,
     // never a bias) on its rms form.
@@ -2287,7 +2293,6 @@ bool backward_bulk(BwdParams<T, W, R> p, NormBackward& nb) {
     switch (stages) {
       case 2: return with_stages(std::integral_constant<int, 2>{});
       case 3: return with_stages(std::integral_constant<int, 3>{});
-      case 6: return with_stages(std::integral_constant<int, 6>{});
     }
     return with_stages(std::integral_constant<int, 4>{});
   }
