@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 
 #include "cuda/matmul_portable.cuh"  // the portable kernel's ldmatrix / mma / cp.async waits
 #include "dev_cuda.cuh"
@@ -35,7 +37,15 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // MODE 0: ldmatrix + mma only; 1: + __syncthreads a k-tile; 2: + a refill of FILL bytes a
 // k-tile by cp.async, INFLIGHT k-tiles' refills in flight (each into its own region), the
 // oldest waited for before the k-tile's barrier (the shipped 3-stage pipeline: 2).
-template <int MODE, int FILL = kFillBytes, int INFLIGHT = 1>
+// Refill alone, no ldmatrix / mma (session 30): 3: MODE 2's cp.async refill and barrier;
+// 4: the same bytes through registers (every 16-byte ld.global of the k-tile in flight,
+// then st.shared), one k-tile at a time.
+// The refill spread over the k-tile's four k16 steps (a quarter of the copies a step, the
+// group committed at the last; a k-tile's copies waited for one k-tile later, as MODE 2
+// with 2 in flight): 5: each quarter after the step's mma; 6: before it.
+// HALF: ldmatrix at every other k16 step only (the fragments reused: a timing, not a
+// product), half the shared-memory reads, to see whether the refill competes with them.
+template <int MODE, int FILL = kFillBytes, int INFLIGHT = 1, bool HALF = false>
 __global__ void __launch_bounds__(256, 1)
     ldsm_mma(const uint4* __restrict__ src, int src_tiles, float* out, int iters) {
   constexpr int kChunks = FILL / 16 / 256;  // 16-byte copies a thread (48 KB: 12)
@@ -60,6 +70,35 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int nj = 0; nj < 4; ++nj) ldsm4(bf[buf][nj], b_off + (nj * 16 * kPitch + ks * 16) * 2);
   };
+  if constexpr (MODE == 3 || MODE == 4) {  // the refill alone
+    for (int it = 0; it < iters; ++it) {
+      const uint4* g = src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
+      const uint32_t dst = fill + (it % INFLIGHT) * FILL;
+      if constexpr (MODE == 3) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int e = c * 256 + threadIdx.x;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16),
+                       "l"(g + e));
+        }
+        cp_async_commit();
+        cp_async_wait<INFLIGHT - 1>();
+      } else {
+        uint4 v[kChunks];
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) v[c] = __ldcg(g + c * 256 + threadIdx.x);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(
+                           dst + (c * 256 + threadIdx.x) * 16),
+                       "r"(v[c].x), "r"(v[c].y), "r"(v[c].z), "r"(v[c].w));
+        }
+      }
+      __syncthreads();
+    }
+    out[blockIdx.x * 256 + threadIdx.x] = 0.f;
+    return;
+  }
   load(0, 0);
   for (int it = 0; it < iters; ++it) {
     if constexpr (MODE == 2) {  // the next stage's copies, issued at the k-tile's start
@@ -79,9 +118,22 @@ __global__ void __launch_bounds__(256, 1)
     for (int ks = 0; ks < 4; ++ks) {
       if (ks == 3) {
         if constexpr (MODE == 2) cp_async_wait<INFLIGHT - 1>();
+        if constexpr (MODE >= 5) cp_async_wait<0>();  // the previous k-tile's group
         if constexpr (MODE >= 1) __syncthreads();
       }
-      load((ks + 1) & 1, (ks + 1) % 4);
+      if (!HALF || ks % 2 == 1) load((ks + 1) & 1, (ks + 1) % 4);
+      auto quarter = [&] {  // MODE 5 / 6: a quarter of this k-tile's copies
+        const uint4* g = src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
+        const uint32_t dst = fill + (it % 2) * FILL;
+#pragma unroll
+        for (int c = ks * kChunks / 4; c < (ks + 1) * kChunks / 4; ++c) {
+          const int e = c * 256 + threadIdx.x;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16),
+                       "l"(g + e));
+        }
+        if (ks == 3) cp_async_commit();
+      };
+      if constexpr (MODE == 6) quarter();
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
@@ -90,6 +142,7 @@ __global__ void __launch_bounds__(256, 1)
           mma(acc[mi][2 * nj + 1], af[ks & 1][mi], bf[ks & 1][nj][2], bf[ks & 1][nj][3]);
         }
       }
+      if constexpr (MODE == 5) quarter();
     }
   }
   float s = 0.f;
@@ -101,24 +154,39 @@ __global__ void __launch_bounds__(256, 1)
 }
 
 
-template <int MODE, int FILL = kFillBytes, int INFLIGHT = 1>
+// Launches timed a figure: 5, or argv[1] (long enough to read the clock beside it, as
+// `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw -lms 100` does; each line is
+// stamped with the wall-clock time then).
+int g_reps = 5;
+
+template <int MODE, int FILL = kFillBytes, int INFLIGHT = 1, bool HALF = false>
 int run(int sms, const uint4* src, int src_tiles, float* out, const char* what) {
-  const int smem = kReadBytes + (MODE == 2 ? FILL * INFLIGHT : 0);
-  auto kernel = ldsm_mma<MODE, FILL, INFLIGHT>;
+  const int smem = kReadBytes + (MODE >= 2 ? FILL * INFLIGHT : 0);
+  auto kernel = ldsm_mma<MODE, FILL, INFLIGHT, HALF>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int iters = 2048;
   for (int round = 0; round < 2; ++round) {
     const float ms =
-        time_ms([&] { kernel<<<sms, 256, smem>>>(src, src_tiles, out, iters); }, 5);
+        time_ms([&] { kernel<<<sms, 256, smem>>>(src, src_tiles, out, iters); }, g_reps);
     CHECK(cudaGetLastError());
     const double flops = double(sms) * 8 * iters * 128 * 4096.0;
-    const double l2 = MODE == 2 ? double(sms) * iters * FILL / (ms * 1e-3) / 1e12 : 0.0;
-    std::printf("%-52s %.1f TFLOP/s, L2 -> smem %.2f TB/s\n", what, flops / (ms * 1e-3) / 1e12, l2);
+    const double l2 = MODE >= 2 ? double(sms) * iters * FILL / (ms * 1e-3) / 1e12 : 0.0;
+    timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    char stamp[16];
+    strftime(stamp, sizeof stamp, "%H:%M:%S", gmtime(&now.tv_sec));
+    std::printf("%s.%03ld ", stamp, now.tv_nsec / 1000000);
+    if (MODE == 3 || MODE == 4) {
+      std::printf("%-52s L2 -> smem %.2f TB/s\n", what, l2);
+    } else {
+      std::printf("%-52s %.1f TFLOP/s, L2 -> smem %.2f TB/s\n", what, flops / (ms * 1e-3) / 1e12, l2);
+    }
   }
   return 0;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) g_reps = std::atoi(argv[1]);
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -136,5 +204,14 @@ int main() {
   if (run<2, kFillBytes, 3>(sms, src, src_tiles, out, "  + 48 KB refill, 3 in flight")) return 1;
   if (run<2, kFillBytes / 2, 2>(sms, src, src_tiles, out, "  + 24 KB refill, 2 in flight")) return 1;
   if (run<2, kFillBytes / 4, 2>(sms, src, src_tiles, out, "  + 12 KB refill, 2 in flight")) return 1;
+  if (run<3, kFillBytes, 1>(sms, src, src_tiles, out, "48 KB cp.async refill alone, 1 in flight")) return 1;
+  if (run<3, kFillBytes, 2>(sms, src, src_tiles, out, "48 KB cp.async refill alone, 2 in flight")) return 1;
+  if (run<3, kFillBytes, 3>(sms, src, src_tiles, out, "48 KB cp.async refill alone, 3 in flight")) return 1;
+  if (run<4, kFillBytes, 1>(sms, src, src_tiles, out, "48 KB ld.global + st.shared refill alone")) return 1;
+  if (run<5, kFillBytes, 2>(sms, src, src_tiles, out, "ldmatrix + mma + 48 KB refill spread, after mma")) return 1;
+  if (run<6, kFillBytes, 2>(sms, src, src_tiles, out, "ldmatrix + mma + 48 KB refill spread, before mma")) return 1;
+  if (run<5, kFillBytes / 2, 2>(sms, src, src_tiles, out, "  24 KB refill spread, after mma")) return 1;
+  if (run<0, kFillBytes, 1, true>(sms, src, src_tiles, out, "half the ldmatrix + mma")) return 1;
+  if (run<2, kFillBytes, 2, true>(sms, src, src_tiles, out, "  + 48 KB refill, 2 in flight")) return 1;
   return 0;
 }
