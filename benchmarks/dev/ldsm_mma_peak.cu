@@ -70,20 +70,29 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int nj = 0; nj < 4; ++nj) ldsm4(bf[buf][nj], b_off + (nj * 16 * kPitch + ks * 16) * 2);
   };
+  // k-tile it's refill, copies [c0, c1) of each thread, into `region`: plain cp.async.cg (as
+  // measured in session 29; the kernel's cp_async_16 adds an L2::128B hint and a source size).
+  auto tile_src = [&](int it) {
+    return src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
+  };
+  auto copy = [&](int it, int region, int c0, int c1) {
+    const uint4* g = tile_src(it);
+    const uint32_t dst = fill + region * FILL;
+#pragma unroll
+    for (int c = c0; c < c1; ++c) {
+      const int e = c * 256 + threadIdx.x;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16), "l"(g + e));
+    }
+  };
   if constexpr (MODE == 3 || MODE == 4) {  // the refill alone
     for (int it = 0; it < iters; ++it) {
-      const uint4* g = src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
-      const uint32_t dst = fill + (it % INFLIGHT) * FILL;
       if constexpr (MODE == 3) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const int e = c * 256 + threadIdx.x;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16),
-                       "l"(g + e));
-        }
+        copy(it, it % INFLIGHT, 0, kChunks);
         cp_async_commit();
         cp_async_wait<INFLIGHT - 1>();
       } else {
+        const uint4* g = tile_src(it);
+        const uint32_t dst = fill + (it % INFLIGHT) * FILL;
         uint4 v[kChunks];
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) v[c] = __ldcg(g + c * 256 + threadIdx.x);
@@ -102,16 +111,7 @@ __global__ void __launch_bounds__(256, 1)
   load(0, 0);
   for (int it = 0; it < iters; ++it) {
     if constexpr (MODE == 2) {  // the next stage's copies, issued at the k-tile's start
-      const uint4* g = src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
-      const uint32_t dst = fill + (it % INFLIGHT) * FILL;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const int e = c * 256 + threadIdx.x;
-        // Plain cp.async.cg (as measured in session 29; the kernel's cp_async_16 adds an
-        // L2::128B hint and a source size).
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16),
-                     "l"(g + e));
-      }
+      copy(it, it % INFLIGHT, 0, kChunks);
       cp_async_commit();
     }
 #pragma unroll
@@ -123,14 +123,7 @@ __global__ void __launch_bounds__(256, 1)
       }
       if (!HALF || ks % 2 == 1) load((ks + 1) & 1, (ks + 1) % 4);
       auto quarter = [&] {  // MODE 5 / 6: a quarter of this k-tile's copies
-        const uint4* g = src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
-        const uint32_t dst = fill + (it % 2) * FILL;
-#pragma unroll
-        for (int c = ks * kChunks / 4; c < (ks + 1) * kChunks / 4; ++c) {
-          const int e = c * 256 + threadIdx.x;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16),
-                       "l"(g + e));
-        }
+        copy(it, it % 2, ks * kChunks / 4, (ks + 1) * kChunks / 4);
         if (ks == 3) cp_async_commit();
       };
       if constexpr (MODE == 6) quarter();
