@@ -1,6 +1,7 @@
 """Is the H100 GEMM power-bound? SM clock and board power while each case runs (bf16), next
 to its time: KERNEL_LOG matmul v10's open question (work overlapped with the tensor cores
-cost more than the same work after them). Written in session 17; not yet run.
+cost more than the same work after them). Written in session 17; first run in session 29
+(KERNEL_LOG matmul, "The portable kernel's ceiling, part 2").
 
     python benchmarks/dev/gemm_power.py [--seconds S] [--constant] [--cases a,b] [MxNxK ...]
 

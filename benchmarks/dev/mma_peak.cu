@@ -16,7 +16,6 @@
 #include "cuda/matmul_portable.cuh"  // mma_16816: the portable kernel's own mma
 #include "dev_cuda.cuh"
 
-
 // NACC independent accumulator chains a warp (the mma's latency is covered by the other
 // chains and the other warps); each mma is 2 * 16 * 8 * 16 = 4096 FLOPs.
 template <int NACC>
@@ -51,7 +50,6 @@ __global__ void fill_random(__nv_bfloat16* p, size_t n) {
     p[i] = __float2bfloat16(static_cast<float>(h & 0xffffff) / 8388608.f - 1.f);
   }
 }
-
 
 int main() {
   cudaDeviceProp prop;
