@@ -63,16 +63,16 @@ def rotation(sets: int, make):
     return step
 
 
-def sets_for(nbytes: int, l2_bytes: int) -> int:
-    """Input sets that together span 4x the L2 (at least 2)."""
-    return max(2, -(-4 * l2_bytes // max(nbytes, 1)))
+def sets_for(nbytes: int) -> int:
+    """Input sets of nbytes each that together span 4x the L2 (at least 2)."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(2, -(-4 * l2 // max(nbytes, 1)))
 
 
 def sizes():
     harness.require_cuda("flush_kind")
     timers = {"write": harness.Timer(budget_ms=20), "read": ReadFlushTimer(budget_ms=20),
               "rotate": NoFlushTimer(budget_ms=20)}
-    l2 = timers["write"].flush_bytes // 2
     ceil = harness.measure_ceilings(timers["write"])["copy_gbps"]
     print(f"{torch.cuda.get_device_name()}: ceiling {ceil:,.0f} GB/s (1 GiB copy, "
           f"harness flush); L2 flush buffer {timers['write'].flush_bytes / MIB:.0f} MiB")
@@ -80,7 +80,7 @@ def sizes():
           f"{'x+y %':>7}")
     for mib in [16, 32, 48, 64, 96, 128, 256]:
         n = mib * MIB // 2
-        k = sets_for(2 * n * 2, l2)
+        k = sets_for(2 * n * 2)
         src = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(k)]
         other = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(k)]
         copy = lambda i: lambda: src[i].clone()  # noqa: E731 - a new output each time
@@ -119,12 +119,10 @@ def main():
 def rotate_inputs():
     """run_plan's inputs as K sets and its steps rotating over them (see rotation)."""
     make_inputs, make_step = harness.make_inputs, harness.make_step
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-
     def many_inputs(case, shape, dtype, pass_, device="cuda", seed=0):
         first = make_inputs(case, shape, dtype, pass_, device, seed)
         nbytes = sum(t.nbytes for t in first.values() if isinstance(t, torch.Tensor))
-        k = sets_for(nbytes, l2)
+        k = sets_for(nbytes)
         return [first] + [make_inputs(case, shape, dtype, pass_, device, seed + i)
                           for i in range(1, k)]
 

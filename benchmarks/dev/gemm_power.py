@@ -18,10 +18,10 @@ the second half of the case's window, and the first batch's time a call (before 
 comes down: what the harness's short bursts see). The activation pass of v10 itself needs a build of
 commit 2cf44f9 (FUSED_OPS_MATMUL_ACT_PASS=producer|consumer there).
 """
+import argparse
 import datetime
 import statistics
 import subprocess
-import sys
 import threading
 import time
 
@@ -29,21 +29,16 @@ import torch
 
 from linear_cases import linear_cases
 
-args = sys.argv[1:]
-seconds = 2.0
-if "--seconds" in args:
-    seconds = float(args[args.index("--seconds") + 1])
-    del args[args.index("--seconds"):args.index("--seconds") + 2]
-constant = "--constant" in args
-if constant:
-    args.remove("--constant")
-names = ("fused mm", "fused +bias+gelu_tanh", "cublas mm", "cublasLt bias+gelu",
+CASES = ("fused mm", "fused +bias+gelu_tanh", "cublas mm", "cublasLt bias+gelu",
          "eager F.gelu(F.linear)")
-if "--cases" in args:
-    names = tuple(args[args.index("--cases") + 1].split(","))
-    del args[args.index("--cases"):args.index("--cases") + 2]
-shapes = args or ["4096x4096x4096", "8192x8192x8192", "16384x4096x4096", "4096x16384x4096",
-                  "16384x4096x16384"]
+parser = argparse.ArgumentParser(description="SM clock and board power per GEMM case")
+parser.add_argument("shapes", nargs="*", metavar="MxNxK",
+                    default=["4096x4096x4096", "8192x8192x8192", "16384x4096x4096",
+                             "4096x16384x4096", "16384x4096x16384"])
+parser.add_argument("--seconds", type=float, default=2.0)
+parser.add_argument("--constant", action="store_true")
+parser.add_argument("--cases", type=lambda v: tuple(v.split(",")), default=CASES)
+args = parser.parse_args()
 torch.manual_seed(0)
 samples = []  # (epoch seconds, MHz, W average, W instant)
 proc = subprocess.Popen(
@@ -74,16 +69,16 @@ def median_of(window, i):
 try:
     time.sleep(1.0)
     print(torch.cuda.get_device_name())
-    for s in shapes:
-        (m, n, k), every = linear_cases(s, constant)
-        cases = {name: every[name] for name in names}
+    for s in args.shapes:
+        (m, n, k), every = linear_cases(s, args.constant)
+        cases = {name: every[name] for name in args.cases}
         for name, f in cases.items():
             f()
             torch.cuda.synchronize()
             t = time.perf_counter()
             f()
             torch.cuda.synchronize()
-            batches = max(1, int(seconds / (8 * (time.perf_counter() - t))))
+            batches = max(1, int(args.seconds / (8 * (time.perf_counter() - t))))
             events = []
             t0 = time.time()
             for _ in range(batches):
