@@ -1,8 +1,21 @@
 """Shared test helpers: devices and dtypes, tolerances, input views, output poisoning."""
+import os
+
 import pytest
 import torch
 
 CUDA = pytest.mark.cuda
+# Set by tests/run_parallel.py --memcheck: these processes run under compute-sanitizer with
+# torch's caching allocator off, where neither CUDA graph capture (it allocates from that
+# allocator's private pools) nor the CUDA profiler (the sanitizer holds CUPTI) works, and
+# poison_next_alloc has no cached block to leave behind.
+MEMCHECK = os.environ.get("FUSED_OPS_MEMCHECK") == "1"
+
+
+def skip_under_memcheck(what):
+    """Skip the calling test in a --memcheck run (see MEMCHECK); the plain run checks it."""
+    if MEMCHECK:
+        pytest.skip(f"{what} does not run under compute-sanitizer (run_parallel --memcheck)")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -63,6 +76,7 @@ def poison_next_alloc(nbytes, device):
 def cuda_kernel_names(fn):
     """The names of the events fn() records under the CUDA profiler (kernels are named by
     their function, CPU-side ops fused::...): for tests of which kernel a dispatch took."""
+    skip_under_memcheck("the CUDA profiler")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -74,6 +88,7 @@ def assert_graph_replay_matches_eager(step, refill, names, msg="", rounds=2):
     stream that keeps launch-shape queries and allocations out of the capture; then `rounds`
     times refill() the captured inputs in place, replay, and compare every output bit for
     bit with an eager step() on the same data."""
+    skip_under_memcheck("CUDA graph capture")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

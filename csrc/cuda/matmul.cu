@@ -17,7 +17,8 @@
 // Operands are read in place when each matrix is row- or column-major with a 16-byte
 // aligned base, leading dimension and batch stride (a transposed weight, dZ^T in the
 // backward pass: no copies). Anything else (gaps in the contiguous dimension, odd leading
-// dimensions such as K = 17, offset views) is copied once to a padded row-major buffer.
+// dimensions such as K = 17, offset views, a last row that ends its storage mid-chunk) is
+// copied once to a padded row-major buffer.
 //
 // Backward (linear_act_backward): dZ = dY * act'(Z) in one elementwise pass that also
 // writes per-block column partial sums of dZ; a second small kernel adds the partials in a
@@ -102,6 +103,20 @@ struct MatView {
   bool row_major;
 };
 
+// Whether every 16-byte chunk the portable kernel copies from t, read in place as `lines`
+// lines of `len` contiguous elements `ld` apart, lies inside t's storage. The kernel copies
+// whole chunks (at a K edge it asks cp.async for fewer bytes, but compute-sanitizer counts
+// the whole chunk), so the last line of the last matrix is read up to a multiple of 8
+// elements: past the storage's end when that line ends it mid-chunk (a single row of
+// K = 17 elements, say), a read outside the allocation once the caching allocator no
+// longer rounds it up (tests/run_parallel.py --memcheck).
+bool chunks_inside_storage(const at::Tensor& t, int64_t sb, int64_t ld, int64_t lines,
+                           int64_t len) {
+  const int64_t avail = static_cast<int64_t>(t.storage().nbytes()) / t.element_size() -
+                        t.storage_offset();
+  return (t.size(0) - 1) * sb + (lines - 1) * ld + round_up8(len) <= avail;
+}
+
 MatView prepare_operand(const at::Tensor& t, bool allow_col_major = true) {
   const int64_t R = t.size(1), C = t.size(2);
   const int64_t sb = t.size(0) == 1 ? 0 : t.stride(0);
@@ -109,11 +124,15 @@ MatView prepare_operand(const at::Tensor& t, bool allow_col_major = true) {
   const bool aligned = is_aligned(t.const_data_ptr()) && sb % 8 == 0;
   if (aligned && (t.stride(2) == 1 || C == 1)) {
     const int64_t ld = R == 1 ? round_up8(C) : t.stride(1);
-    if (ld % 8 == 0) return {t, t.const_data_ptr(), ld, sb, true};
+    if (ld % 8 == 0 && chunks_inside_storage(t, sb, ld, R, C)) {
+      return {t, t.const_data_ptr(), ld, sb, true};
+    }
   }
   if (allow_col_major && aligned && (t.stride(1) == 1 || R == 1)) {
     const int64_t ld = C == 1 ? round_up8(R) : t.stride(2);
-    if (ld % 8 == 0) return {t, t.const_data_ptr(), ld, sb, false};
+    if (ld % 8 == 0 && chunks_inside_storage(t, sb, ld, C, R)) {
+      return {t, t.const_data_ptr(), ld, sb, false};
+    }
   }
   // Copy to row-major rows padded to a multiple of 8 elements. The padding is zeroed: the
   // portable kernel copies a 16-byte chunk that straddles the end of an MN-major row whole
