@@ -65,6 +65,8 @@ def main() -> int:
     jobs = max(1, min(args.jobs, len(ids)))
     logs = ROOT / "build" / "test_logs"
     logs.mkdir(parents=True, exist_ok=True)
+    for old in logs.glob("chunk_*.log"):  # a wider earlier run's logs would read as this one's
+        old.unlink()
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
     run = base
     if args.memcheck:
