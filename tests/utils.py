@@ -5,6 +5,9 @@ import pytest
 import torch
 
 CUDA = pytest.mark.cuda
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
 # Set by tests/run_parallel.py --memcheck: these processes run under compute-sanitizer with
 # torch's caching allocator off, where neither CUDA graph capture (it allocates from that
 # allocator's private pools) nor the CUDA profiler (the sanitizer holds CUPTI) works, and
@@ -16,8 +19,7 @@ def skip_under_memcheck(what):
     """Skip the calling test in a --memcheck run (see MEMCHECK); the plain run checks it."""
     if MEMCHECK:
         pytest.skip(f"{what} does not run under compute-sanitizer (run_parallel --memcheck)")
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
 
 # (rtol, atol) for comparing an op's output in `dtype` with a float64 reference.
 TOL = {

@@ -108,16 +108,19 @@ struct PortableConfig {
 // same column, ROW_STEP rows apart: one pointer and a stride describe all of a thread's
 // chunks, and a k-tile step moves the pointer by BK columns (K-major) or rows (MN-major).
 //
-// Edges. Along M/N a chunk is copied whole or not at all, decided once per output tile
-// (the bits of mn_ok): rows and columns past M/N only feed outputs that are never stored,
-// so a chunk that straddles the edge of an MN-major operand may bring in whatever follows
-// the last element (it lies in the same 16-byte aligned block as that element, so inside
-// the allocation). Along K the values must be exact zeros; the kernel walks K downwards from
-// the last, partial k-tile, so only the first k-tile, copied in the prologue, needs the
-// per-chunk K test (load_k_edge); the main loop's copies (load) carry no bounds checks but
-// the mn_ok bit. A chunk copied as 0 bytes is zero-filled and reads no memory (PTX: src-size
-// is the number of bytes read from src), so its source address may lie outside the matrix;
-// compute-sanitizer memcheck on the edge shapes agrees (benchmarks/dev/portable_notes.md).
+// Edges. Along M/N a chunk is copied whole or not at all, decided once per output tile (the
+// bits of mn_ok): rows and columns past M/N only feed outputs that are never stored, so a
+// chunk that straddles the edge of an MN-major operand may bring in whatever follows the
+// last element (it lies in the same 16-byte aligned block as that element). Every chunk, a
+// K-edge one asking for fewer bytes too, is a 16-byte read to compute-sanitizer, so the
+// launcher reads an operand in place only where all of its chunks lie inside its storage
+// (chunks_inside_storage, matmul.cu). Along K the values must be exact zeros; the kernel
+// walks K downwards from the last, partial k-tile, so only the first k-tile, copied in the
+// prologue, needs the per-chunk K test (load_k_edge); the main loop's copies (load) carry
+// no bounds checks but the mn_ok bit. A chunk copied as 0 bytes is zero-filled and reads no
+// memory (PTX: src-size is the number of bytes read from src), so its source address may
+// lie outside the matrix; compute-sanitizer memcheck on the edge shapes agrees
+// (benchmarks/dev/portable_notes.md).
 template <typename T, int ROWS, int COLS, int PITCH, int THREADS, bool KMAJOR>
 struct TileLoader {
   static constexpr int CPR = COLS / 8;  // chunks per row
