@@ -35,7 +35,8 @@ def write_build_info(with_cuda):
 def extension():
     with_cuda = want_cuda()
     write_build_info(with_cuda)
-    sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    sources = (["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+               + sorted(glob.glob("csrc/autograd/*.cpp")))
     cxx = ["-O3", "-std=c++17"]
     args = {"cxx": cxx}
     macros = []

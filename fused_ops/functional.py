@@ -1,10 +1,10 @@
 """The torch.nn.functional-style API: same names, same arguments, fused kernels.
 
-Swap `F.gelu` for `fused_ops.gelu` and nothing else changes.
+Swap `F.gelu` for `fused_ops.gelu` and nothing else changes. Each function is a thin call
+of its registered op (torch.ops.fused.<name>): argument checks, autograd and autocast all
+happen in C++, so a call costs about what the native op's Python binding costs.
 """
 import torch
-
-ops = torch.ops.fused
 
 __all__ = [
     "gelu",
@@ -20,41 +20,83 @@ __all__ = [
     "linear",
 ]
 
+_ops = torch.ops.fused
+_gelu = _ops.gelu.default
+_layer_norm = _ops.layer_norm.default
+_rms_norm = _ops.rms_norm.default
+_add_layer_norm = _ops.add_layer_norm.default
+_add_rms_norm = _ops.add_rms_norm.default
+_softmax = _ops.softmax.default
+_log_softmax = _ops.log_softmax.default
+_dropout = _ops.dropout.default
+_dropout_ = _ops.dropout_.default
+_bias_dropout_add = _ops.bias_dropout_add.default
+_matmul = _ops.matmul.default
+_linear = _ops.linear.default
+_linear_fwd = _ops.linear_fwd.default
+
+_ACTIVATIONS = (None, "gelu", "gelu_tanh")
+
+
+def _type_error(e: RuntimeError, fn: str) -> Exception:
+    """torch raises TypeError for an argument of the wrong type; the dispatcher's schema
+    check raises RuntimeError ("Expected a value of type ..."). Same type as torch."""
+    msg = str(e)
+    if "Expected a value of type" in msg or "expected a value of type" in msg:
+        return TypeError(f"{fn}(): {msg}")
+    return e
+
 
 def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GeLU, as torch.nn.functional.gelu: approximate is 'none' (erf) or 'tanh'."""
-    return ops.gelu(input, approximate=approximate)
+    try:
+        return _gelu(input, approximate=approximate)
+    except RuntimeError as e:
+        raise _type_error(e, "gelu") from None
 
 
 def _shape(normalized_shape):
     return [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None,
+               eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm, as torch.nn.functional.layer_norm (weight/bias in input's dtype or float32)."""
-    return ops.layer_norm(input, _shape(normalized_shape), weight, bias, eps)[0]
+    try:
+        return _layer_norm(input, _shape(normalized_shape), weight, bias, eps)[0]
+    except RuntimeError as e:
+        raise _type_error(e, "layer_norm") from None
 
 
-def rms_norm(input, normalized_shape, weight=None, eps=None):
+def rms_norm(input: torch.Tensor, normalized_shape, weight=None, eps=None) -> torch.Tensor:
     """RMSNorm, as torch.nn.functional.rms_norm: eps=None is torch.finfo(input.dtype).eps."""
-    return ops.rms_norm(input, _shape(normalized_shape), weight, eps)[0]
+    try:
+        return _rms_norm(input, _shape(normalized_shape), weight, eps)[0]
+    except RuntimeError as e:
+        raise _type_error(e, "rms_norm") from None
 
 
 def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
                    residual_in_fp32=False):
     """The pre-norm residual step in one kernel: s = input + residual, returns
     (layer_norm(s), s). s is float32 when residual_in_fp32, else input's dtype."""
-    y, s, _, _ = ops.add_layer_norm(input, residual, _shape(normalized_shape), weight, bias, eps,
-                                    residual_in_fp32)
-    return y, s
+    try:
+        out = _add_layer_norm(input, residual, _shape(normalized_shape), weight, bias, eps,
+                              residual_in_fp32)
+    except RuntimeError as e:
+        raise _type_error(e, "add_layer_norm") from None
+    return out[0], out[1]
 
 
 def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
                  residual_in_fp32=False):
     """As add_layer_norm with rms_norm: returns (rms_norm(s), s), s = input + residual."""
-    y, s, _ = ops.add_rms_norm(input, residual, _shape(normalized_shape), weight, eps,
-                               residual_in_fp32)
-    return y, s
+    try:
+        out = _add_rms_norm(input, residual, _shape(normalized_shape), weight, eps,
+                            residual_in_fp32)
+    except RuntimeError as e:
+        raise _type_error(e, "add_rms_norm") from None
+    return out[0], out[1]
 
 
 def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
@@ -69,7 +111,10 @@ def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
     """
     if dtype is not None:
         input = input.to(dtype)
-    return ops.softmax(input, dim, scale=scale, causal=causal)
+    try:
+        return _softmax(input, dim, scale=scale, causal=causal)
+    except RuntimeError as e:
+        raise _type_error(e, "softmax") from None
 
 
 def log_softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
@@ -77,7 +122,12 @@ def log_softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
     """log_softmax along dim, as torch.nn.functional.log_softmax (default dim: the last)."""
     if dtype is not None:
         input = input.to(dtype)
-    return ops.log_softmax(input, dim)
+    try:
+        return _log_softmax(input, dim)
+    except RuntimeError as e:
+        raise _type_error(e, "log_softmax") from None
+
+
 def _check_dropout_p(p: float) -> None:
     # The same check and message as torch.nn.functional.dropout (a ValueError there too).
     if p < 0.0 or p > 1.0:
@@ -98,10 +148,10 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     if not training or p == 0.0:
         return input
     if not inplace:
-        return ops.dropout(input, p, True, generator=generator)[0]
+        return _dropout(input, p, True, generator=generator)[0]
     if torch.is_grad_enabled() and input.requires_grad:
-        return input.copy_(ops.dropout(input, p, True, generator=generator)[0])
-    ops.dropout_(input, p, True, generator=generator)
+        return input.copy_(_dropout(input, p, True, generator=generator)[0])
+    _dropout_(input, p, True, generator=generator)
     return input
 
 
@@ -112,10 +162,15 @@ def bias_dropout_add(x: torch.Tensor, bias: "torch.Tensor | None", residual: tor
     or None); differentiable in x, bias and residual. Outside training (or p=0) it is the
     fused residual + x + bias, with no randomness drawn."""
     _check_dropout_p(p)
-    return ops.bias_dropout_add(x, bias, residual, p, training, generator=generator)[0]
+    return _bias_dropout_add(x, bias, residual, p, training, generator=generator)[0]
+
+
 def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """torch.matmul for 2-D and 3-D operands (3-D batches broadcast) on the fused GEMM."""
-    return ops.matmul(input, other)
+    try:
+        return _matmul(input, other)
+    except RuntimeError as e:
+        raise _type_error(e, "matmul") from None
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
@@ -127,5 +182,8 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
     if activation is not None and torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
-        return ops.linear_fwd(input, weight, bias, activation)[0]
-    return ops.linear(input, weight, bias, activation)
+        return _linear_fwd(input, weight, bias, activation)[0]
+    try:
+        return _linear(input, weight, bias, activation)
+    except RuntimeError as e:
+        raise _type_error(e, "linear") from None

@@ -1,7 +1,10 @@
-"""Drop-in modules: same constructor arguments and state dicts as their torch.nn twins."""
-import torch
+"""Drop-in modules: same constructor arguments, parameters and state dicts as their torch.nn
+twins (extra arguments keyword-only). Each forward calls its registered op directly (no
+extra Python layer on the hot path) and scripts with torch.jit.script where the twin does.
+"""
+from typing import Optional
 
-from . import functional as F
+import torch
 
 __all__ = [
     "GELU",
@@ -18,51 +21,76 @@ class GELU(torch.nn.GELU):
     """torch.nn.GELU on the fused kernel."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.gelu(input, approximate=self.approximate)
+        return torch.ops.fused.gelu(input, approximate=self.approximate)
 
 
 class LayerNorm(torch.nn.LayerNorm):
     """torch.nn.LayerNorm on the fused kernel (same arguments, parameters, state dict)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        return torch.ops.fused.layer_norm(input, list(self.normalized_shape), self.weight,
+                                          self.bias, self.eps)[0]
 
 
 class RMSNorm(torch.nn.RMSNorm):
     """torch.nn.RMSNorm on the fused kernel (same arguments, parameters, state dict)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return torch.ops.fused.rms_norm(x, list(self.normalized_shape), self.weight,
+                                        self.eps)[0]
+
+
 def _legacy_softmax_dim(ndim: int) -> int:
     # What torch.nn.Softmax(dim=None) picks (with a deprecation warning there).
-    return 0 if ndim in (0, 1, 3) else 1
+    if ndim == 0 or ndim == 1 or ndim == 3:
+        return 0
+    return 1
 
 
 class Softmax(torch.nn.Softmax):
     """torch.nn.Softmax(dim) on the fused kernel."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
-        return F.softmax(input, dim)
+        dim = self.dim
+        if dim is None:
+            dim = _legacy_softmax_dim(input.dim())
+        return torch.ops.fused.softmax(input, dim)
 
 
 class LogSoftmax(torch.nn.LogSoftmax):
     """torch.nn.LogSoftmax(dim) on the fused kernel."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        dim = self.dim if self.dim is not None else _legacy_softmax_dim(input.dim())
-        return F.log_softmax(input, dim)
+        dim = self.dim
+        if dim is None:
+            dim = _legacy_softmax_dim(input.dim())
+        return torch.ops.fused.log_softmax(input, dim)
+
+
 class Dropout(torch.nn.Dropout):
     """torch.nn.Dropout on the fused kernel (the mask is regenerated in backward, not stored)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.dropout(input, self.p, self.training, self.inplace)
+        if not self.training or self.p == 0.0:
+            return input
+        if not self.inplace:
+            return torch.ops.fused.dropout(input, self.p, True)[0]
+        if torch.is_grad_enabled() and input.requires_grad:
+            # An in-place op has no autograd formula: out of place, then copied back.
+            return input.copy_(torch.ops.fused.dropout(input, self.p, True)[0])
+        torch.ops.fused.dropout_(input, self.p, True)
+        return input
+
+
 class Linear(torch.nn.Linear):
     """torch.nn.Linear with an optional activation ("gelu" or "gelu_tanh") fused into the
-    GEMM epilogue. Loads torch.nn.Linear state dicts (same parameters)."""
+    GEMM epilogue: Linear(in_features, out_features, bias=True, device=None, dtype=None, *,
+    activation=None). Loads torch.nn.Linear state dicts (same parameters)."""
 
-    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None,
-                 activation=None):
+    activation: Optional[str]
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None, *, activation: Optional[str] = None):
         if activation not in (None, "gelu", "gelu_tanh"):
             raise ValueError(
                 f"activation must be None, 'gelu' or 'gelu_tanh', but got {activation!r}")
@@ -70,7 +98,13 @@ class Linear(torch.nn.Linear):
         self.activation = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.linear(input, self.weight, self.bias, self.activation)
+        act = self.activation
+        if act is not None and torch.is_grad_enabled() and (
+                input.requires_grad or self.weight.requires_grad
+                or (self.bias is not None and self.bias.requires_grad)):
+            # The training op keeps the pre-activation for the backward.
+            return torch.ops.fused.linear_fwd(input, self.weight, self.bias, act)[0]
+        return torch.ops.fused.linear(input, self.weight, self.bias, act)
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()

@@ -116,9 +116,10 @@ inline NormForward prepare_norm_forward(const char* op, bool layer, const at::Te
                 ": expected residual to have x's dtype (", x.scalar_type(),
                 ") or float32, but got ", r.scalar_type());
     if (residual_in_fp32 && x.scalar_type() != at::kDouble) sum_dtype = at::kFloat;
-    if (r.scalar_type() == sum_dtype || r.scalar_type() != at::kFloat) {
+    if (r.scalar_type() == sum_dtype || r.scalar_type() != at::kFloat ||
+        sum_dtype == at::kDouble) {
       // The kernels read the residual in the sum's dtype (a 16-bit residual into a float32
-      // sum converts exactly).
+      // sum, or a float32 one into a float64 sum, converts exactly).
       p.residual = r.to(sum_dtype).contiguous();
       p.sum = at::empty(x.sizes(), x.options().dtype(sum_dtype));
     } else {

@@ -20,8 +20,9 @@ namespace fused {
 // torch.softmax); returns it wrapped to [0, n).
 inline int64_t softmax_wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);
-  TORCH_CHECK(dim >= -n && dim < n, op, ": expected dim in [", -n, ", ", n - 1, "] for a ",
-              ndim, "-d input, but got dim=", dim);
+  // An IndexError in Python, as torch's "Dimension out of range".
+  TORCH_CHECK_INDEX(dim >= -n && dim < n, op, ": Dimension out of range (expected to be in "
+                    "range of [", -n, ", ", n - 1, "], but got ", dim, ")");
   return dim < 0 ? dim + n : dim;
 }
 

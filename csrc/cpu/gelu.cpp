@@ -7,6 +7,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/layout.h"
 
 namespace fused {
 namespace {
@@ -17,7 +18,7 @@ using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 at::Tensor gelu_cpu(const at::Tensor& x, c10::string_view approximate) {
   check_float(x, "fused::gelu", "x");
   GeluKind kind = parse_gelu_approximate(approximate, "fused::gelu");
-  at::Tensor xc = x.contiguous();
+  const at::Tensor xc = flat_compatible<1>({x})[0];
   at::Tensor y = at::empty_like(xc);
   FUSED_DISPATCH_CPU(x.scalar_type(), "fused::gelu", [&] {
     const scalar_t* in = xc.const_data_ptr<scalar_t>();
@@ -41,8 +42,9 @@ at::Tensor gelu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& x,
   check_same_device(grad_out, x, op, "grad_out", "x");
   check_same_shape(grad_out, x, op, "grad_out", "x");
   GeluKind kind = parse_gelu_approximate(approximate, op);
-  at::Tensor xc = x.contiguous();
-  at::Tensor gc = grad_out.contiguous();
+  const auto flat = flat_compatible<2>({x, grad_out});
+  const at::Tensor& xc = flat[0];
+  const at::Tensor& gc = flat[1];
   at::Tensor dx = at::empty_like(xc);
   FUSED_DISPATCH_CPU(x.scalar_type(), "fused::gelu_backward", [&] {
     const scalar_t* in = xc.const_data_ptr<scalar_t>();

@@ -52,15 +52,18 @@ void forward_cpu(NormForward& p) {
       for (int64_t r = r0; r < r1; ++r) {
         const S* xr = xs + r * n;
         S* yr = ys + r * n;
-        double mean = 0;
+        double mean = 0, sq = 0;
         if (p.layer) {
-          for (int64_t j = 0; j < n; ++j) mean += static_cast<double>(xr[j]);
-          mean /= n;
-        }
-        double sq = 0;  // two passes: no cancellation for rows far from zero
-        for (int64_t j = 0; j < n; ++j) {
-          double d = static_cast<double>(xr[j]) - mean;
-          sq += d * d;
+          // Welford: no cancellation for rows far from zero, and a constant row has a mean
+          // equal to its value and a variance of exactly 0 (with eps = 0, torch's NaN).
+          for (int64_t j = 0; j < n; ++j) {
+            const double v = static_cast<double>(xr[j]);
+            const double d = v - mean;
+            mean += d / static_cast<double>(j + 1);
+            sq += d * (v - mean);
+          }
+        } else {
+          for (int64_t j = 0; j < n; ++j) sq += static_cast<double>(xr[j]) * xr[j];
         }
         const double rstd = 1.0 / std::sqrt(sq / n + p.eps);
         for (int64_t j = 0; j < n; ++j) {

@@ -1,12 +1,14 @@
-"""Fake (shape-only) kernels and autograd for each op: one module per op, named as the op.
+"""Fake (shape-only) kernels for each op: one module per op, named as the op.
 
-Each module registers, for its ops in torch.ops.fused:
-  - torch.library.register_fake: output metadata, so torch.compile and FakeTensor work;
-  - torch.library.register_autograd: the backward, which calls the op's registered
-    backward op (itself a fused kernel).
+Each module registers, with torch.library.register_fake, the output metadata of its ops
+(shapes, dtypes, strides as the real kernels give them) so torch.compile and FakeTensor
+work, and checks devices (a meta tensor beside real ones reaches the fake kernel).
+Autograd and autocast are registered in C++ (csrc/autograd/), where they cost least per
+call; vmap rules are in vmap.py.
 """
 from . import gelu  # noqa: F401
 from . import norm  # noqa: F401
 from . import softmax  # noqa: F401
 from . import dropout  # noqa: F401
 from . import matmul  # noqa: F401
+from . import vmap  # noqa: F401

@@ -1,6 +1,10 @@
+"""Fake kernels of fused::gelu and fused::gelu_backward (autograd: csrc/autograd/gelu.cpp).
+
+Outputs keep the input's layout as torch's elementwise ops do: empty_like of a dense input
+has its strides, of any other its dims' order (csrc/common/layout.h does the same)."""
 import torch
 
-ops = torch.ops.fused
+from ._checks import check_same_device
 
 
 @torch.library.register_fake("fused::gelu")
@@ -10,20 +14,5 @@ def _gelu_fake(x, *, approximate="none"):
 
 @torch.library.register_fake("fused::gelu_backward")
 def _gelu_backward_fake(grad_out, x, *, approximate="none"):
+    check_same_device("fused::gelu_backward", x, grad_out=grad_out)
     return torch.empty_like(x)
-
-
-def _gelu_setup_context(ctx, inputs, keyword_only_inputs, output):
-    (x,) = inputs
-    ctx.approximate = keyword_only_inputs["approximate"]
-    ctx.save_for_backward(x)
-
-
-def _gelu_backward(ctx, grad_out):
-    (x,) = ctx.saved_tensors
-    return ops.gelu_backward(grad_out, x, approximate=ctx.approximate)
-
-
-torch.library.register_autograd(
-    "fused::gelu", _gelu_backward, setup_context=_gelu_setup_context
-)

@@ -1,0 +1,162 @@
+// Autocast (torch.autocast) rules, matching each op's torch twin on each device:
+//   matmul, linear, linear_fwd      cast floating inputs to the autocast dtype, as torch.mm /
+//                                   F.linear (CPU and CUDA);
+//   layer_norm, rms_norm, the add_* forms, softmax, log_softmax
+//                                   on CUDA: run in float32 (outputs float32), as
+//                                   F.layer_norm / F.softmax do under CUDA autocast;
+//                                   on CPU: untouched, as torch leaves them;
+//   bias_dropout_add                inputs promoted to their widest floating dtype (its
+//                                   twin, residual + dropout(x + bias), promotes);
+//   gelu, dropout                   untouched (no rule: the fallthrough), as torch.
+// Each rule casts, then calls the op again with autocast excluded.
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include "autograd/common.h"
+
+namespace fused::autograd {
+namespace {
+
+using OptT = std::optional<at::Tensor>;
+using OptStr = std::optional<c10::string_view>;
+using OptGen = std::optional<at::Generator>;
+using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+FUSED_OP(matmul_op, "fused::matmul", at::Tensor(const at::Tensor&, const at::Tensor&))
+FUSED_OP(linear_op, "fused::linear",
+         at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&, OptStr))
+FUSED_OP(linear_fwd_op, "fused::linear_fwd",
+         Tensor2(const at::Tensor&, const at::Tensor&, const OptT&, c10::string_view))
+FUSED_OP(layer_norm_op, "fused::layer_norm",
+         Tensor3(const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&, double))
+FUSED_OP(rms_norm_op, "fused::rms_norm",
+         Tensor2(const at::Tensor&, at::IntArrayRef, const OptT&, std::optional<double>))
+FUSED_OP(add_layer_norm_op, "fused::add_layer_norm",
+         Tensor4(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&,
+                 double, bool))
+FUSED_OP(add_rms_norm_op, "fused::add_rms_norm",
+         Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&,
+                 std::optional<double>, bool))
+FUSED_OP(softmax_op, "fused::softmax", at::Tensor(const at::Tensor&, int64_t, double, bool))
+FUSED_OP(log_softmax_op, "fused::log_softmax", at::Tensor(const at::Tensor&, int64_t))
+FUSED_OP(bias_dropout_add_op, "fused::bias_dropout_add",
+         Tensor2(const at::Tensor&, const OptT&, const at::Tensor&, double, bool, OptGen))
+
+template <c10::DeviceType D>
+struct Cast {
+  // Excludes this device's autocast key for the nested call.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast{
+      c10::DispatchKeySet(at::autocast::get_autocast_dispatch_key_from_device_type(D))};
+  static at::ScalarType lower() { return at::autocast::get_autocast_dtype(D); }
+  template <class T>
+  static T to(at::ScalarType t, const T& v) {
+    return at::autocast::cached_cast(t, v, D);
+  }
+};
+
+// ---- lower precision: the GEMMs -------------------------------------------------------------
+
+template <c10::DeviceType D>
+at::Tensor matmul_autocast(const at::Tensor& a, const at::Tensor& b) {
+  Cast<D> c;
+  const auto t = Cast<D>::lower();
+  return matmul_op().call(Cast<D>::to(t, a), Cast<D>::to(t, b));
+}
+
+template <c10::DeviceType D>
+at::Tensor linear_autocast(const at::Tensor& x, const at::Tensor& w, const OptT& b,
+                           OptStr act) {
+  Cast<D> c;
+  const auto t = Cast<D>::lower();
+  return linear_op().call(Cast<D>::to(t, x), Cast<D>::to(t, w), Cast<D>::to(t, b), act);
+}
+
+template <c10::DeviceType D>
+Tensor2 linear_fwd_autocast(const at::Tensor& x, const at::Tensor& w, const OptT& b,
+                            c10::string_view act) {
+  Cast<D> c;
+  const auto t = Cast<D>::lower();
+  return linear_fwd_op().call(Cast<D>::to(t, x), Cast<D>::to(t, w), Cast<D>::to(t, b), act);
+}
+
+// ---- float32 on CUDA: the norms and softmax ---------------------------------------------------
+
+constexpr auto kCUDA = c10::DeviceType::CUDA;
+using F32 = Cast<kCUDA>;
+
+Tensor3 layer_norm_autocast(const at::Tensor& x, at::IntArrayRef ns, const OptT& w,
+                            const OptT& b, double eps) {
+  F32 c;
+  return layer_norm_op().call(F32::to(at::kFloat, x), ns, F32::to(at::kFloat, w),
+                              F32::to(at::kFloat, b), eps);
+}
+
+Tensor2 rms_norm_autocast(const at::Tensor& x, at::IntArrayRef ns, const OptT& w,
+                          std::optional<double> eps) {
+  F32 c;
+  return rms_norm_op().call(F32::to(at::kFloat, x), ns, F32::to(at::kFloat, w), eps);
+}
+
+Tensor4 add_layer_norm_autocast(const at::Tensor& x, const at::Tensor& r, at::IntArrayRef ns,
+                                const OptT& w, const OptT& b, double eps, bool in_fp32) {
+  F32 c;
+  return add_layer_norm_op().call(F32::to(at::kFloat, x), F32::to(at::kFloat, r), ns,
+                                  F32::to(at::kFloat, w), F32::to(at::kFloat, b), eps, in_fp32);
+}
+
+Tensor3 add_rms_norm_autocast(const at::Tensor& x, const at::Tensor& r, at::IntArrayRef ns,
+                              const OptT& w, std::optional<double> eps, bool in_fp32) {
+  F32 c;
+  return add_rms_norm_op().call(F32::to(at::kFloat, x), F32::to(at::kFloat, r), ns,
+                                F32::to(at::kFloat, w), eps, in_fp32);
+}
+
+at::Tensor softmax_autocast(const at::Tensor& x, int64_t dim, double scale, bool causal) {
+  F32 c;
+  return softmax_op().call(F32::to(at::kFloat, x), dim, scale, causal);
+}
+
+at::Tensor log_softmax_autocast(const at::Tensor& x, int64_t dim) {
+  F32 c;
+  return log_softmax_op().call(F32::to(at::kFloat, x), dim);
+}
+
+// ---- promote: bias_dropout_add --------------------------------------------------------------
+
+template <c10::DeviceType D>
+Tensor2 bias_dropout_add_autocast(const at::Tensor& x, const OptT& bias, const at::Tensor& r,
+                                  double p, bool training, OptGen gen) {
+  Cast<D> c;
+  at::ScalarType t = at::promote_types(x.scalar_type(), r.scalar_type());
+  if (bias.has_value() && bias->defined()) t = at::promote_types(t, bias->scalar_type());
+  auto promote = [&](const at::Tensor& v) { return v.scalar_type() == t ? v : v.to(t); };
+  const OptT b = bias.has_value() && bias->defined() ? OptT(promote(*bias)) : bias;
+  return bias_dropout_add_op().call(promote(x), b, promote(r), p, training, std::move(gen));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
+  m.impl("matmul", &matmul_autocast<kCUDA>);
+  m.impl("linear", &linear_autocast<kCUDA>);
+  m.impl("linear_fwd", &linear_fwd_autocast<kCUDA>);
+  m.impl("layer_norm", &layer_norm_autocast);
+  m.impl("rms_norm", &rms_norm_autocast);
+  m.impl("add_layer_norm", &add_layer_norm_autocast);
+  m.impl("add_rms_norm", &add_rms_norm_autocast);
+  m.impl("softmax", &softmax_autocast);
+  m.impl("log_softmax", &log_softmax_autocast);
+  m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCUDA>);
+}
+
+TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {
+  constexpr auto kCPU = c10::DeviceType::CPU;
+  m.impl("matmul", &matmul_autocast<kCPU>);
+  m.impl("linear", &linear_autocast<kCPU>);
+  m.impl("linear_fwd", &linear_fwd_autocast<kCPU>);
+  m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCPU>);
+}
+
+}  // namespace fused::autograd
