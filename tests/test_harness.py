@@ -498,7 +498,7 @@ def test_kernel_name_shortening():
 
 def test_trace_summary_counts_kernels_per_call():
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mul", "dur": 50}]
-    for i in range(2):  # two profiled calls of an op launching a mul and a tanh
+    for _ in range(2):  # two profiled calls of an op launching a mul and a tanh
         events += [{"ph": "X", "cat": "kernel", "name": "void mul_kernel(float*)", "dur": 10},
                    {"ph": "X", "cat": "kernel", "name": "tanh_kernel", "dur": 30},
                    {"ph": "X", "cat": "gpu_user_annotation", "name": "call", "dur": 45}]

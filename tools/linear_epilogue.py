@@ -2,7 +2,7 @@
 without bias / activation next to cuBLAS (torch.mm, F.linear, the cuBLASLt gelu epilogue),
 each timed twice, interleaved, as triton.testing.do_bench medians (ms).
 
-    python benchmarks/dev/linear_epilogue.py [--reverse] [--rounds R] [MxNxK ...]
+    python tools/linear_epilogue.py [--reverse] [--rounds R] [MxNxK ...]
 
 --reverse times the cases in the opposite order (the first case timed at each shape runs on
 the coolest GPU: KERNEL_LOG matmul v6, "4096^3").

@@ -12,8 +12,8 @@ writes evict them. Two other ways to start each repetition with its inputs out o
   alive (so the next output is new memory, not the lines just written). Each repetition
   then writes back what the previous one left dirty: an op's own share, as in a model.
 
-    python benchmarks/dev/flush_kind.py sizes                     # copy / x + y, all three
-    python benchmarks/dev/flush_kind.py run read|rotate ARGS...   # benchmarks/run.py ARGS
+    python tools/flush_kind.py sizes                     # copy / x + y, all three
+    python tools/flush_kind.py run read|rotate ARGS...   # benchmarks/run.py ARGS
 
 `sizes` times, in one process and alternating, each tensor size under each way, against
 one 1 GiB copy ceiling (harness flush). `run` is benchmarks/run.py with the read flush or
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks import harness  # noqa: E402

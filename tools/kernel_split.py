@@ -3,7 +3,7 @@
 time from torch.profiler, and their sum against the event-timed step (the difference is
 the GPU idle between kernels).
 
-    python benchmarks/dev/kernel_split.py layer_norm,16384x4096,fwd+bwd[,bf16[,impl]] ...
+    python tools/kernel_split.py layer_norm,16384x4096,fwd+bwd[,bf16[,impl]] ...
 
 One argument per row; impl: fused (default), native, compile, ... (the case's
 implementations).

@@ -6,7 +6,7 @@
 // L2-resident buffer (into a second region, as the pipeline's next stage). What is left
 // between the last figure and the kernel's own is DRAM and the edges.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc benchmarks/dev/ldsm_mma_peak.cu -o /tmp/ldsm_mma
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc tools/ldsm_mma_peak.cu -o /tmp/ldsm_mma
 //   /tmp/ldsm_mma
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

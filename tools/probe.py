@@ -1,6 +1,6 @@
-"""Runs one fused op a few times, for Nsight Compute to profile (benchmarks/dev/ncu.sh).
+"""Runs one fused op a few times, for Nsight Compute to profile (tools/ncu.sh).
 
-    python benchmarks/dev/probe.py softmax 16384x4096 bwd [bf16]
+    python tools/probe.py softmax 16384x4096 bwd [bf16]
 
 pass: fwd (the forward op) or bwd (the backward op alone, on a saved y / mean, rstd).
 """

@@ -1,6 +1,6 @@
 """Merge a later run's records into a committed results JSON.
 
-    python benchmarks/dev/merge_results.py benchmarks/results/NVIDIA_H200.json NEW.json \
+    python tools/merge_results.py benchmarks/results/NVIDIA_H200.json NEW.json \
         --note "what was re-measured, when, why" [--only-ops softmax,log_softmax]
 
 Every record of NEW (optionally only those of --only-ops) replaces the record with the same

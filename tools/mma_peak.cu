@@ -4,7 +4,7 @@
 // The portable kernel cannot run faster than the first figure (its operands here are
 // constant per thread, which draws less power than a GEMM's: an upper bound).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc benchmarks/dev/mma_peak.cu -lcublas -o /tmp/mma_peak
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc tools/mma_peak.cu -lcublas -o /tmp/mma_peak
 //   /tmp/mma_peak
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

@@ -1,8 +1,8 @@
 """Which kernels cuBLAS / cuBLASLt run for the linear-layer cases (bf16), and one profiled
 call of each named case for Nsight Compute: KERNEL_LOG matmul, "Power" (session 18).
 
-    python benchmarks/dev/gemm_kernels.py names [MxNxK ...]
-    ncu --profile-from-start off ... python benchmarks/dev/gemm_kernels.py ncu CASE[,CASE] [MxNxK ...]
+    python tools/gemm_kernels.py names [MxNxK ...]
+    ncu --profile-from-start off ... python tools/gemm_kernels.py ncu CASE[,CASE] [MxNxK ...]
 
 `names` prints the CUDA kernels each case launches (torch.profiler, one call after warm-up);
 `ncu` warms every named case up, then runs each once between cudaProfilerStart / Stop, so

@@ -2,7 +2,7 @@
 around each launch sequence, as the harness does) and as a CUDA-graph replay (no host work
 between kernels). A large difference means the GPU waits for the host's launches.
 
-    python benchmarks/dev/host_gap.py
+    python tools/host_gap.py
 """
 import torch
 from triton.testing import do_bench, do_bench_cudagraph

@@ -3,7 +3,7 @@ doing the same GEMMs: the forward GEMM (training form: z and y stored), dZ = dY 
 with the bias sums, dX = dZ W (B operand N-major) and dW = dZ^T X (both operands
 MN-major). do_bench medians (us), two interleaved rounds, the better one printed.
 
-    python benchmarks/dev/linear_parts.py [MxNxK ...]
+    python tools/linear_parts.py [MxNxK ...]
 """
 import sys
 

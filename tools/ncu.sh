@@ -1,6 +1,6 @@
 #!/bin/bash
-# Nsight Compute summary of the main kernel of each case (benchmarks/dev/probe.py), on the
-# GPU machine: bash benchmarks/dev/ncu.sh OUTDIR "op shape pass" ...
+# Nsight Compute summary of the main kernel of each case (tools/probe.py), on the
+# GPU machine: bash tools/ncu.sh OUTDIR "op shape pass" ...
 # Clocks left alone (--clock-control none, as the device notes ask).
 out=$1; shift
 for c in "$@"; do
@@ -10,6 +10,6 @@ for c in "$@"; do
       --kernel-name "regex:${NCU_KERNEL:-row_kernel|norm_|dropout_kernel}" \
       --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
-      python3 benchmarks/dev/probe.py $c > "$f" 2>&1
+      python3 tools/probe.py $c > "$f" 2>&1
   echo "== $c"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occ|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall" "$f" | head -20
 done

@@ -3,7 +3,7 @@ to its time: KERNEL_LOG matmul v10's open question (work overlapped with the ten
 cost more than the same work after them). Written in session 17; first run in session 29
 (KERNEL_LOG matmul, "The portable kernel's ceiling, part 2").
 
-    python benchmarks/dev/gemm_power.py [--seconds S] [--constant] [--cases a,b] [MxNxK ...]
+    python tools/gemm_power.py [--seconds S] [--constant] [--cases a,b] [MxNxK ...]
 
 --constant: operands of one value each (linear_cases); --cases: a comma-separated subset
 of the case names. With FUSED_OPS_MATMUL_KERNEL=portable, "fused mm" is the portable

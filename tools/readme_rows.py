@@ -2,7 +2,7 @@
 by their first five cells (op, variant, pass, shape, dtype), only under the README heading
 that names the GPU (the "### <heading>" section: each GPU has its own table):
 
-    python benchmarks/dev/readme_rows.py benchmarks/results/NVIDIA_H200.md README.md "NVIDIA H200"
+    python tools/readme_rows.py benchmarks/results/NVIDIA_H200.md README.md "NVIDIA H200"
 """
 import argparse
 import sys
@@ -19,21 +19,21 @@ def main():
     ap.add_argument("heading", help='the GPU section\'s heading, without "### "')
     a = ap.parse_args()
     md = open(a.md).read().split("\n")
-    start = next(i for i, l in enumerate(md) if l.startswith("| op | variant | pass |"))
+    start = next(i for i, line in enumerate(md) if line.startswith("| op | variant | pass |"))
     rows = {}
-    for l in md[start + 2:]:
-        if not l.startswith("|"):
+    for line in md[start + 2:]:
+        if not line.startswith("|"):
             break
-        rows[key(l)] = l
+        rows[key(line)] = line
     out, changed, inside, found = [], 0, False, False
-    for l in open(a.readme).read().split("\n"):
-        if l.startswith("## ") or l.startswith("### "):  # headings (not code comments)
-            inside = l.strip() == f"### {a.heading}"
+    for line in open(a.readme).read().split("\n"):
+        if line.startswith("## ") or line.startswith("### "):  # headings (not code comments)
+            inside = line.strip() == f"### {a.heading}"
             found = found or inside
-        new = rows.get(key(l)) if inside and l.startswith("| ") else None
-        if new is not None and new != l:
-            l, changed = new, changed + 1
-        out.append(l)
+        new = rows.get(key(line)) if inside and line.startswith("| ") else None
+        if new is not None and new != line:
+            line, changed = new, changed + 1
+        out.append(line)
     if not found:
         sys.exit(f"no '### {a.heading}' heading in {a.readme}")
     open(a.readme, "w").write("\n".join(out))

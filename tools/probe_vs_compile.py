@@ -3,9 +3,9 @@ for Nsight Compute to profile side by side (KERNEL_LOG norm v15). On the GPU mac
 
     PYTHONPATH=$PWD ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
-        python3 benchmarks/dev/probe_vs_compile.py rms_norm 8192x8192
+        python3 tools/probe_vs_compile.py rms_norm 8192x8192
 
-    TORCH_LOGS=output_code PYTHONPATH=$PWD python3 benchmarks/dev/probe_vs_compile.py ...
+    TORCH_LOGS=output_code PYTHONPATH=$PWD python3 tools/probe_vs_compile.py ...
 
 (the second prints the Triton source Inductor generated). op: layer_norm, rms_norm or softmax;
 bf16.

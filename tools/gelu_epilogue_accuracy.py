@@ -1,7 +1,7 @@
 """How exact each bias + GeLU(tanh) linear forward is, against float64: ours (fused_ops.linear),
 cuBLASLt's fused epilogue (torch._addmm_activation) and eager F.gelu(F.linear).
 
-    python benchmarks/dev/gelu_epilogue_accuracy.py [MxNxK ...] [--dtype bf16|fp16]
+    python tools/gelu_epilogue_accuracy.py [MxNxK ...] [--dtype bf16|fp16]
 
 The exact result y = gelu_tanh(x W^T + b) is computed in float64 from the same 16-bit
 inputs and rounded to the dtype (the best a 16-bit output can be). Per implementation:

@@ -2,7 +2,7 @@
 the benchmark's smaller shapes (16384x1024 bf16 moves 64 MiB read + written, 32 MiB each
 way), against the run's ceiling (a 1 GiB copy, harness.measure_ceilings).
 
-    python benchmarks/dev/copy_vs_size.py
+    python tools/copy_vs_size.py
 
 Per size (the bytes of one tensor): torch's device-to-device copy (dst.copy_(src)) and, as
 kernel-shaped bounds, an elementwise bf16 x * 1 (one read, one write: a forward's streams) and
@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks import harness  # noqa: E402
