@@ -1,5 +1,5 @@
 """Which kernels cuBLAS / cuBLASLt run for the linear-layer cases (bf16), and one profiled
-call of each named case for Nsight Compute: KERNEL_LOG matmul, "Power" (session 18).
+call of each named case for Nsight Compute (docs/design/matmul.md, "Roofline and standing").
 
     python tools/gemm_kernels.py names [MxNxK ...]
     ncu --profile-from-start off ... python tools/gemm_kernels.py ncu CASE[,CASE] [MxNxK ...]
@@ -10,8 +10,7 @@ call of each named case for Nsight Compute: KERNEL_LOG matmul, "Power" (session 
 generated at run time (no cubin in libcublasLt to disassemble); their SASS comes from ncu's
 source page: `ncu --profile-from-start off --section SourceCounters -o R python
 gemm_kernels.py ncu "cublas mm,cublasLt bias+gelu" 16384x4096x4096`, then `ncu -i R.ncu-rep
---page source --print-source sass --csv` (KERNEL_LOG matmul, "What cuBLAS's nvjet kernels
-issue").
+--page source --print-source sass --csv`.
 """
 import sys
 

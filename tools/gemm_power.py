@@ -1,13 +1,13 @@
 """Is the H100 GEMM power-bound? SM clock and board power while each case runs (bf16), next
-to its time: KERNEL_LOG matmul v10's open question (work overlapped with the tensor cores
-cost more than the same work after them). Written in session 17; first run in session 29
-(KERNEL_LOG matmul, "The portable kernel's ceiling, part 2").
+to its time: does work overlapped with the tensor cores cost more than the same work after
+them? (docs/design/matmul.md, "Roofline and standing": every large H100 GEMM sits at the
+board's 700 W limit when run back to back.)
 
     python tools/gemm_power.py [--seconds S] [--constant] [--cases a,b] [MxNxK ...]
 
 --constant: operands of one value each (linear_cases); --cases: a comma-separated subset
 of the case names. With FUSED_OPS_MATMUL_KERNEL=portable, "fused mm" is the portable
-kernel (session 29).
+kernel (on random data it is power-bound, on constant data not).
 
 Each case is timed once, then enqueued as event-timed batches of 8 calls filling about S
 seconds (default 2) with a single synchronize at the end (the GPU never waits for the
@@ -15,8 +15,9 @@ host), while `nvidia-smi -i <this GPU> -lms 20` samples clocks.sm, power.draw an
 power.draw.instant with nvidia-smi's own timestamps (a pipe may deliver its lines late).
 The report gives the median time a call and the median clock and power of the samples in
 the second half of the case's window, and the first batch's time a call (before the clock
-comes down: what the harness's short bursts see). The activation pass of v10 itself needs a build of
-commit 2cf44f9 (FUSED_OPS_MATMUL_ACT_PASS=producer|consumer there).
+comes down: what the harness's short bursts see). The activation pass on the producer's
+spare warps that raised the question needs a build of commit 2cf44f9
+(FUSED_OPS_MATMUL_ACT_PASS=producer|consumer there).
 """
 import argparse
 import datetime

@@ -1,4 +1,4 @@
-// Where the portable GEMM's time goes, built up from its inner loop (session 29): the
+// Where the portable GEMM's time goes, built up from its inner loop: the
 // shipped Big tile's warp work (8 warps an SM, each a 64 x 64 warp tile of a 128 x 256 x 64
 // block tile: per k16 step 4 + 4 ldmatrix.x4 and 32 mma.sync.m16n8k16, fragments double
 // buffered across steps) from shared memory that is never refilled, then with the
@@ -37,7 +37,7 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // MODE 0: ldmatrix + mma only; 1: + __syncthreads a k-tile; 2: + a refill of FILL bytes a
 // k-tile by cp.async, INFLIGHT k-tiles' refills in flight (each into its own region), the
 // oldest waited for before the k-tile's barrier (the shipped 3-stage pipeline: 2).
-// Refill alone, no ldmatrix / mma (session 30): 3: MODE 2's cp.async refill and barrier;
+// Refill alone, no ldmatrix / mma: 3: MODE 2's cp.async refill and barrier;
 // 4: the same bytes through registers (every 16-byte ld.global of the k-tile in flight,
 // then st.shared), one k-tile at a time.
 // The refill spread over the k-tile's four k16 steps (a quarter of the copies a step, the
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(256, 1)
     for (int nj = 0; nj < 4; ++nj) ldsm4(bf[buf][nj], b_off + (nj * 16 * kPitch + ks * 16) * 2);
   };
   // k-tile it's refill, copies [c0, c1) of each thread, into `region`: plain cp.async.cg (as
-  // measured in session 29; the kernel's cp_async_16 adds an L2::128B hint and a source size).
+  // first measured; the kernel's cp_async_16 adds an L2::128B hint and a source size).
   auto tile_src = [&](int it) {
     return src + (static_cast<int64_t>(blockIdx.x + it) % src_tiles) * (kFillBytes / 16);
   };

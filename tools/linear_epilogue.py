@@ -5,7 +5,7 @@ each timed twice, interleaved, as triton.testing.do_bench medians (ms).
     python tools/linear_epilogue.py [--reverse] [--rounds R] [MxNxK ...]
 
 --reverse times the cases in the opposite order (the first case timed at each shape runs on
-the coolest GPU: KERNEL_LOG matmul v6, "4096^3").
+the coolest GPU, so it can read up to 10% faster: docs/design/harness.md).
 """
 import sys
 

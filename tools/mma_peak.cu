@@ -59,7 +59,7 @@ int main() {
   float* out;
   CHECK(cudaMalloc(&out, sizeof(float) * sms * 8 * 256));
   const int iters = 4096;
-  // 8 warps an SM (2 a scheduler) is the portable kernel's Big tile (session 29).
+  // 8 warps an SM (2 a scheduler) is the portable kernel's Big tile.
   for (int per_sm : {1, 2, 4, 8}) {  // 256-thread blocks an SM: 8, 16, 32, 64 warps
     const int blocks = sms * per_sm;
     const float ms = time_ms([&] { mma_chain<8><<<blocks, 256>>>(out, iters); }, 5);

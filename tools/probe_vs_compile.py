@@ -1,5 +1,5 @@
-"""One fused norm or softmax forward and torch.compile's kernel for the same composition, in one process,
-for Nsight Compute to profile side by side (KERNEL_LOG norm v15). On the GPU machine:
+"""One fused norm or softmax forward and torch.compile's kernel for the same composition, in
+one process, for Nsight Compute to profile side by side. On the GPU machine:
 
     PYTHONPATH=$PWD ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
