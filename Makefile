@@ -4,18 +4,39 @@
 PYTHON ?= python3
 TORCH_VERSION ?= 2.11.0
 JOBS ?= $(shell nproc)
+# The linters are pinned: another version formats differently and would fail `make lint`.
+RUFF_VERSION ?= 0.17.6
+CLANG_FORMAT_VERSION ?= 14.0.6
+PY_SCRIPTS := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))")
+CLANG_FORMAT ?= $(or $(wildcard $(PY_SCRIPTS)/clang-format),clang-format)
+CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 
-.PHONY: setup build test bench profile gpu-check clean
+.PHONY: setup build test bench profile gpu-check lint format clean
 
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
-	@$(PYTHON) -m pip install -q --disable-pip-version-check numpy pytest ninja setuptools wheel expecttest matplotlib
+	@$(PYTHON) -m pip install -q --disable-pip-version-check numpy pytest ninja setuptools wheel expecttest matplotlib \
+		ruff==$(RUFF_VERSION) clang-format==$(CLANG_FORMAT_VERSION)
 
 build: setup
 	MAX_JOBS=$(JOBS) $(PYTHON) setup.py -q build_ext --inplace
 
+# The tests first (a style slip should not hide a failing test), then the style checks.
 test: build
 	$(PYTHON) -m pytest -q tests
+	$(MAKE) --no-print-directory lint
+
+# Style checks, no changes: ruff (pyproject.toml's [tool.ruff]) and clang-format (.clang-format).
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(CLANG_FORMAT) --dry-run -Werror $(CSRC)
+
+# Rewrites the tree to the style `make lint` checks.
+format:
+	$(PYTHON) -m ruff check --fix .
+	$(PYTHON) -m ruff format .
+	$(CLANG_FORMAT) -i $(CSRC)
 
 bench: build
 	$(PYTHON) benchmarks/run.py $(BENCH_ARGS)

@@ -151,7 +151,9 @@ def parse_shape(text: str) -> tuple:
     try:
         dims = tuple(int(d) for d in text.lower().strip().split("x"))
     except ValueError:
-        raise ValueError(f"bad shape {text!r}: expected sizes joined by 'x', e.g. 16384x4096")
+        raise ValueError(
+            f"bad shape {text!r}: expected sizes joined by 'x', e.g. 16384x4096"
+        ) from None
     if not dims or any(d < 0 for d in dims):
         raise ValueError(f"bad shape {text!r}: expected sizes joined by 'x', e.g. 16384x4096")
     return dims
@@ -648,7 +650,7 @@ def import_fused_ops() -> None:
         import fused_ops
     except ImportError as e:
         print(f"cannot import fused_ops: {str(e).splitlines()[0]}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     if not fused_ops.WITH_CUDA:
         print("fused_ops was built without its CUDA kernels (no CUDA toolkit at build "
               "time): rebuild with `make build` where nvcc is installed", file=sys.stderr)

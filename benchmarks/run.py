@@ -84,7 +84,7 @@ def load_results(path):
         return report.load_json(path)
     except (OSError, ValueError, KeyError) as e:
         print(f"error: cannot read {path}: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
 
 
 def main(argv=None):

@@ -4,7 +4,7 @@
         [pytest options, e.g. -m cuda or -k softmax; no paths]
 
 The GPU suite (`-m cuda`, ~2000 tests) takes over 7 minutes in one process on an H100 and
-~2.5 in eight (session 18): most of a test's time is the host's (float64 references, torch
+~2.5 in eight: most of a test's time is the host's (float64 references, torch
 dispatch, compiling), which the processes share out while the GPU runs their kernels side
 by side. The tests are collected once, dealt round-robin to the processes (a test's inputs
 come from its own node id, tests/conftest.py, so the split changes nothing), and each
@@ -20,8 +20,8 @@ graph capture and the CUDA profiler do not run there, so the tests that need the
 sanitizer error; the summary adds each one's error count. It takes fewer processes than
 the plain run (default 2): a process under the sanitizer needs far more GPU memory, and 3
 (caching on) or 8 (caching off) of them on tests/test_matmul.py ran a 139 GiB H200 out of
-memory (session 32), which fails tests and leaves launches unchecked ("Internal Sanitizer
-Error ... didn't track the launch"). 2 was not run in session 32 (its device time ran out).
+memory, which fails tests and leaves launches unchecked ("Internal Sanitizer Error ...
+didn't track the launch").
 """
 import argparse
 import os

@@ -152,7 +152,7 @@ def test_gelu_bytes(dtype, size):
     n = 16384 * 4096
     assert gelu_cases.gelu_bytes((16384, 4096), dtype, "fwd") == 2 * n * size
     assert gelu_cases.gelu_bytes((16384, 4096), dtype, "fwd+bwd") == 5 * n * size
-    # The README / KERNEL_LOG example: 16384x4096 bf16 forward moves 256 MiB.
+    # The design notes' example: 16384x4096 bf16 forward moves 256 MiB.
     if dtype == torch.bfloat16:
         assert gelu_cases.gelu_bytes((16384, 4096), dtype, "fwd") == 256 * 2**20
     for shape in gelu_cases.SHAPES[1:]:  # all but the small one are >= 64 MB in bf16
@@ -498,7 +498,7 @@ def test_kernel_name_shortening():
 
 def test_trace_summary_counts_kernels_per_call():
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mul", "dur": 50}]
-    for i in range(2):  # two profiled calls of an op launching a mul and a tanh
+    for _ in range(2):  # two profiled calls of an op launching a mul and a tanh
         events += [{"ph": "X", "cat": "kernel", "name": "void mul_kernel(float*)", "dur": 10},
                    {"ph": "X", "cat": "kernel", "name": "tanh_kernel", "dur": 30},
                    {"ph": "X", "cat": "gpu_user_annotation", "name": "call", "dur": 45}]

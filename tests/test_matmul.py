@@ -508,8 +508,8 @@ def _ordered_bits(t):
 # forms x sigmoid(2u) and x erfc(-x / sqrt 2) / 2, since 1 + tanh / 1 + erf cancel there):
 # never more than one ulp off, and off at all for at most 1% (bf16) / 3% (fp16) of outputs,
 # overall and in the negative tail z < -1.5. A GeLU through 1 + tanh(u) fails this: cuBLASLt's
-# fused epilogue is off for 4.9% / 11.9% of tail outputs, by up to 4 ulp (KERNEL_LOG matmul,
-# "cuBLASLt's fused GeLU is not the same function"). Values below 2^-100 are left out: the
+# fused epilogue is off for 4.9% / 11.9% of tail outputs, by up to 4 ulp (docs/design/matmul.md,
+# "Roofline and standing"). Values below 2^-100 are left out: the
 # epilogue flushes float subnormals to zero there.
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -540,10 +540,11 @@ def test_linear_gelu_epilogue_rounding(kernel, dtype, act):
         assert off <= limit, f"{act} {dtype} {name}: {off:.2%} of outputs off the rounded value"
 
 
-# The 16-bit GeLU epilogues share one reciprocal between two neighbouring columns (KERNEL_LOG
-# matmul v15, v17): a NaN or infinite pre-activation must stay in its own column. Bias
-# entries NaN, +inf, -inf on even and odd columns make whole columns non-finite; every output
-# matches float64 (gelu(+inf) = inf, gelu(-inf) = NaN as in torch), both kernels, both GeLUs.
+# The 16-bit GeLU epilogues share one reciprocal between two neighbouring columns
+# (docs/design/matmul.md, "Design"): a NaN or infinite pre-activation must stay in its own
+# column. Bias entries NaN, +inf, -inf on even and odd columns make whole columns non-finite;
+# every output matches float64 (gelu(+inf) = inf, gelu(-inf) = NaN as in torch), both
+# kernels, both GeLUs.
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])

@@ -618,9 +618,9 @@ def _far_row(cols, dtype):
 # The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the
 # TPRs of FixedTprs (csrc/cuda/norm.cu), parameters in x's dtype; FUSED_NORM_FIXED=0 sends
 # the same rows to norm_fwd_regs. Rows: a count that is not a multiple of 4 (a partly empty
-# last block for the runtime-shaped kernels; norm_fwd_fixed runs a block a row since norm
-# v16); rows of one random (non-dyadic) value each, which must normalize to exactly 0
-# (layer norm: y == b); a row at mean 1e4 (float32: 1e3).
+# last block for the runtime-shaped kernels; norm_fwd_fixed runs a block a row); rows of one
+# random (non-dyadic) value each, which must normalize to exactly 0 (layer norm: y == b); a
+# row at mean 1e4 (float32: 1e3).
 FIXED_COLS = [1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384]
 # 32768: norm_fwd_regs shaped at compile time (the wide variant for the plain norms, 1024
 # threads for the add forms).
@@ -677,7 +677,7 @@ def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
 # no fixed kernel takes them), up to 1024 threads; past that norm_fwd_long (two reads).
 # Parameters in float32, so no 16-bit fixed kernel intervenes (float32 rows of 12288 /
 # 16384 / 32768 take the wide variant at a compile-time shape, still 8 vectors a thread).
-# float32 layer_norm rows of 8192 take the wide variant too (norm v26), rms_norm's 512 threads
+# float32 layer_norm rows of 8192 take the wide variant too, rms_norm's 512 threads
 # at 4 vectors. (dtype, columns, kernel): "wide" (8 vectors a thread), "regs" (the default
 # 4), "long"; or the kernel per norm.
 WIDE_CASES = [(torch.float32, 8200, "wide"), (torch.float32, 12288, "wide"),
@@ -808,7 +808,7 @@ FWD_FIXED_KERNELS = [
     (12288, torch.float32, False, _wide_at(384)),
     (16384, torch.float32, False, _wide_at(512)),
     (32768, torch.float32, False, _wide_at(1024)),
-    (8192, torch.float32, False, _wide_at(256)),     # layer norm only (norm v26)
+    (8192, torch.float32, False, _wide_at(256)),     # layer norm only
 ]
 
 

@@ -109,10 +109,10 @@ SUM_LENGTHS = [64, 100, 333, 500, 1000, 4099, 8192, 12000, 50001, 262144, 300001
 def cancelling_rows(rows, length, log, device):
     """float32 (dy, y) whose backward sum (sum dy, or sum dy * y) cancels: half the entries
     carry +-A terms (equal y there, the + all before the -) so the partial sums run ~A
-    times larger than the total. A float accumulation then loses the small terms
-    (GPU run 1: fp32 log_softmax backward off at rows >= 255); the kernels' double one
-    does not. Entry 1 holds ~40% of the probability with dy = 0, so dx there is
-    -p * sum, and checks the sum to float32 accuracy."""
+    times larger than the total. A float accumulation then loses the small terms (it put the
+    fp32 log_softmax backward off at rows >= 255); the kernels' double one does not. Entry 1
+    holds ~40% of the probability with dy = 0, so dx there is -p * sum, and checks the sum to
+    float32 accuracy."""
     gen = torch.Generator().manual_seed(length)
     big = torch.randperm(length, generator=gen)[: length // 2]
     big = big[big != 1]
@@ -217,7 +217,7 @@ def test_cuda_staged_rows(length, dtype, staged, monkeypatch):
             assert torch.equal(y[3], torch.full_like(y[3], 1 / length)), "constant row"
     # Without the rows at +-1e4 and near -100: at scale != 1 float32's own rounding of
     # scale * x (2^-16 relative at |3x| ~ 300, ~1e-3 at 3e4) is past float32's tolerance in
-    # a float32 implementation that rounds scale * x (GPU calls 3-5; checked by emulation).
+    # a float32 implementation that rounds scale * x (seen on the GPU; checked by emulation).
     xs = torch.cat([x[:7], x[9:]])
     for scale in (0.125, 3.0, -0.7):
         check_forward(xs, scale=scale, msg=f"scale={scale} FUSED_SOFTMAX_STAGED={staged}")
