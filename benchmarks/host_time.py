@@ -18,8 +18,9 @@ garbage collection or page fault does not move it.
     time is the host's alone. A batch whose spin ended before the host finished is counted
     (gpu_idle_batches) and the spin lengthened. An op that synchronises with the GPU shows
     up as a call as long as the spin: a real cost, and one to fix.
-  --device cpu: the same calls on CPU tensors; the CPU kernels' own time is included (small
-    at 16x256 fp32, but not nothing), so the CUDA table is the one the targets are read on.
+  --device cpu: the same calls on CPU tensors, on one intra-op thread; the CPU kernels' own
+    time is included (small at 16x256 fp32 for the row-wise ops, not for the GEMMs, whose
+    fused CPU kernels are plain loops), so the CUDA table is the one the targets are read on.
 
 Fused and native batches alternate in a rotating order, so a drift of the CPU's clock
 reaches both. Native twins: F.gelu, F.layer_norm, F.rms_norm, x + r then the native norm,
@@ -85,9 +86,14 @@ def _case_entry(case, shape_of) -> Entry:
     def make(rows, width, dtype, device):
         return dict(case.make_inputs(shape_of(rows, width), dtype, device))
 
+    # A case timed forward only in the benchmark (matmul) names no grad inputs: here its
+    # fwd+bwd differentiates every floating-point input.
+    grads = case.grad_inputs or tuple(
+        n for n, t in case.make_inputs(shape_of(2, 8), torch.float32, "cpu").items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point())
     return Entry(name=case.label, make_inputs=make,
                  impls={"fused": case.impls["fused"], "native": case.impls["native"]},
-                 grad_inputs=case.grad_inputs, module=getattr(case, "module", ""),
+                 grad_inputs=grads, module=getattr(case, "module", ""),
                  extra={"shape_of": shape_of})
 
 
@@ -373,6 +379,9 @@ def main(argv=None) -> int:
         harness.import_fused_ops()
     else:
         import fused_ops  # noqa: F401 - registers the ops (CPU kernels)
+        # One intra-op thread: tiny tensors gain nothing from more, and a thread pool
+        # waiting on cores that other processes hold would be timed as the op's.
+        torch.set_num_threads(1)
     dtype = dtypes[0] if dtypes else (torch.bfloat16 if device.type == "cuda"
                                       else torch.float32)
     try:
