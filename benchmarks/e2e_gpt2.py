@@ -225,12 +225,12 @@ def run_one(impl, batch, seq, args, config, device, dtype, env) -> dict:
 
 
 def add_ratios(records: list) -> None:
-    """x_vs_eager: tokens/s over the eager run of the same batch (compiled runs: over
-    eager+compile); loss_eval0_diff: loss_eval0 minus that run's."""
-    by = {(r["batch"], r["impl"]): r for r in records}
+    """x_vs_eager: tokens/s over the eager run of the same batch and repeat (compiled
+    runs: over eager+compile); loss_eval0_diff: loss_eval0 minus that run's."""
+    by = {(r["batch"], r.get("repeat", 0), r["impl"]): r for r in records}
     for r in records:
-        base = by.get((r["batch"], "eager+compile" if r["impl"].endswith("+compile")
-                       else "eager"))
+        base = by.get((r["batch"], r.get("repeat", 0),
+                       "eager+compile" if r["impl"].endswith("+compile") else "eager"))
         ok = base and base.get("tokens_per_s") and r.get("tokens_per_s")
         r["x_vs_eager"] = r["tokens_per_s"] / base["tokens_per_s"] if ok else None
         ok = base and base.get("loss_eval0") is not None and r.get("loss_eval0") is not None
@@ -268,7 +268,11 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="8,1", help="batch sizes (default 8,1)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024; "
                    "--tiny: 64)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole list of (batch, impl) this many times, in the same "
+                        "order, each a record (default 1): the spread between repeats is "
+                        "the run-to-run noise")
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed steps first (default 3; +compile runs get 2 more)")
     p.add_argument("--profile-steps", type=int, default=3,
@@ -294,9 +298,10 @@ def main(argv=None) -> int:
         batches = [int(b) for b in args.batches.split(",") if b.strip()]
     except ValueError:
         batches = []
-    if bad or not impls or not batches or min(batches) < 1 or args.steps < 1:
+    if (bad or not impls or not batches or min(batches) < 1 or args.steps < 1
+            or args.repeat < 1):
         print(f"error: --impls takes {', '.join(IMPLS)}; --batches positive integers; "
-              f"--steps at least 1", file=sys.stderr)
+              f"--steps and --repeat at least 1", file=sys.stderr)
         return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -319,13 +324,15 @@ def main(argv=None) -> int:
            "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
            "python": platform.python_version()}
     records = []
-    for batch in batches:
-        for impl in impls:
-            print(f"  {impl} batch {batch}x{seq} ...", file=sys.stderr)
-            sub = argparse.Namespace(**vars(args))
-            if impl.endswith("+compile"):
-                sub.warmup = args.warmup + 2  # compiles in the first, settles in the next
-            records.append(run_one(impl, batch, seq, sub, config, device, dtype, env))
+    for repeat in range(args.repeat):
+        for batch in batches:
+            for impl in impls:
+                print(f"  {impl} batch {batch}x{seq} (repeat {repeat}) ...", file=sys.stderr)
+                sub = argparse.Namespace(**vars(args))
+                if impl.endswith("+compile"):
+                    sub.warmup = args.warmup + 2  # compiles in the first, settles next
+                rec = run_one(impl, batch, seq, sub, config, device, dtype, env)
+                records.append(dict(rec, repeat=repeat))
     add_ratios(records)
     header = {**env, "config": {k: getattr(config, k) for k in (
         "n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "activation_function",

@@ -16,8 +16,9 @@ garbage collection or page fault does not move it.
     the GPU busy for longer than the batch takes to enqueue, so no call ever waits for the
     GPU, and the launch queue (a batch is at most a few hundred launches) never fills: the
     time is the host's alone. A batch whose spin ended before the host finished is counted
-    (gpu_idle_batches) and the spin lengthened. An op that synchronises with the GPU shows
-    up as a call as long as the spin: a real cost, and one to fix.
+    (gpu_idle_batches, in the JSON header and a note on stderr) and the spin lengthened.
+    An op that synchronises with the GPU idles it in every batch (so every batch is
+    counted) and pays a round trip to the GPU in every call: a real cost, and one to fix.
   --device cpu: the same calls on CPU tensors, on one intra-op thread; the CPU kernels' own
     time is included (small at 16x256 fp32 for the row-wise ops, not for the GEMMs, whose
     fused CPU kernels are plain loops), so the CUDA table is the one the targets are read on.
@@ -192,12 +193,13 @@ class HostTimer:
     keeps the GPU busy (see the module's docstring); on CPU the calls run as they are."""
 
     clock = staticmethod(time.perf_counter)
+    FIRST_SPIN_US = 2000.0  # the first batch's; later ones are sized on the calls timed
 
     def __init__(self, device):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.gpu_idle_batches = 0
-        self.spin_us = 2000.0  # lengthened when a batch outlasts it
+        self.spin_us = self.FIRST_SPIN_US
 
     def batch(self, step, calls: int) -> list:
         """Host microseconds of each of `calls` calls of step."""
@@ -212,13 +214,16 @@ class HostTimer:
             step()
             times.append((self.clock() - t0) * 1e6)
         if self.cuda:
+            # The next spin: 3x this batch's typical host time (6x after a batch that
+            # outlasted its spin). From the median call, not the sum: an op that
+            # synchronises waits out the whole spin in its first call, and a spin sized on
+            # that would grow without end.
+            need = BATCH * statistics.median(times) + 100
             if busy.query():  # the spin ended before the last call was enqueued
                 self.gpu_idle_batches += 1
-                self.spin_us = min(self.spin_us * 2, 500_000.0)
+                need *= 2
+            self.spin_us = min(max(self.spin_us, 3 * need), 500_000.0)
             torch.cuda.synchronize(self.device)
-        # Keep the spin ~3x the batch's host time: long enough, not wastefully long.
-        if self.cuda:
-            self.spin_us = max(self.spin_us, 3 * sum(times) + 100)
         return times
 
 
@@ -230,6 +235,7 @@ def measure_pair(steps: dict, timer: HostTimer, calls: int, warmup: int = 50) ->
             step()
     if timer.cuda:
         torch.cuda.synchronize(timer.device)
+    timer.spin_us = HostTimer.FIRST_SPIN_US  # sized anew for each op: see HostTimer.batch
     gc.collect()
     names = list(steps)
     out = {n: [] for n in names}
@@ -242,7 +248,8 @@ def measure_pair(steps: dict, timer: HostTimer, calls: int, warmup: int = 50) ->
 
 def _summary(times) -> dict:
     q = statistics.quantiles(times, n=10) if len(times) >= 10 else [min(times), max(times)]
-    return {"host_us": statistics.median(times), "host_min_us": min(times),
+    return {"host_us": statistics.median(times), "host_mean_us": statistics.fmean(times),
+            "host_min_us": min(times),
             "host_p10_us": q[0], "host_p90_us": q[-1], "calls": len(times)}
 
 

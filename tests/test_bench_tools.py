@@ -240,6 +240,12 @@ def test_add_ratios():
     assert recs[4]["x_vs_eager"] is None  # no eager run of that batch
     assert recs[1]["loss_eval0_diff"] == pytest.approx(0.01)
     assert recs[4]["loss_eval0_diff"] is None
+    # --repeat: each repeat's runs are compared with that repeat's eager run.
+    reps = [{"batch": 8, "repeat": k, "impl": i, "tokens_per_s": t, "loss_eval0": 1.0}
+            for k, runs in enumerate(((100.0, 120.0), (80.0, 120.0)))
+            for i, t in zip(("eager", "fused"), runs)]
+    e2e_gpt2.add_ratios(reps)
+    assert [r["x_vs_eager"] for r in reps] == pytest.approx([1.0, 1.2, 1.0, 1.5])
     lines = e2e_gpt2.table([dict(r, seq=64) for r in recs]).splitlines()
     assert lines[3].startswith("| 8x64 | fused | 125 | 1.250 |")
     assert len({ln.count("|") for ln in lines}) == 1
@@ -266,7 +272,7 @@ def test_gpt2_swap_keeps_the_model():
 def test_gpt2_command_line_tiny_on_cpu(tmp_path):
     out = tmp_path / "e2e.json"
     res = subprocess.run([sys.executable, "benchmarks/e2e_gpt2.py", "--tiny", "--device",
-                          "cpu", "--steps", "1", "--warmup", "1", "--profile-steps", "0",
+                          "cpu", "--steps", "1", "--warmup", "1", "--profile-steps", "1",
                           "--batches", "2", "--seq", "32", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -278,7 +284,29 @@ def test_gpt2_command_line_tiny_on_cpu(tmp_path):
         assert r["op"] == "e2e_train" and r["model"] == "gpt2-tiny" and r["error"] is None
         assert r["tokens_per_s"] > 0 and r["wall_ms_per_step"] > 0
         assert r["tokens_per_s"] == pytest.approx(64 / (r["wall_ms_per_step"] / 1e3))
+        assert r["profiled_wall_ms_per_step"] > 0 and r["repeat"] == 0
+        assert r["gpu_kernel_ms_per_step"] is None  # no GPU: no kernel time
+        assert r["loss_last"] is not None and r["peak_mem_bytes"] is None
     assert recs[1]["swapped"] == {"LayerNorm": 5, "GELU": 2, "Dropout": 7}
     assert abs(recs[1]["loss_eval0_diff"]) < 0.05  # bf16 weights: same model, rounding
     assert data["header"]["config"]["n_layer"] == 2
     assert "| 2x32 | fused |" in res.stdout
+
+
+@CUDA
+@needs_transformers
+def test_gpt2_tiny_on_the_gpu(tmp_path):
+    # The GPU-only parts: the profiler's kernel time and count, peak memory.
+    out = tmp_path / "e2e.json"
+    res = subprocess.run([sys.executable, "benchmarks/e2e_gpt2.py", "--tiny", "--steps", "2",
+                          "--warmup", "1", "--profile-steps", "2", "--batches", "2",
+                          "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    recs = json.loads(out.read_text())["records"]
+    for r in recs:
+        assert r["error"] is None and r["device"] != "cpu"
+        assert 0 < r["gpu_kernel_ms_per_step"] and r["kernels_per_step"] >= 20
+        assert r["peak_mem_bytes"] > 0
+    fused = recs[1]
+    assert fused["impl"] == "fused" and abs(fused["loss_eval0_diff"]) < 0.05
