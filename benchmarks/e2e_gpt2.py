@@ -163,7 +163,7 @@ def run_one(impl, batch, seq, args, config, device, dtype, env) -> dict:
            "kernels_per_step": None, "profiled_wall_ms_per_step": None,
            "peak_mem_bytes": None, "loss_eval0": None, "loss_last": None, "swapped": {},
            "steps": args.steps, "warmup": args.warmup, "error": None, **env}
-    model = opt = None
+    model = opt = fwd = step = None
     try:
         model = build_model(config, device, dtype, seed=args.seed)
         if impl.startswith("fused"):
@@ -217,7 +217,11 @@ def run_one(impl, batch, seq, args, config, device, dtype, env) -> dict:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
         rec["error"] = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
     finally:
-        del model, opt
+        # Drop every reference to the model (the step's closure included) before emptying
+        # the cache, so the next run starts from an empty GPU.
+        model = opt = fwd = step = None  # noqa: F841
+        if impl.endswith("+compile"):
+            torch._dynamo.reset()  # its caches hold the compiled model
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -727,8 +727,9 @@ def import_fused_ops() -> None:
 
 
 __all__ = [
-    "Case", "Plan", "Timer", "PASSES", "DECODE_SHAPES", "pass_bytes", "discover_cases", "parse_shape",
-    "parse_shapes", "parse_dtypes", "dtype_name", "shape_str", "sanitize_name", "select",
+    "Case", "Plan", "Timer", "PASSES", "DECODE_SHAPES", "pass_bytes", "discover_cases",
+    "parse_shape", "parse_shapes", "parse_dtypes", "dtype_name", "shape_str", "sanitize_name",
+    "select",
     "make_inputs", "make_step", "make_compiled", "measure_ceilings", "rates", "interleave",
     "run_plan", "environment", "configure_compile", "Progress", "total_measurements",
     "require_cuda", "import_fused_ops", "add_speedups",
