@@ -8,7 +8,10 @@ fused_ops modules swapped in: tokens/s, wall ms a step, GPU kernel ms a step, pe
 The model: Hugging Face transformers' GPT2LMHeadModel built from GPT2Config() (124M
 parameters; nothing downloaded), SDPA attention (attn_implementation="sdpa"), weights in
 bf16 (model.to(torch.bfloat16): parameters, activations and AdamW's states all bf16; no
-autocast), AdamW (lr 1e-4, PyTorch's default foreach implementation), sequences of 1024
+autocast; --precision autocast: fp32 weights, the forward under bf16 autocast, where
+PyTorch runs nn.LayerNorm in fp32 on CUDA and fused_ops' LayerNorm takes the bf16
+activations with the fp32 parameters as they come), AdamW (lr 1e-4, PyTorch's default
+foreach implementation), sequences of 1024
 random token ids, the loss HF computes from labels = the inputs. Batches 8 x 1024 and
 1 x 1024 by default.
 
@@ -38,6 +41,7 @@ eager run of the same batch; compiled runs over eager+compile) on each.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import math
@@ -151,13 +155,23 @@ def gpu_activity(prof) -> tuple:
     return total, count
 
 
-def run_one(impl, batch, seq, args, config, device, dtype, env) -> dict:
+PRECISIONS = {
+    # name: (weights' dtype, autocast dtype or None, what the records say)
+    "bf16": (torch.bfloat16, None, "bf16 weights, no autocast"),
+    "autocast": (torch.float32, torch.bfloat16, "fp32 weights, bf16 autocast"),
+    "fp32": (torch.float32, None, "fp32 weights, no autocast"),
+}
+
+
+def run_one(impl, batch, seq, args, config, device, precision, env) -> dict:
     """One (impl, batch) measurement on a fresh model and optimizer; errors are recorded."""
+    dtype, amp, described = PRECISIONS[precision]
+    autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp is not None \
+        else contextlib.nullcontext
     rec = {"op": "e2e_train", "model": "gpt2-tiny" if args.tiny else "gpt2-124M",
            "impl": impl, "batch": batch, "seq": seq, "shape": [batch, seq],
            "tokens_per_step": batch * seq, "dtype": str(dtype).replace("torch.", ""),
-           "precision": "bf16 weights, no autocast" if dtype == torch.bfloat16
-           else f"{dtype} weights",
+           "precision": described,
            "optimizer": "AdamW(lr=1e-4, foreach)", "attn": "sdpa", "tokens_per_s": None,
            "wall_ms_per_step": None, "gpu_kernel_ms_per_step": None,
            "kernels_per_step": None, "profiled_wall_ms_per_step": None,
@@ -170,14 +184,15 @@ def run_one(impl, batch, seq, args, config, device, dtype, env) -> dict:
             rec["swapped"] = dict(swap_modules(model, gelu_tanh_types()))
         ids = random_batch(batch, seq, config.vocab_size, device, seed=args.seed + 1)
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             rec["loss_eval0"] = float(model(input_ids=ids, labels=ids).loss)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         fwd = torch.compile(model) if impl.endswith("+compile") else model
 
         def step():
-            loss = fwd(input_ids=ids, labels=ids).loss
+            with autocast():
+                loss = fwd(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -285,8 +300,9 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true",
                    help="2 layers, hidden 128, seq 64, vocabulary 512: a quick check")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
-                   help="the weights' dtype (default bf16)")
+    p.add_argument("--precision", default="bf16", choices=list(PRECISIONS),
+                   help="bf16: bf16 weights (and AdamW states), no autocast (default); "
+                        "autocast: fp32 weights, the forward under bf16 autocast; fp32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out/e2e_gpt2.json", help="JSON output path")
     return p.parse_args(argv)
@@ -316,7 +332,6 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not fused_ops.WITH_CUDA:
         print("fused_ops was built without its CUDA kernels", file=sys.stderr)
         return 2
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     config = gpt2_config(args.tiny)
     seq = args.seq or (64 if args.tiny else 1024)
     if seq > config.n_positions:
@@ -335,7 +350,7 @@ def main(argv=None) -> int:
                 sub = argparse.Namespace(**vars(args))
                 if impl.endswith("+compile"):
                     sub.warmup = args.warmup + 2  # compiles in the first, settles next
-                rec = run_one(impl, batch, seq, sub, config, device, dtype, env)
+                rec = run_one(impl, batch, seq, sub, config, device, args.precision, env)
                 records.append(dict(rec, repeat=repeat))
     add_ratios(records)
     header = {**env, "config": {k: getattr(config, k) for k in (

@@ -285,6 +285,7 @@ def test_gpt2_command_line_tiny_on_cpu(tmp_path):
         assert r["tokens_per_s"] > 0 and r["wall_ms_per_step"] > 0
         assert r["tokens_per_s"] == pytest.approx(64 / (r["wall_ms_per_step"] / 1e3))
         assert r["profiled_wall_ms_per_step"] > 0 and r["repeat"] == 0
+        assert r["precision"] == "bf16 weights, no autocast" and r["dtype"] == "bfloat16"
         assert r["gpu_kernel_ms_per_step"] is None  # no GPU: no kernel time
         assert r["loss_last"] is not None and r["peak_mem_bytes"] is None
     assert recs[1]["swapped"] == {"LayerNorm": 5, "GELU": 2, "Dropout": 7}
