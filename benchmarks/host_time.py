@@ -193,7 +193,7 @@ class HostTimer:
     keeps the GPU busy (see the module's docstring); on CPU the calls run as they are."""
 
     clock = staticmethod(time.perf_counter)
-    FIRST_SPIN_US = 2000.0  # the first batch's; later ones are sized on the calls timed
+    FIRST_SPIN_US = 2000.0  # without a warm-up to size it on (see measure_pair)
 
     def __init__(self, device):
         self.device = torch.device(device)
@@ -230,12 +230,18 @@ class HostTimer:
 def measure_pair(steps: dict, timer: HostTimer, calls: int, warmup: int = 50) -> dict:
     """{impl: [host µs of every call]} for {impl: step}: warm-up calls first, then batches
     of BATCH calls taking turns in a rotating order until each has `calls` calls."""
+    warm = []
     for step in steps.values():
         for _ in range(warmup):
+            t0 = timer.clock()
             step()
+            warm.append((timer.clock() - t0) * 1e6)
     if timer.cuda:
         torch.cuda.synchronize(timer.device)
-    timer.spin_us = HostTimer.FIRST_SPIN_US  # sized anew for each op: see HostTimer.batch
+    # The first spin sized on the warm-up calls, as HostTimer.batch sizes the later ones
+    # (anew for each op: a long one's spin would slow the short ones' batches).
+    timer.spin_us = 3 * (BATCH * statistics.median(warm) + 100) if warm \
+        else HostTimer.FIRST_SPIN_US
     gc.collect()
     names = list(steps)
     out = {n: [] for n in names}

@@ -65,6 +65,49 @@ def test_host_time_times_every_call_in_rotating_batches():
                     ["fused", b + 7], ["native", 7]]
 
 
+def test_host_time_spin_is_sized_on_the_calls(monkeypatch):
+    # The CUDA path with the CUDA calls stood in for: each batch starts with a spin of
+    # 3 x (BATCH x the median call + 100) us of the previous batch (the warm-up's for the
+    # first), twice that after a batch that outlasted its spin, never shorter than before
+    # within an op, capped at 0.5 s; an op that waits out the spin in one call does not
+    # lengthen it.
+    clock, spins, idle = FakeClock(), [], []
+
+    class FakeEvent:
+        def record(self):
+            pass
+
+        def query(self):
+            return idle.pop(0)
+
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(
+        cycles / host_time.CYCLES_PER_US))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    timer = host_time.HostTimer("cpu")
+    timer.cuda, timer.clock = True, clock
+    costs = iter([10.0] * 4 + [10.0] * 25 + [20.0] * 25 + [5000.0] + [20.0] * 24
+                 + [1e6] * 25)
+
+    def step():
+        clock.advance(next(costs))
+
+    b = host_time.BATCH
+    idle[:] = [False, True, False]
+    times = host_time.measure_pair({"op": step}, timer, 3 * b, warmup=4)
+    assert len(times["op"]) == 3 * b
+    assert spins[0] == pytest.approx(3 * (b * 10.0 + 100))  # from the warm-up
+    assert spins[1] == pytest.approx(3 * (b * 10.0 + 100))  # batch 1: same median
+    assert spins[2] == pytest.approx(3 * 2 * (b * 20.0 + 100))  # batch 2 went idle
+    assert timer.gpu_idle_batches == 1
+    # Batch 3's one 5 ms call (an op waiting out the spin) left the median at 20 us: the
+    # spin for a next batch would stay as it was.
+    assert timer.spin_us == pytest.approx(spins[2])
+    idle[:] = [False]
+    timer.batch(step, b)  # calls of a second each: capped
+    assert timer.spin_us == 500_000.0
+
+
 def test_host_time_ratio_and_targets():
     def pair(pass_, fused_us, native_us):
         f = {"pass": pass_, "host_us": fused_us}
