@@ -20,6 +20,18 @@ How a measurement is taken (see Timer.measure):
   - with rounds > 1 (run.py --rounds) the implementations of a group are warmed up first,
     then timed in rounds of 1/rounds of their repetitions, in a rotating order, so a drift
     of the GPU's clocks during the group does not favour the one timed first (run_plan).
+
+Two figures per record, and the tables say which they show:
+  - median_us, the GPU time (above): host launch overhead is hidden, so it is what the
+    kernels cost;
+  - wall_us, the wall-clock time (Timer.wall_clock): no spin kernel, no L2 flush, calls
+    issued back to back as a model issues them, from the first launch to the
+    synchronisation after the last, divided by the calls; median of WALL_BATCHES batches.
+    It is what a user waits for: max(GPU time, host time) per call, roughly, so on small
+    shapes (the decode rows, DECODE_SHAPES) it is the host time of the Python and C++
+    layers above the kernel. Inputs stay in L2 between calls when they fit, as in a model
+    whose next op reads what the previous one wrote.
+  - host_us (from the warm-up) is the host time to enqueue one flush + step alone.
 """
 from __future__ import annotations
 
@@ -47,6 +59,9 @@ DTYPE_NAMES = {
 }
 # Column order of the implementations; "compile" is added by the harness.
 IMPL_ORDER = ("fused", "native", "unfused", "compile")
+# Decoding rows (batch 1, 16 and 128 tokens of a 4096-wide model): the shapes where host
+# time, not bandwidth, sets the wall-clock time. Every memory-bound case measures them.
+DECODE_SHAPES = [(1, 4096), (16, 4096), (128, 4096)]
 
 
 @dataclass
@@ -368,6 +383,30 @@ class Timer:
     def sync(self):
         torch.cuda.synchronize(self.device)
 
+    # Wall-clock mode: the batches of back-to-back calls per implementation (the median is
+    # kept), and the share of budget_ms they spend together.
+    WALL_BATCHES = 5
+    WALL_SHARE = 0.5
+    clock = staticmethod(time.perf_counter)
+
+    def wall_calls(self, estimate_us: float) -> int:
+        """Calls in one wall-clock batch: the batch's share of the budget over the per-call
+        estimate (max of GPU and host time), clamped to min_reps..max_reps."""
+        batch_us = self.budget_ms * 1e3 * self.WALL_SHARE / self.WALL_BATCHES
+        n = int(batch_us / max(estimate_us, 1.0))
+        return max(self.min_reps, min(self.max_reps, n))
+
+    def wall_clock(self, step, calls: int) -> float:
+        """Microseconds per call of `calls` back-to-back calls of step, as a user sees them:
+        no spin kernel holding the GPU back and no L2 flush, timed on the host from the
+        first launch to the synchronisation after the last (the GPU is idle at the start)."""
+        self.sync()
+        t0 = self.clock()
+        for _ in range(calls):
+            step()
+        self.sync()
+        return (self.clock() - t0) * 1e6 / calls
+
     def warm_up(self, step) -> dict:
         """Everything before the timed repetitions: the first call (compiles, allocates,
         loads modules), the host time to enqueue one flush + step, a 3-repetition estimate
@@ -485,7 +524,7 @@ def interleave(reps: dict, rounds: int) -> list:
 
 
 def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
-             device="cuda", rounds: int = 1) -> list:
+             device="cuda", rounds: int = 1, wall: bool = True) -> list:
     """Measure every implementation of one (case, shape, dtype, pass) group.
 
     rounds=1 measures the implementations one after another, each warmed up and then timed
@@ -495,6 +534,10 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
     implementation alike instead of favouring the one timed first. The median and min are
     taken over all of an implementation's repetitions; its memory is measured after the
     rounds.
+
+    wall=True also takes the wall-clock figure (wall_us, Timer.wall_clock) after the GPU
+    timing: Timer.WALL_BATCHES batches per implementation, the implementations of a group
+    taking turns batch by batch in a rotating order, as the rounds do.
 
     Returns one record per implementation. A failure (compile error, out of memory, an
     implementation that rejects the shape) is recorded in the record's "error" field, that
@@ -508,7 +551,8 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
     records = {impl: {
         "op": case.op, "variant": case.variant, "pass": pass_, "shape": list(shape),
         "dtype": dtype_name(dtype), "impl": impl, "median_us": None, "min_us": None,
-        "reps": None, "rounds": rounds, "peak_mem_bytes": None, "fwd_held_bytes": None,
+        "reps": None, "rounds": rounds, "wall_us": None, "wall_min_us": None,
+        "wall_calls": None, "peak_mem_bytes": None, "fwd_held_bytes": None,
         "error": None, **env,
         "ceiling_copy_gbps": ceilings.get("copy_gbps"),
         "ceiling_mm_tflops": ceilings.get("mm_tflops")} for impl in plan.impls}
@@ -542,17 +586,42 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
                 except Exception as e:  # noqa: BLE001
                     records[impl]["error"] = _short_error(e)
                     del live[impl]
+        if wall:
+            walls = measure_wall({impl: (step, max(statistics.median(times[impl]),
+                                                   warm["host_us"]))
+                                  for impl, (_, step, warm) in live.items()})
         for impl, (fn, step, warm) in live.items():
             rec = records[impl]
             try:
                 t = timer.summary(times[impl], warm["host_us"])
                 rec.update(median_us=t["median_us"], min_us=t["min_us"], reps=t["reps"],
                            host_us=t["host_us"])
+                if wall:
+                    rec.update(walls[impl])
                 rec["peak_mem_bytes"] = timer.peak_memory(step)
                 if pass_ == "fwd+bwd":
                     rec["fwd_held_bytes"] = timer.held_memory(lambda: fn(**inputs))
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = _short_error(e)
+            except Exception as e:  # noqa: BLE001 - kept beside a wall-clock failure
+                rec["error"] = "; ".join(filter(None, (rec["error"], _short_error(e))))
+
+    def measure_wall(steps):
+        """{impl: wall_us, wall_min_us, wall_calls} for {impl: (step, per-call estimate)};
+        a failure is recorded as the record's error (its GPU figures are kept)."""
+        calls = {impl: timer.wall_calls(est) for impl, (_, est) in steps.items()}
+        per_call = {impl: [] for impl in steps}
+        for round_ in interleave({impl: timer.WALL_BATCHES for impl in steps},
+                                 timer.WALL_BATCHES):
+            for impl, _ in round_:
+                if impl not in per_call:
+                    continue  # failed in an earlier batch
+                try:
+                    per_call[impl].append(timer.wall_clock(steps[impl][0], calls[impl]))
+                except Exception as e:  # noqa: BLE001
+                    records[impl]["error"] = f"wall clock: {_short_error(e)}"
+                    del per_call[impl]
+        return {impl: {"wall_us": statistics.median(v), "wall_min_us": min(v),
+                       "wall_calls": calls[impl] * len(v)} if impl in per_call else {}
+                for impl, v in ((i, per_call.get(i, [])) for i in steps)}
 
     groups = [list(plan.impls)] if rounds > 1 else [[impl] for impl in plan.impls]
     for group in groups:
@@ -569,13 +638,15 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
 
 def add_speedups(records: list) -> None:
     """x_vs_native / x_vs_compile on every record of one group: how many times faster
-    this implementation is than native PyTorch and than torch.compile."""
-    by_impl = {r["impl"]: r["median_us"] for r in records}
-    for r in records:
-        for other in ("native", "compile"):
-            base = by_impl.get(other)
-            ok = base and r["median_us"]
-            r[f"x_vs_{other}"] = base / r["median_us"] if ok else None
+    this implementation is than native PyTorch and than torch.compile, in GPU time
+    (median_us); x_vs_native_wall / x_vs_compile_wall the same in wall-clock time (wall_us)."""
+    for key, suffix in (("median_us", ""), ("wall_us", "_wall")):
+        by_impl = {r["impl"]: r.get(key) for r in records}
+        for r in records:
+            for other in ("native", "compile"):
+                base = by_impl.get(other)
+                ok = base and r.get(key)
+                r[f"x_vs_{other}{suffix}"] = base / r[key] if ok else None
 
 
 def environment() -> dict:
@@ -658,8 +729,9 @@ def import_fused_ops() -> None:
 
 
 __all__ = [
-    "Case", "Plan", "Timer", "PASSES", "pass_bytes", "discover_cases", "parse_shape",
-    "parse_shapes", "parse_dtypes", "dtype_name", "shape_str", "sanitize_name", "select",
+    "Case", "Plan", "Timer", "PASSES", "DECODE_SHAPES", "pass_bytes", "discover_cases",
+    "parse_shape", "parse_shapes", "parse_dtypes", "dtype_name", "shape_str", "sanitize_name",
+    "select",
     "make_inputs", "make_step", "make_compiled", "measure_ceilings", "rates", "interleave",
     "run_plan", "environment", "configure_compile", "Progress", "total_measurements",
     "require_cuda", "import_fused_ops", "add_speedups",

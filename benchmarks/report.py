@@ -11,6 +11,8 @@ import os
 from benchmarks.harness import IMPL_ORDER
 
 GROUP_KEYS = ("op", "variant", "pass", "shape", "dtype")
+# Shapes moving fewer bytes are left out of the bandwidth plots (the tables keep them).
+PLOT_MIN_BYTES = 8 * 2**20
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
@@ -63,9 +65,15 @@ def _pct(rec) -> str:
     return _fmt(rec.get("pct_of_peak"), 1)
 
 
-def _speedup(rec, other) -> str:
-    value = rec.get(f"x_vs_{other}") if rec else None
+def _speedup(rec, other, suffix="") -> str:
+    value = rec.get(f"x_vs_{other}{suffix}") if rec else None
     return "–" if value is None else f"{value:.2f}×"
+
+
+def _has_wall(records: list) -> bool:
+    """Whether any record has a wall-clock figure (runs saved before wall-clock mode, or
+    with --no-wall, have none: their tables keep the GPU-time columns alone)."""
+    return any(r.get("wall_us") is not None for r in records)
 
 
 def _table(header: list, rows: list) -> str:
@@ -77,11 +85,16 @@ def _table(header: list, rows: list) -> str:
 
 def pivot_table(records: list) -> str:
     """One row per op/variant/pass/shape/dtype, implementations as columns:
-    fused µs and rate, every implementation's % of the ceiling, fused speed-ups."""
+    fused GPU µs and rate, every implementation's % of the ceiling, fused speed-ups in GPU
+    time; then, where the run took them, fused and native wall-clock µs and the fused
+    speed-ups in wall-clock time."""
     impls = impl_columns(records)
+    wall = _has_wall(records)
     header = ["op", "variant", "pass", "shape", "dtype", "fused µs", "fused rate"]
     header += [f"{impl} %" for impl in impls]
     header += ["fused × native", "fused × compile"]
+    if wall:
+        header += ["fused wall µs", "native wall µs", "wall × native", "wall × compile"]
     rows = []
     for (op, variant, pass_, shape, dtype), by_impl in group_records(records).items():
         fused = by_impl.get("fused")
@@ -89,6 +102,11 @@ def pivot_table(records: list) -> str:
                _fmt(fused.get("median_us"), 1) if fused else "–", _rate(fused)]
         row += [_pct(by_impl.get(impl)) for impl in impls]
         row += [_speedup(fused, "native"), _speedup(fused, "compile")]
+        if wall:
+            native = by_impl.get("native")
+            row += [_fmt(fused.get("wall_us"), 1) if fused else "–",
+                    _fmt(native.get("wall_us"), 1) if native else "–",
+                    _speedup(fused, "native", "_wall"), _speedup(fused, "compile", "_wall")]
         rows.append(row)
     return _table(header, rows)
 
@@ -96,7 +114,8 @@ def pivot_table(records: list) -> str:
 def long_table(records: list) -> str:
     """Every record on its own row (what the JSON holds, for reading)."""
     header = ["op", "variant", "pass", "shape", "dtype", "impl", "median µs", "GB/s",
-              "TFLOP/s", "% of peak", "× native", "× compile", "peak MiB", "error"]
+              "TFLOP/s", "% of peak", "× native", "× compile", "wall µs", "wall × native",
+              "host µs", "peak MiB", "error"]
     rows = []
     for r in records:
         mem = r.get("peak_mem_bytes")
@@ -104,7 +123,8 @@ def long_table(records: list) -> str:
             r["op"], r.get("variant") or "–", r["pass"], _shape_str(r["shape"]),
             SHORT_DTYPE.get(r["dtype"], r["dtype"]), r["impl"], _fmt(r.get("median_us"), 1),
             _fmt(r.get("gbps"), 0), _fmt(r.get("tflops"), 1), _fmt(r.get("pct_of_peak"), 1),
-            _speedup(r, "native"), _speedup(r, "compile"),
+            _speedup(r, "native"), _speedup(r, "compile"), _fmt(r.get("wall_us"), 1),
+            _speedup(r, "native", "_wall"), _fmt(r.get("host_us"), 1),
             _fmt(mem / 2**20 if mem is not None else None, 1),
             (r.get("error") or "").replace("|", "/"),
         ])
@@ -124,6 +144,10 @@ def header_text(header: dict) -> str:
             f"{_fmt(c.get('mm_tflops'), 0)} TFLOP/s.")
     parts.append("`%` = achieved / ceiling × 100 (GB/s vs the copy, TFLOP/s vs the mm); "
                  "`fused × X` = X's median time / fused median time (> 1: fused is faster).")
+    parts.append("`µs`, `%`, `fused × X`: GPU time (host launch overhead hidden behind a "
+                 "spin kernel, L2 flushed before each repetition). `wall µs`, `wall × X`: "
+                 "wall-clock time per call of back-to-back calls, no spin kernel, no flush "
+                 "(what a user waits for; on small shapes the host time).")
     return "\n".join(parts)
 
 
@@ -171,6 +195,8 @@ def plot_groups(records: list) -> dict:
     for r in records:
         if r.get("median_us") is None:
             continue
+        if r.get("bytes") is not None and r["bytes"] < PLOT_MIN_BYTES:
+            continue  # a decode row: launch-bound, its GB/s says nothing of the kernel
         value = r["tflops"] if r.get("tflops") is not None else r.get("gbps")
         key = (r["op"], r.get("variant", ""), r["pass"], r["dtype"])
         groups.setdefault(key, {}).setdefault(r["impl"], []).append((tuple(r["shape"]), value))

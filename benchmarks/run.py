@@ -6,6 +6,12 @@
     python benchmarks/run.py --save-results           # also benchmarks/results/<gpu>.json
     python benchmarks/run.py --ops matmul --rounds 5  # implementations timed interleaved
     python benchmarks/run.py --report FILE.json       # re-render a saved run (no GPU needed)
+    python benchmarks/run.py --ops layer_norm --shapes 1x4096,16x4096,128x4096 --dtypes bf16
+                                                      # the decode rows: wall-clock vs GPU time
+
+Every record has two times: median_us, the GPU time (host overhead hidden), and wall_us,
+the wall-clock time per call of back-to-back calls (what a user waits for; see
+benchmarks/harness.py). --no-wall skips the second.
 
 Writes to --out (default bench_out/): results.json, results.md and one PNG per
 op/variant/pass/dtype; prints the table on stdout and a progress bar on stderr.
@@ -47,6 +53,9 @@ def parse_args(argv=None):
                    help="time the implementations of each row interleaved, in N rounds of "
                         "1/N of their repetitions in a rotating order, so GPU clock drift "
                         "does not favour the one timed first (default 1: one after another)")
+    p.add_argument("--no-wall", action="store_true",
+                   help="skip the wall-clock figure (wall_us: back-to-back calls, no spin "
+                        "kernel hiding the host, no L2 flush)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--report", metavar="JSON",
                    help="render the table and plots of a saved results JSON and exit")
@@ -130,7 +139,8 @@ def main(argv=None):
     ceilings = harness.measure_ceilings(timer)
     header = {**env, "ceilings": ceilings, "date": datetime.datetime.now().isoformat(
         timespec="seconds"), "argv": sys.argv[1:], "budget_ms": budget,
-        "rounds": args.rounds, "l2_flush_bytes": timer.flush_bytes}
+        "rounds": args.rounds, "l2_flush_bytes": timer.flush_bytes,
+        "wall_clock": not args.no_wall}
 
     progress = harness.Progress(harness.total_measurements(plans))
     records = []
@@ -142,7 +152,7 @@ def main(argv=None):
     try:
         for plan in plans:
             records += harness.run_plan(plan, timer, ceilings, env, on_impl=on_impl,
-                                        rounds=args.rounds)
+                                        rounds=args.rounds, wall=not args.no_wall)
             torch.cuda.empty_cache()
     except KeyboardInterrupt:
         print("\ninterrupted: reporting what was measured", file=sys.stderr)

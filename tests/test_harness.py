@@ -209,6 +209,22 @@ class CpuTimer(harness.Timer):
 
 
 WARM_UP_CALLS = 1 + 3 + 3
+# Calls per wall-clock batch under CpuTimer: half of the 1 ms budget over 5 batches is
+# 100 us, one 100 us estimate: 1 call, raised to min_reps.
+WALL_CALLS = 4
+
+
+class FakeClock:
+    """A host clock that only moves when told: steps advance it by what they "cost"."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, us):
+        self.now += us * 1e-6
 
 
 def test_make_step_fwd_bwd_gives_the_gradients():
@@ -346,17 +362,31 @@ def test_run_plan_interleaves_in_rotating_rounds():
     # Every implementation warmed up first, then 3 rounds of 4 reps (10 rounded up), each
     # round starting one implementation later, then one peak-memory call each.
     f, n, c = names
+    # Then the wall-clock batches (WALL_BATCHES of WALL_CALLS calls), also taking turns in
+    # a rotating order, then one peak-memory call each.
+    w = WALL_CALLS
     assert _runs(log) == [(f, WARM_UP_CALLS), (n, WARM_UP_CALLS), (c, WARM_UP_CALLS),
                           (f, 4), (n, 4), (c, 4),
                           (n, 4), (c, 4), (f, 4),
                           (c, 4), (f, 4), (n, 4),
-                          (f, 1), (n, 1), (c, 1)]
+                          (f, w), (n, w), (c, w),
+                          (n, w), (c, w), (f, w),
+                          (c, w), (f, w), (n, w),
+                          (f, w), (n, w), (c, w),
+                          (n, w), (c, w), (f, w + 1),
+                          (n, 1), (c, 1)]
     assert [r["reps"] for r in recs] == [12, 12, 12]
-    # rounds=1: one after another (warm-up, timing, memory), as before --rounds existed.
+    assert [r["wall_calls"] for r in recs] == [5 * w] * 3
+    # rounds=1: one after another (warm-up, timing, wall clock, memory).
     log.clear()
     recs = harness.run_plan(plan, CpuTimer(), {}, {}, device="cpu", rounds=1)
-    assert _runs(log) == [(name, WARM_UP_CALLS + 10 + 1) for name in names]
+    assert _runs(log) == [(name, WARM_UP_CALLS + 10 + 5 * w + 1) for name in names]
     assert [r["reps"] for r in recs] == [10, 10, 10]
+    # wall=False: no wall-clock calls, and the records say so.
+    log.clear()
+    recs = harness.run_plan(plan, CpuTimer(), {}, {}, device="cpu", rounds=1, wall=False)
+    assert _runs(log) == [(name, WARM_UP_CALLS + 10 + 1) for name in names]
+    assert all(r["wall_us"] is None and r["x_vs_native_wall"] is None for r in recs)
 
 
 def test_run_plan_drops_an_implementation_failing_mid_rounds():
@@ -373,6 +403,100 @@ def test_run_plan_drops_an_implementation_failing_mid_rounds():
         assert by[name]["x_vs_native"] == pytest.approx(1.0)
 
 
+def test_wall_clock_times_back_to_back_calls():
+    # From the first launch to the synchronisation after the last, over the calls: the
+    # synchronisations bracket the batch, and nothing (no flush, no sleep) runs between calls.
+    timer, clock, log = CpuTimer(), FakeClock(), []
+    timer.clock = clock
+    timer.sync = lambda: (log.append("sync"), clock.advance(30.0))
+    timer.flush = lambda: log.append("flush")
+
+    def step():
+        log.append("step")
+        clock.advance(12.0)
+
+    per_call = timer.wall_clock(step, 10)
+    assert log == ["sync"] + ["step"] * 10 + ["sync"]
+    # One closing synchronisation (30 us) is spread over the 10 calls; the opening one is
+    # not counted (the GPU is idle when the batch starts).
+    assert per_call == pytest.approx((10 * 12.0 + 30.0) / 10)
+    # Calls per batch: the batch's share of the budget over the estimate, clamped.
+    t = CpuTimer(budget_ms=100.0, min_reps=10, max_reps=2000)
+    assert t.wall_calls(50.0) == int(100e3 * t.WALL_SHARE / t.WALL_BATCHES / 50.0)
+    assert t.wall_calls(1e6) == 10 and t.wall_calls(0.001) == 2000
+
+
+def _costed_case(clock, costs, fail=None):
+    """A toy case whose implementations each advance `clock` by their cost per call;
+    the one named `fail` raises in its wall-clock batches (from their second call on)."""
+    calls = {}
+
+    def impl(name):
+        def fn(x):
+            calls[name] = calls.get(name, 0) + 1
+            wall_calls = WARM_UP_CALLS + 10 < calls[name] <= WARM_UP_CALLS + 10 + 5 * WALL_CALLS
+            if name == fail and wall_calls and calls[name] > WARM_UP_CALLS + 10 + 1:
+                raise RuntimeError("broke under the wall clock")
+            clock.advance(costs[name])
+            return x * 2
+        return fn
+    return _toy_case(impls={n: impl(n) for n in costs})
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_run_plan_records_wall_clock_beside_gpu_time(rounds):
+    clock = FakeClock()
+    timer = CpuTimer()
+    timer.clock = clock
+    case = _costed_case(clock, {"fused": 5.0, "native": 20.0, "unfused": 40.0})
+    plan = harness.Plan(case, (2, 2), torch.float32, "fwd", ["fused", "native", "unfused"])
+    recs = {r["impl"]: r for r in harness.run_plan(plan, timer, {}, {}, device="cpu",
+                                                   rounds=rounds)}
+    for impl, cost in (("fused", 5.0), ("native", 20.0), ("unfused", 40.0)):
+        r = recs[impl]
+        assert r["error"] is None
+        # GPU time from the (stand-in) event timer, wall clock from the host clock.
+        assert r["median_us"] == 100.0 and r["x_vs_native"] == pytest.approx(1.0)
+        assert r["wall_us"] == pytest.approx(cost) and r["wall_min_us"] == pytest.approx(cost)
+        assert r["wall_calls"] == 5 * WALL_CALLS
+    assert recs["fused"]["x_vs_native_wall"] == pytest.approx(4.0)
+    assert recs["unfused"]["x_vs_native_wall"] == pytest.approx(0.5)
+    assert recs["native"]["x_vs_native_wall"] == pytest.approx(1.0)
+    assert recs["fused"]["x_vs_compile_wall"] is None  # no compile record in this group
+
+
+def test_run_plan_keeps_gpu_time_when_the_wall_clock_fails():
+    clock = FakeClock()
+    timer = CpuTimer()
+    timer.clock = clock
+    case = _costed_case(clock, {"fused": 5.0, "native": 20.0}, fail="fused")
+    plan = harness.Plan(case, (2, 2), torch.float32, "fwd", ["fused", "native"])
+    recs = {r["impl"]: r for r in harness.run_plan(plan, timer, {}, {}, device="cpu")}
+    assert "wall clock: RuntimeError: broke under the wall clock" in recs["fused"]["error"]
+    assert recs["fused"]["median_us"] == 100.0 and recs["fused"]["wall_us"] is None
+    assert recs["fused"]["x_vs_native_wall"] is None
+    assert recs["native"]["error"] is None and recs["native"]["wall_us"] == pytest.approx(20.0)
+
+
+def test_memory_bound_cases_measure_the_decode_rows():
+    # Every memory-bound case (no FLOP count) of a 2-D shape measures 1, 16 and 128 rows of
+    # 4096, with byte counts that are the formula's (positive, growing with the rows).
+    cases = [c for c in harness.discover_cases() if c.flops is None]
+    two_d = [c for c in cases if len(c.shapes[0]) == 2]
+    assert {c.op for c in two_d} >= {"gelu", "layer_norm", "rms_norm", "add_layer_norm",
+                                      "add_rms_norm", "softmax", "log_softmax", "dropout",
+                                      "bias_dropout_add"}
+    for c in two_d:
+        for shape in harness.DECODE_SHAPES:
+            assert shape in c.shapes, (c.label, shape)
+            for p in c.passes:
+                assert c.bytes(shape, torch.bfloat16, p) > 0
+        sizes = [c.bytes(s, torch.bfloat16, "fwd") for s in harness.DECODE_SHAPES]
+        assert sizes == sorted(sizes) and sizes[0] < sizes[-1], c.label
+    # Not in --quick (which stays one large shape per case).
+    assert not any(s in c.quick_shapes for c in two_d for s in harness.DECODE_SHAPES)
+
+
 @CUDA
 def test_run_plan_rounds_on_the_gpu():
     case = gelu_cases.CASES[1]  # tanh
@@ -387,6 +511,8 @@ def test_run_plan_rounds_on_the_gpu():
         assert r["median_us"] > 0 and 0 < r["min_us"] <= r["median_us"]
         assert r["reps"] == 3 * 11 and r["rounds"] == 3  # ceil(31 / 3) a round
         assert r["peak_mem_bytes"] > 0 and r["fwd_held_bytes"] > 0
+        assert r["wall_us"] > 0 and 0 < r["wall_min_us"] <= r["wall_us"]
+        assert r["wall_calls"] >= 5 * 31 and r["x_vs_native_wall"] > 0
 
 
 @CUDA
@@ -455,6 +581,40 @@ def test_markdown_tables():
                                               "mm_shape": [8192] * 3}}, recs)
     assert "4,270 GB/s" in md and "8192x8192x8192" in md and "BackendCompilerFailed" in md
     assert "## All measurements" in md and md.count("| gelu |") == 2 + len(recs)
+
+
+def test_markdown_tables_show_wall_clock_beside_gpu_time():
+    recs = _fake_records()
+    for r in recs:  # wall clock: fused 30 us, native 20 us, unfused 60 us, compile 40 us
+        r["wall_us"] = {"fused": 30.0, "native": 20.0, "unfused": 60.0, "compile": 40.0}[
+            r["impl"]] if r["median_us"] is not None else None
+    for shape in ((16384, 4096), (16384, 1024)):
+        harness.add_speedups([r for r in recs if tuple(r["shape"]) == shape])
+    lines = report.pivot_table(recs).splitlines()
+    assert lines[0].endswith(
+        "| fused × native | fused × compile | fused wall µs | native wall µs "
+        "| wall × native | wall × compile |")
+    row = lines[2]
+    # GPU time: fused 1.27x native; wall clock: 20/30 = 0.67x native, 40/30 = 1.33x compile.
+    assert "| 1.27× | 1.11× | 30.0 | 20.0 | 0.67× | 1.33× |" in row
+    assert lines[3].endswith("| 30.0 | 20.0 | 0.67× | – |")  # compile failed there
+    assert len({ln.count("|") for ln in lines}) == 1
+    long = report.long_table(recs).splitlines()
+    assert "| wall µs | wall × native | host µs |" in long[0]
+    assert "| 30.0 | 0.67× |" in long[2]
+    md = report.markdown_report({"device": "Fake GPU"}, recs)
+    assert "wall-clock time per call of back-to-back calls" in md
+    # A run without wall-clock figures keeps the GPU-time columns alone.
+    assert "wall" not in report.pivot_table(_fake_records()).splitlines()[0]
+
+
+def test_plots_leave_the_decode_rows_out():
+    recs = _fake_records()
+    tiny = dict(recs[0], shape=[16, 4096], bytes=2 * 16 * 4096 * 2)
+    big = dict(recs[0], bytes=2 * 16384 * 4096 * 2)
+    groups = report.plot_groups([tiny, big])
+    assert [s for s, _ in groups[("gelu", "tanh", "fwd", "bfloat16")]["fused"]] == [
+        (16384, 4096)]
 
 
 def test_json_round_trip_and_plots(tmp_path):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from benchmarks.harness import Case
+from benchmarks.harness import DECODE_SHAPES, Case
 from fused_ops import reference
 
 P = 0.1
@@ -56,7 +56,7 @@ CASES = [
     Case(
         op="dropout",
         variant=f"p={P}",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
         passes=("fwd", "fwd+bwd"),
@@ -72,7 +72,7 @@ CASES = [
     Case(
         op="bias_dropout_add",
         variant=f"p={P}",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
         passes=("fwd", "fwd+bwd"),

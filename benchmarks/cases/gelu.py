@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from benchmarks.harness import Case
+from benchmarks.harness import DECODE_SHAPES, Case
 from fused_ops import reference
 
 # 8192x8192 and 4096x32768 are 128 MiB in bf16 (the >= 64 MB target); 16384x1024 is 32 MiB.
@@ -33,7 +33,7 @@ def _case(approximate):
     return Case(
         op="gelu",
         variant=approximate,
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
         passes=("fwd", "fwd+bwd"),

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from benchmarks.harness import PASSES, Case, pass_bytes
+from benchmarks.harness import DECODE_SHAPES, PASSES, Case, pass_bytes
 from fused_ops import reference
 
 # tokens x hidden: 16384x1024 is 32 MiB in bf16; the rest are >= 64 MiB (the target size);
@@ -69,7 +69,7 @@ def _native_add(norm):
 CASES = [
     Case(
         op="layer_norm",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=QUICK,
         dtypes=DTYPES,
         make_inputs=_inputs(True, False),
@@ -84,7 +84,7 @@ CASES = [
     ),
     Case(
         op="rms_norm",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=QUICK,
         dtypes=DTYPES,
         make_inputs=_inputs(False, False),
@@ -100,7 +100,7 @@ CASES = [
     Case(
         op="add_layer_norm",
         variant="residual",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=QUICK,
         dtypes=DTYPES,
         make_inputs=_inputs(True, True),
@@ -118,7 +118,7 @@ CASES = [
     Case(
         op="add_rms_norm",
         variant="residual",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=QUICK,
         dtypes=DTYPES,
         make_inputs=_inputs(False, True),

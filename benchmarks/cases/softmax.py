@@ -18,14 +18,16 @@ import math
 import torch
 
 import fused_ops
-from benchmarks.harness import PASSES, Case, pass_bytes
+from benchmarks.harness import DECODE_SHAPES, PASSES, Case, pass_bytes
 from fused_ops import reference
 
 # Row lengths 1K..256K. 16384x4096 and up are >= 128 MiB in bf16 (the >= 64 MB target);
 # 1024x131072 is a vocabulary-sized softmax; 256x262144 has only 256 rows (fewer than
 # the SMs' worth of 1024-thread blocks: the kernel splits each row over a cluster).
 SHAPES = [(16384, 1024), (16384, 4096), (4096, 32768), (1024, 131072), (256, 262144)]
-# Attention scores: batch 8, 16 heads, 2048 queries x 2048 keys (1 GiB in bf16).
+# Attention scores: batch 8, 16 heads, 2048 queries x 2048 keys (1 GiB in bf16). No decode
+# rows here: the fused causal mask is aligned top-left (query i keeps keys 0..i), so a
+# one-query decode step is the plain softmax above, not this case.
 CAUSAL_SHAPES = [(8, 16, 2048, 2048)]
 CAUSAL_SCALE = 1 / math.sqrt(128)  # a head dim of 128
 
@@ -68,7 +70,7 @@ def _native_causal(x, mask):
 CASES = [
     Case(
         op="softmax",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=[(16384, 4096), (1024, 131072)],
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
         passes=PASSES,
@@ -100,7 +102,7 @@ CASES = [
     ),
     Case(
         op="log_softmax",
-        shapes=[(16384, 4096), (1024, 131072)],
+        shapes=[(16384, 4096), (1024, 131072)] + DECODE_SHAPES,
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16, torch.float32],
         passes=PASSES,

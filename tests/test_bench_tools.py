@@ -1,0 +1,356 @@
+"""benchmarks/host_time.py (host time per call, fused vs native) and
+benchmarks/e2e_gpt2.py (GPT-2 training steps with fused_ops modules swapped in), on CPU:
+their timing logic with a stand-in clock, their rows on the CPU kernels, and the module
+swap. The GPT-2 tests need transformers and are skipped without it."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import e2e_gpt2, host_time  # noqa: E402
+from utils import CUDA  # noqa: E402
+
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+needs_transformers = pytest.mark.skipif(not HAVE_TRANSFORMERS,
+                                        reason="transformers is not installed")
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, us):
+        self.now += us * 1e-6
+
+
+# --- host_time -------------------------------------------------------------------------
+
+def test_host_time_times_every_call_in_rotating_batches():
+    clock, log = FakeClock(), []
+    timer = host_time.HostTimer("cpu")
+    timer.clock = clock
+
+    def costing(name, us):
+        def step():
+            log.append(name)
+            clock.advance(us)
+        return step
+
+    calls = 2 * host_time.BATCH + 7  # three batches each, the last one short
+    times = host_time.measure_pair({"fused": costing("fused", 30.0),
+                                    "native": costing("native", 20.0)},
+                                   timer, calls, warmup=3)
+    assert times["fused"] == pytest.approx([30.0] * calls)
+    assert times["native"] == pytest.approx([20.0] * calls)
+    # Warm-up first, then batches taking turns, the first of each round rotating.
+    b = host_time.BATCH
+    runs = []
+    for name in log:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    # Rounds: fused, native | native, fused | fused (7), native (7).
+    assert runs == [["fused", 3], ["native", 3], ["fused", b], ["native", 2 * b],
+                    ["fused", b + 7], ["native", 7]]
+
+
+def test_host_time_spin_is_sized_on_the_calls(monkeypatch):
+    # The CUDA path with the CUDA calls stood in for: each batch starts with a spin of
+    # 3 x (BATCH x the median call + 100) us of the previous batch (the warm-up's for the
+    # first), twice that after a batch that outlasted its spin, never shorter than before
+    # within an op, capped at 0.5 s; an op that waits out the spin in one call does not
+    # lengthen it.
+    clock, spins, idle = FakeClock(), [], []
+
+    class FakeEvent:
+        def record(self):
+            pass
+
+        def query(self):
+            return idle.pop(0)
+
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(
+        cycles / host_time.CYCLES_PER_US))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    timer = host_time.HostTimer("cpu")
+    timer.cuda, timer.clock = True, clock
+    costs = iter([10.0] * 4 + [10.0] * 25 + [20.0] * 25 + [5000.0] + [20.0] * 24
+                 + [1e6] * 25)
+
+    def step():
+        clock.advance(next(costs))
+
+    b = host_time.BATCH
+    idle[:] = [False, True, False]
+    times = host_time.measure_pair({"op": step}, timer, 3 * b, warmup=4)
+    assert len(times["op"]) == 3 * b
+    assert spins[0] == pytest.approx(3 * (b * 10.0 + 100))  # from the warm-up
+    assert spins[1] == pytest.approx(3 * (b * 10.0 + 100))  # batch 1: same median
+    assert spins[2] == pytest.approx(3 * 2 * (b * 20.0 + 100))  # batch 2 went idle
+    assert timer.gpu_idle_batches == 1
+    # Batch 3's one 5 ms call (an op waiting out the spin) left the median at 20 us: the
+    # spin for a next batch would stay as it was.
+    assert timer.spin_us == pytest.approx(spins[2])
+    idle[:] = [False]
+    timer.batch(step, b)  # calls of a second each: capped
+    assert timer.spin_us == 500_000.0
+
+
+def test_host_time_ratio_and_targets():
+    def pair(pass_, fused_us, native_us):
+        f = {"pass": pass_, "host_us": fused_us}
+        host_time.add_ratio(f, {"pass": pass_, "host_us": native_us})
+        return f
+
+    f = pair("fwd", 9.0, 10.0)
+    assert f["host_ratio_vs_native"] == pytest.approx(0.9) and f["meets_target"] is True
+    assert pair("fwd", 10.5, 10.0)["meets_target"] is False  # forward's target is 1.0
+    assert pair("fwd+bwd", 10.5, 10.0)["meets_target"] is True  # and fwd+bwd's 1.1
+    assert pair("fwd+bwd", 11.5, 10.0)["meets_target"] is False
+    missing = pair("fwd", None, 10.0)
+    assert missing["host_ratio_vs_native"] is None and missing["meets_target"] is None
+
+
+def _entries(*names):
+    return host_time.select(host_time.all_entries(), list(names))
+
+
+def test_host_time_covers_every_op_and_module():
+    names = {e.name for e in host_time.all_entries()}
+    assert names >= {"gelu/none", "gelu/tanh", "layer_norm", "rms_norm",
+                     "add_layer_norm/residual", "add_rms_norm/residual", "softmax",
+                     "log_softmax", "dropout/p=0.1", "bias_dropout_add/p=0.1", "matmul",
+                     "linear", "linear/bias+gelu_tanh", "nn.LayerNorm", "nn.GELU/tanh",
+                     "nn.Dropout"}
+    # Selection by op name takes every variant; by case file, every op in it.
+    assert {e.name for e in _entries("gelu")} == {"gelu/none", "gelu/tanh"}
+    assert {e.name for e in _entries("norm")} == {
+        "layer_norm", "rms_norm", "add_layer_norm/residual", "add_rms_norm/residual"}
+    with pytest.raises(ValueError, match="no op matches"):
+        _entries("conv2d")
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "matmul", "nn.LayerNorm",
+                                  "nn.Linear/gelu_tanh", "add_rms_norm/residual"])
+def test_host_time_rows_on_cpu(name):
+    (entry,) = [e for e in host_time.all_entries() if e.name == name]
+    timer = host_time.HostTimer("cpu")
+    env = {"device": "cpu", "torch": "x"}
+    recs = host_time.run_entry(entry, "fwd+bwd", 4, 32, torch.float32, "cpu", timer, 3, env)
+    assert [r["impl"] for r in recs] == ["fused", "native"]
+    for r in recs:
+        assert r["error"] is None, r["error"]
+        assert r["host_us"] > 0 and r["calls"] == 3 and r["bench"] == "host_time"
+        assert r["pass"] == "fwd+bwd" and r["dtype"] == "float32"
+    assert recs[0]["host_ratio_vs_native"] == pytest.approx(
+        recs[0]["host_us"] / recs[1]["host_us"])
+    assert recs[0]["target"] == 1.1
+    # The GEMM's shape is (M, N, K); the others rows x width.
+    assert recs[0]["shape"] == ([4, 32, 32] if name == "matmul" else [4, 32])
+
+
+@pytest.mark.parametrize("name", ["nn.LayerNorm", "nn.Linear/gelu_tanh", "matmul"])
+def test_host_time_fused_and_native_differentiate_the_same_leaves(name):
+    # A module row's native twin holds the fused module's own parameters, and a forward-
+    # only benchmark case (matmul) differentiates all its inputs, so both implementations'
+    # fwd+bwd compute the same gradients: the same work, compared.
+    from benchmarks import harness
+    (entry,) = [e for e in host_time.all_entries() if e.name == name]
+    inputs = entry.make_inputs(4, 16, torch.float64, "cpu")
+    for n in entry.grad_inputs:
+        if isinstance(inputs[n], torch.nn.Parameter):
+            inputs[n].requires_grad_(True)
+        else:
+            inputs[n] = inputs[n].detach().requires_grad_(True)
+    assert len(entry.grad_inputs) >= 2  # x and at least one parameter / operand
+    grads = {impl: harness.make_step(entry.impls[impl], inputs, "fwd+bwd",
+                                     entry.grad_inputs)() for impl in ("fused", "native")}
+    assert all(g is not None for g in grads["native"])
+    for a, b in zip(grads["fused"], grads["native"]):
+        torch.testing.assert_close(a, b)
+
+
+def test_host_time_errors_are_recorded():
+    entry = host_time.Entry(name="broken", make_inputs=lambda r, w, d, dev: {
+        "x": torch.randn(r, w)}, impls={"fused": lambda x: x.no_such(), "native": abs},
+        grad_inputs=("x",))
+    recs = host_time.run_entry(entry, "fwd", 2, 4, torch.float32, "cpu",
+                               host_time.HostTimer("cpu"), 3, {})
+    assert all("AttributeError" in r["error"] for r in recs)
+    assert "err: AttributeError" in host_time.table(recs)
+
+
+def test_host_time_table():
+    recs = []
+    for pass_, f, n in (("fwd", 12.0, 10.0), ("fwd+bwd", 21.0, 20.0)):
+        fr = {"op": "layer_norm", "variant": "", "pass": pass_, "impl": "fused", "host_us": f}
+        nr = {"op": "layer_norm", "variant": "", "pass": pass_, "impl": "native", "host_us": n}
+        host_time.add_ratio(fr, nr)
+        recs += [fr, nr]
+    lines = host_time.table(recs).splitlines()
+    assert lines[0] == "| op | pass | fused µs | native µs | ratio | target | meets |"
+    assert lines[2] == "| layer_norm | fwd | 12.0 | 10.0 | 1.20 | ≤ 1.0 | **no** |"
+    assert lines[3] == "| layer_norm | fwd+bwd | 21.0 | 20.0 | 1.05 | ≤ 1.1 | yes |"
+    assert host_time.summary_line(recs).startswith("1 of 2 op/pass rows meet the target")
+
+
+def test_host_time_command_line_on_cpu(tmp_path):
+    out, md = tmp_path / "h.json", tmp_path / "h.md"
+    res = subprocess.run([sys.executable, "benchmarks/host_time.py", "--device", "cpu",
+                          "--ops", "gelu,nn.Dropout", "--calls", "30", "--shape", "4x64",
+                          "--out", str(out), "--md", str(md)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "| gelu/tanh | fwd+bwd |" in res.stdout and "| nn.Dropout | fwd |" in res.stdout
+    data = json.loads(out.read_text())
+    assert data["header"]["method"].startswith("CPU tensors")
+    assert data["header"]["rows"] == 4 and data["header"]["width"] == 64
+    recs = data["records"]
+    assert len(recs) == 3 * 2 * 2  # (gelu none, tanh, nn.Dropout) x passes x impls
+    assert all(r["host_us"] > 0 and r["calls"] == 30 for r in recs)
+    assert "| op | pass | fused µs |" in md.read_text()
+    bad = subprocess.run([sys.executable, "benchmarks/host_time.py", "--device", "cpu",
+                          "--passes", "bwd"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "--passes takes fwd, fwd+bwd" in bad.stderr
+
+
+@CUDA
+def test_host_time_on_the_gpu_keeps_it_busy():
+    (entry,) = [e for e in host_time.all_entries() if e.name == "layer_norm"]
+    timer = host_time.HostTimer("cuda")
+    recs = host_time.run_entry(entry, "fwd+bwd", 16, 256, torch.bfloat16, "cuda", timer,
+                               100, {})
+    assert all(r["error"] is None and r["host_us"] > 0 for r in recs)
+    # The spin outlasted nearly every batch (it lengthens itself after one it did not).
+    assert timer.gpu_idle_batches <= 2
+
+
+# --- e2e_gpt2 --------------------------------------------------------------------------
+
+class _ToyGelu(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+class _SubclassedNorm(torch.nn.LayerNorm):
+    pass
+
+
+def test_swap_modules_replaces_norms_gelus_and_dropouts_in_place():
+    import fused_ops.nn as fnn
+    model = torch.nn.Sequential(
+        torch.nn.LayerNorm(8, eps=1e-6), torch.nn.Linear(8, 8), _ToyGelu(),
+        torch.nn.Sequential(torch.nn.Dropout(0.25), torch.nn.LayerNorm(8, bias=False)),
+        _SubclassedNorm(8), torch.nn.GELU())
+    with torch.no_grad():
+        model[0].weight.uniform_(0.5, 1.5)
+        model[0].bias.uniform_(-1, 1)
+    x = torch.randn(3, 8)
+    model.eval()
+    before = model(x)
+    counts = e2e_gpt2.swap_modules(model, (_ToyGelu,))
+    assert counts == {"LayerNorm": 2, "GELU": 1, "Dropout": 1}
+    assert type(model[0]) is fnn.LayerNorm and model[0].eps == 1e-6
+    assert type(model[2]) is fnn.GELU and model[2].approximate == "tanh"
+    assert type(model[3][0]) is fnn.Dropout and model[3][0].p == 0.25
+    assert type(model[3][1]) is fnn.LayerNorm and model[3][1].bias is None
+    assert type(model[4]) is _SubclassedNorm  # a subclass may compute something else
+    assert type(model[5]) is torch.nn.GELU  # not one of the types asked for
+    assert not model[3][0].training  # the mode is kept
+    torch.testing.assert_close(model(x), before)  # state copied: the same function
+
+
+def test_add_ratios():
+    recs = [{"batch": 8, "impl": i, "tokens_per_s": t, "loss_eval0": 5.0 + d}
+            for i, t, d in (("eager", 100.0, 0.0), ("fused", 125.0, 0.01),
+                            ("eager+compile", 150.0, 0.0), ("fused+compile", 165.0, 0.0))]
+    recs.append({"batch": 1, "impl": "fused", "tokens_per_s": 10.0, "loss_eval0": None})
+    e2e_gpt2.add_ratios(recs)
+    assert [r["x_vs_eager"] for r in recs[:4]] == pytest.approx([1.0, 1.25, 1.0, 1.1])
+    assert recs[4]["x_vs_eager"] is None  # no eager run of that batch
+    assert recs[1]["loss_eval0_diff"] == pytest.approx(0.01)
+    assert recs[4]["loss_eval0_diff"] is None
+    # --repeat: each repeat's runs are compared with that repeat's eager run.
+    reps = [{"batch": 8, "repeat": k, "impl": i, "tokens_per_s": t, "loss_eval0": 1.0}
+            for k, runs in enumerate(((100.0, 120.0), (80.0, 120.0)))
+            for i, t in zip(("eager", "fused"), runs)]
+    e2e_gpt2.add_ratios(reps)
+    assert [r["x_vs_eager"] for r in reps] == pytest.approx([1.0, 1.2, 1.0, 1.5])
+    lines = e2e_gpt2.table([dict(r, seq=64) for r in recs]).splitlines()
+    assert lines[3].startswith("| 8x64 | fused | 125 | 1.250 |")
+    assert len({ln.count("|") for ln in lines}) == 1
+
+
+@needs_transformers
+def test_gpt2_swap_keeps_the_model():
+    config = e2e_gpt2.gpt2_config(tiny=True)
+    model = e2e_gpt2.build_model(config, "cpu", torch.float32)
+    ids = e2e_gpt2.random_batch(2, 16, config.vocab_size, "cpu")
+    model.eval()
+    with torch.no_grad():
+        before = model(input_ids=ids, labels=ids).loss
+    counts = e2e_gpt2.swap_modules(model, e2e_gpt2.gelu_tanh_types())
+    # 2 layers: ln_1, ln_2 each and ln_f; mlp.act each; attn_dropout, resid_dropout,
+    # mlp.dropout each and the embeddings' drop.
+    assert counts == {"LayerNorm": 5, "GELU": 2, "Dropout": 7}
+    with torch.no_grad():
+        after = model(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
+@needs_transformers
+def test_gpt2_command_line_tiny_on_cpu(tmp_path):
+    out = tmp_path / "e2e.json"
+    res = subprocess.run([sys.executable, "benchmarks/e2e_gpt2.py", "--tiny", "--device",
+                          "cpu", "--steps", "1", "--warmup", "1", "--profile-steps", "1",
+                          "--batches", "2", "--seq", "32", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads(out.read_text())
+    recs = data["records"]
+    assert [(r["impl"], r["batch"], r["seq"]) for r in recs] == [("eager", 2, 32),
+                                                                 ("fused", 2, 32)]
+    for r in recs:
+        assert r["op"] == "e2e_train" and r["model"] == "gpt2-tiny" and r["error"] is None
+        assert r["tokens_per_s"] > 0 and r["wall_ms_per_step"] > 0
+        assert r["tokens_per_s"] == pytest.approx(64 / (r["wall_ms_per_step"] / 1e3))
+        assert r["profiled_wall_ms_per_step"] > 0 and r["repeat"] == 0
+        assert r["precision"] == "bf16 weights, no autocast" and r["dtype"] == "bfloat16"
+        assert r["gpu_kernel_ms_per_step"] is None  # no GPU: no kernel time
+        assert r["loss_last"] is not None and r["peak_mem_bytes"] is None
+    assert recs[1]["swapped"] == {"LayerNorm": 5, "GELU": 2, "Dropout": 7}
+    assert abs(recs[1]["loss_eval0_diff"]) < 0.05  # bf16 weights: same model, rounding
+    assert data["header"]["config"]["n_layer"] == 2
+    assert "| 2x32 | fused |" in res.stdout
+
+
+@CUDA
+@needs_transformers
+def test_gpt2_tiny_on_the_gpu(tmp_path):
+    # The GPU-only parts: the profiler's kernel time and count, peak memory.
+    out = tmp_path / "e2e.json"
+    res = subprocess.run([sys.executable, "benchmarks/e2e_gpt2.py", "--tiny", "--steps", "2",
+                          "--warmup", "1", "--profile-steps", "2", "--batches", "2",
+                          "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    recs = json.loads(out.read_text())["records"]
+    for r in recs:
+        assert r["error"] is None and r["device"] != "cpu"
+        assert 0 < r["gpu_kernel_ms_per_step"] and r["kernels_per_step"] >= 20
+        assert r["peak_mem_bytes"] > 0
+    fused = recs[1]
+    assert fused["impl"] == "fused" and abs(fused["loss_eval0_diff"]) < 0.05
