@@ -129,3 +129,41 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
     ):
         return ops.linear_fwd(input, weight, bias, activation)[0]
     return ops.linear(input, weight, bias, activation)
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                  inplace_backward: bool = False) -> torch.Tensor:
+    """Cross-entropy over the LAST dim of `input` (logits [V], [N, V] or [B, T, V]; target of
+    the leading shape or flat), as torch.nn.functional.cross_entropy with class indices:
+    same ignore_index, reduction ('mean' over the non-ignored rows, 'sum', 'none') and
+    label_smoothing. The logits are read once in their dtype, the math is float32, and the
+    gradient is written in one pass. Unlike F.cross_entropy, a 3-d input keeps its classes
+    last (as language models do), and the loss is float32 (float64 for float64 logits)
+    whatever the logits' dtype.
+
+    z_loss adds z_loss * logsumexp(logits)^2 per non-ignored row (PaLM's auxiliary loss).
+    inplace_backward=True writes the gradient over the logits (their storage is consumed:
+    nothing may read the logits after backward; autograd reports a saved-tensor conflict
+    if something tries to), which saves a [rows, V] buffer.
+
+    Targets outside [0, V) other than ignore_index: an error on CPU; on CUDA (no host sync)
+    that row's loss and gradient are NaN, never a read out of bounds. Per-class weights
+    are not supported.
+    """
+    if weight is not None:
+        raise ValueError("fused_ops.cross_entropy: per-class weight is not supported; use "
+                         "torch.nn.functional.cross_entropy for weighted losses")
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    loss, _ = ops.cross_entropy(input, target, ignore_index, label_smoothing, z_loss,
+                                inplace_backward)
+    if reduction == "none":
+        return loss if input.dim() > 1 or target.dim() == 0 else loss.reshape(())
+    if reduction == "sum":
+        return loss.sum()
+    # torch's 'mean': the sum over the rows whose target is not ignore_index, divided by
+    # their count (NaN when every row is ignored).
+    return loss.sum() / (target != ignore_index).sum()
+__all__ += ["cross_entropy"]
