@@ -73,6 +73,10 @@ def _backward(ctx, grad_loss, grad_lse):
     grad_loss = grad_loss.to(lse.dtype)
     if ctx.inplace:
         ops.cross_entropy_backward_(grad_loss, logits, target, lse, *ctx.args)
+        # The op's schema marks logits as written, but a C++-defined op gets no version
+        # bump from the dispatcher: bump it here, so a backward that saved the logits and
+        # runs after this one reports the in-place write instead of reading the gradient.
+        torch.autograd.graph.increment_version(logits)
         return (logits,) + (None,) * 5
     return (ops.cross_entropy_backward(grad_loss, logits, target, lse, *ctx.args),) + (None,) * 5
 

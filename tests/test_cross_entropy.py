@@ -1,0 +1,412 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fused_ops
+from utils import (CUDA, DEVICES, DTYPES, assert_close, assert_graph_replay_matches_eager,
+                   cuda_kernel_names, input_views, poison_next_alloc)
+
+ops = torch.ops.fused
+IGNORE = -100
+
+# Vocabulary widths: tiny (the scalar head/tail only), the block-size thresholds of the CUDA
+# kernel (64 threads up to 4 KB rows, 256 up to 32 KB, then 512), and the vocabularies of
+# real models: Llama-2 32000 (and an odd neighbour), GPT-2 50257 (rows alternate between
+# aligned and misaligned starts in 16-bit), Qwen 151936.
+CUDA_VOCABS = [1, 7, 1000, 2049, 32000, 32001, 50257, 151936]
+CPU_VOCABS = [1, 7, 33, 1000]
+
+
+def make_target(n, V, device, ignore_frac=0.25, dtype=torch.int64):
+    t = torch.randint(0, V, (n,), device=device)
+    t[torch.rand(n, device=device) < ignore_frac] = IGNORE
+    return t.to(dtype)
+
+
+def reference_rows(x, t, label_smoothing=0.0, z_loss=0.0, ignore_index=IGNORE):
+    """Per-row loss in float64: F.cross_entropy (classes last) plus z_loss * lse^2 on the
+    non-ignored rows."""
+    V = x.shape[-1]
+    x64 = x.double().reshape(-1, V)
+    t = t.reshape(-1).long()
+    rows = F.cross_entropy(x64, t, reduction="none", ignore_index=ignore_index,
+                           label_smoothing=label_smoothing)
+    if z_loss:
+        lse = torch.logsumexp(x64, -1)
+        rows = rows + z_loss * lse.square() * (t != ignore_index)
+    return rows
+
+
+def reference(x, t, reduction="mean", **kw):
+    rows = reference_rows(x, t, **kw)
+    if reduction == "none":
+        return rows.reshape(t.shape)
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / (t.reshape(-1) != kw.get("ignore_index", IGNORE)).sum()
+
+
+# --- CPU against float64 F.cross_entropy ---------------------------------------------------
+
+@pytest.mark.parametrize("V", CPU_VOCABS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_cpu_matches_torch(V, reduction, label_smoothing, dtype):
+    x = (torch.randn(37, V) * 3).to(dtype)
+    t = make_target(37, V, "cpu")
+    xa = x.clone().requires_grad_()
+    got = fused_ops.cross_entropy(xa, t, reduction=reduction, label_smoothing=label_smoothing)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    xr = x.double().requires_grad_()
+    want = F.cross_entropy(xr, t, reduction=reduction, label_smoothing=label_smoothing)
+    assert_close(got, want, dtype=torch.float32 if dtype != torch.float64 else dtype)
+    dy = torch.randn_like(want)
+    got.backward(dy.to(got.dtype))
+    want.backward(dy)
+    assert xa.grad.dtype == dtype
+    assert_close(xa.grad, xr.grad, dtype=dtype)
+    assert torch.all(xa.grad[t == IGNORE] == 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_z_loss_matches_composition(device):
+    x = torch.randn(29, 101, device=device, dtype=torch.float32) * 4
+    t = make_target(29, 101, device)
+    for reduction in ["mean", "sum", "none"]:
+        xa = x.clone().requires_grad_()
+        got = fused_ops.cross_entropy(xa, t, reduction=reduction, label_smoothing=0.05,
+                                      z_loss=1e-3)
+        xr = x.double().requires_grad_()
+        want = reference(xr, t, reduction, label_smoothing=0.05, z_loss=1e-3)
+        assert_close(got, want, dtype=torch.float32, rtol=2e-5, atol=2e-5)
+        got.sum().backward()
+        want.sum().backward()
+        assert_close(xa.grad, xr.grad, dtype=torch.float32, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shapes_3d_flat_target_and_views(device):
+    B, T, V = 3, 9, 51
+    full = torch.randn(B, T + 1, V, device=device)
+    x = full[:, :-1, :]  # the shifted logits of a training step: rows with a gap, read in place
+    t = make_target(B * T, V, device).view(B, T)
+    for target in (t, t.reshape(-1)):
+        for reduction in ["mean", "sum", "none"]:
+            got = fused_ops.cross_entropy(x, target, reduction=reduction)
+            want = reference(x, target, reduction)
+            assert_close(got, want, dtype=torch.float32)
+            if reduction == "none":
+                assert got.shape == target.shape
+    # 1-d logits, 0-d target, and int32 targets
+    v = torch.randn(V, device=device)
+    tt = torch.tensor(4, device=device)
+    assert_close(fused_ops.cross_entropy(v, tt), F.cross_entropy(v.double(), tt),
+                 dtype=torch.float32)
+    assert_close(fused_ops.cross_entropy(v, tt, reduction="none"),
+                 F.cross_entropy(v.double(), tt, reduction="none"), dtype=torch.float32)
+    assert_close(fused_ops.cross_entropy(x, t.int()), reference(x, t), dtype=torch.float32)
+    # 4-d logits and a transposed (class dim strided) view: copied once, same answers
+    x4 = torch.randn(2, 3, 4, V, device=device)
+    t4 = make_target(24, V, device).view(2, 3, 4)
+    assert_close(fused_ops.cross_entropy(x4, t4), reference(x4, t4), dtype=torch.float32)
+    xt = torch.randn(V, 12, device=device).t()
+    t2 = make_target(12, V, device)
+    assert_close(fused_ops.cross_entropy(xt, t2, reduction="sum"), reference(xt, t2, "sum"),
+                 dtype=torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_and_all_ignored(device):
+    x = torch.randn(0, 10, device=device, requires_grad=True)
+    t = torch.zeros(0, dtype=torch.long, device=device)
+    assert torch.isnan(fused_ops.cross_entropy(x, t))  # as torch: 0 / 0
+    assert fused_ops.cross_entropy(x, t, reduction="sum").item() == 0
+    assert fused_ops.cross_entropy(x, t, reduction="none").shape == (0,)
+    x = torch.randn(4, 10, device=device, requires_grad=True)
+    t = torch.full((4,), IGNORE, device=device)
+    assert torch.isnan(fused_ops.cross_entropy(x, t)) and torch.isnan(F.cross_entropy(x, t))
+    loss = fused_ops.cross_entropy(x, t, reduction="sum")
+    assert loss.item() == 0
+    loss.backward()
+    assert torch.all(x.grad == 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_ignore_index(device):
+    x = torch.randn(16, 20, device=device)
+    t = torch.randint(0, 20, (16,), device=device)
+    t[::3] = 5
+    assert_close(fused_ops.cross_entropy(x, t, ignore_index=5),
+                 F.cross_entropy(x.double(), t, ignore_index=5), dtype=torch.float32)
+
+
+# --- in-place backward ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_backward(device):
+    h = torch.randn(24, 16, device=device, requires_grad=True)
+    w = torch.randn(33, 16, device=device, requires_grad=True)
+    t = make_target(24, 33, device)
+
+    def step(inplace):
+        logits = h @ w.t()  # its backward needs h and w, not logits: clobbering them is safe
+        loss = fused_ops.cross_entropy(logits, t, label_smoothing=0.1, z_loss=1e-3,
+                                       inplace_backward=inplace)
+        logits.retain_grad()
+        loss.backward()
+        grads = (logits.grad.clone(), h.grad.clone(), w.grad.clone())
+        h.grad = w.grad = None
+        return logits, grads
+
+    logits, (gl, gh, gw) = step(True)
+    # The gradient was written over the logits (retain_grad keeps a copy of it).
+    torch.testing.assert_close(logits.detach(), gl, rtol=0, atol=0)
+    _, (gl0, gh0, gw0) = step(False)
+    torch.testing.assert_close(gl, gl0, rtol=0, atol=0)
+    torch.testing.assert_close(gh, gh0)
+    torch.testing.assert_close(gw, gw0)
+
+
+def test_inplace_backward_detects_other_readers():
+    # Something else saved the logits for its backward: the in-place write bumps their
+    # version, and autograd refuses rather than differentiating through a clobbered tensor.
+    x = torch.randn(8, 12, requires_grad=True)
+    logits = x * 2
+    t = torch.randint(0, 12, (8,))
+    other = logits.square().sum()  # saves logits; its backward runs after the loss's
+    loss = fused_ops.cross_entropy(logits, t, inplace_backward=True) + other
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+# --- autograd, gradcheck, opcheck, compile --------------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(), dict(label_smoothing=0.2), dict(z_loss=0.05),
+                                dict(label_smoothing=0.1, z_loss=0.01, reduction="none")])
+def test_gradcheck_float64(kw):
+    x = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 9, (6,))
+    t[2] = IGNORE
+    assert torch.autograd.gradcheck(lambda a: fused_ops.cross_entropy(a, t, **kw), (x,))
+    x3 = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    t3 = torch.randint(0, 5, (2, 3))
+    assert torch.autograd.gradcheck(lambda a: fused_ops.cross_entropy(a[:, 1:], t3[:, 1:], **kw),
+                                    (x3,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x = torch.randn(7, 13, device=device, requires_grad=True)
+    t = make_target(7, 13, device)
+    torch.library.opcheck(ops.cross_entropy.default, (x, t))
+    torch.library.opcheck(ops.cross_entropy.default, (x, t, IGNORE, 0.1, 1e-3, True))
+    x3 = torch.randn(2, 4, 13, device=device, requires_grad=True)
+    torch.library.opcheck(ops.cross_entropy.default, (x3, make_target(8, 13, device)))
+    loss, lse = ops.cross_entropy(x.detach(), t, IGNORE, 0.1, 1e-3)
+    g = torch.rand_like(loss)
+    args = (t, lse, IGNORE, 0.1, 1e-3)
+    torch.library.opcheck(ops.cross_entropy_backward.default, (g, x.detach()) + args)
+    torch.library.opcheck(ops.cross_entropy_backward_.default, (g, x.detach().clone()) + args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_compile_fullgraph(device, inplace):
+    torch._dynamo.reset()
+    h = torch.randn(12, 8, device=device, requires_grad=True)
+    w = torch.randn(21, 8, device=device, requires_grad=True)
+    t = make_target(12, 21, device)
+
+    def f(h, w, t):
+        return fused_ops.cross_entropy(h @ w.t(), t, label_smoothing=0.1, z_loss=1e-3,
+                                       inplace_backward=inplace)
+
+    out = torch.compile(f, fullgraph=True)(h, w, t)
+    out.backward()
+    hr = h.detach().double().requires_grad_()
+    wr = w.detach().double().requires_grad_()
+    ref = reference(hr @ wr.t(), t, label_smoothing=0.1, z_loss=1e-3)
+    ref.backward()
+    assert_close(out, ref, dtype=torch.float32, rtol=1e-5, atol=1e-5)
+    assert_close(h.grad, hr.grad, dtype=torch.float32, rtol=1e-4, atol=1e-5)
+    assert_close(w.grad, wr.grad, dtype=torch.float32, rtol=1e-4, atol=1e-5)
+
+
+def test_meta():
+    x = torch.empty(2, 5, 11, device="meta", dtype=torch.bfloat16)
+    t = torch.empty(2, 5, device="meta", dtype=torch.long)
+    loss, lse = ops.cross_entropy(x, t)
+    assert loss.shape == (2, 5) and lse.dtype == torch.float32 and loss.device.type == "meta"
+    assert fused_ops.cross_entropy(x, t).shape == ()
+
+
+# --- modules -------------------------------------------------------------------------------
+
+def test_nn_module_is_drop_in():
+    x = torch.randn(10, 17)
+    t = make_target(10, 17, "cpu")
+    for kw in [dict(), dict(reduction="sum"), dict(label_smoothing=0.3),
+               dict(ignore_index=3, reduction="none")]:
+        m, ref = fused_ops.nn.CrossEntropyLoss(**kw), torch.nn.CrossEntropyLoss(**kw)
+        assert isinstance(m, torch.nn.CrossEntropyLoss)
+        assert repr(m) == repr(ref)
+        tk = t.masked_fill(t == IGNORE, kw.get("ignore_index", IGNORE))
+        torch.testing.assert_close(m(x, tk), ref(x, tk))
+    m = fused_ops.nn.CrossEntropyLoss(z_loss=0.01)
+    assert_close(m(x, t), reference(x, t, z_loss=0.01), dtype=torch.float32)
+    with pytest.raises(ValueError, match="weight is not supported"):
+        fused_ops.nn.CrossEntropyLoss(weight=torch.ones(17))
+
+
+# --- errors --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device):
+    x = torch.randn(4, 6, device=device)
+    t = torch.randint(0, 6, (4,), device=device)
+    with pytest.raises(RuntimeError, match="expected logits to be float32.*got Long"):
+        fused_ops.cross_entropy(torch.ones(4, 6, dtype=torch.long, device=device), t)
+    with pytest.raises(RuntimeError, match="expected target to be int64 \\(or int32\\).*got Float"):
+        fused_ops.cross_entropy(x, t.float())
+    with pytest.raises(RuntimeError, match=r"expected target of shape \[4\].*got \[5\]"):
+        fused_ops.cross_entropy(x, torch.zeros(5, dtype=torch.long, device=device))
+    with pytest.raises(RuntimeError, match=r"expected target of shape \[2, 3\].*or \[6\]"):
+        fused_ops.cross_entropy(torch.randn(2, 3, 5, device=device),
+                                torch.zeros(3, 2, dtype=torch.long, device=device))
+    with pytest.raises(RuntimeError, match="0-d tensor"):
+        fused_ops.cross_entropy(torch.tensor(1.0, device=device), t[0])
+    with pytest.raises(RuntimeError, match="label_smoothing in \\[0, 1\\]"):
+        fused_ops.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(RuntimeError, match="at least one class"):
+        fused_ops.cross_entropy(torch.randn(3, 0, device=device),
+                                torch.zeros(3, dtype=torch.long, device=device))
+    with pytest.raises(ValueError, match="not a valid value for reduction"):
+        fused_ops.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(ValueError, match="weight is not supported"):
+        fused_ops.cross_entropy(x, t, torch.ones(6, device=device))
+    loss, lse = ops.cross_entropy(x, t)
+    with pytest.raises(RuntimeError, match="grad_loss and lse to be Float"):
+        ops.cross_entropy_backward(loss.double(), x, t, lse, IGNORE, 0.0, 0.0)
+    with pytest.raises(RuntimeError, match="one value per row"):
+        ops.cross_entropy_backward(loss[:2], x, t, lse, IGNORE, 0.0, 0.0)
+
+
+def test_out_of_range_target_cpu():
+    x = torch.randn(4, 6)
+    for bad in (6, -1, -101):
+        t = torch.tensor([0, bad, 2, IGNORE])
+        with pytest.raises(RuntimeError, match=f"target {bad} at \\(flat\\) position 1 is out of "
+                           "bounds: expected a class in \\[0, 6\\)"):
+            fused_ops.cross_entropy(x, t)
+
+
+def test_float64_rejected_on_cuda_and_devices_mixed():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
+    x = torch.randn(4, 6, device="cuda")
+    with pytest.raises(RuntimeError, match="float64 on cuda"):
+        fused_ops.cross_entropy(x.double(), torch.zeros(4, dtype=torch.long, device="cuda"))
+    with pytest.raises(RuntimeError, match="same device"):
+        fused_ops.cross_entropy(x, torch.zeros(4, dtype=torch.long))
+
+
+# --- CUDA ----------------------------------------------------------------------------------
+
+def _rows_for(V):
+    # Enough rows to fill the GPU at small V; fewer at the widest vocabularies.
+    return 16 if V >= 100000 else (64 if V >= 10000 else 300)
+
+
+@CUDA
+@pytest.mark.parametrize("V", CUDA_VOCABS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_matches_float64(V, dtype):
+    n = _rows_for(V)
+    for name, x in input_views((n, V), dtype, "cuda", scale=3.0):
+        t = make_target(n, V, "cuda")
+        for ls, z in [(0.0, 0.0), (0.1, 1e-3)]:
+            poison_next_alloc(n * 4, "cuda")
+            loss, lse = ops.cross_entropy(x, t, IGNORE, ls, z)
+            want = reference_rows(x, t, ls, z)
+            msg = f"V={V} {dtype} {name} ls={ls} z={z}"
+            # The reference sees the same rounded logits: float32 math error only.
+            assert_close(loss, want, dtype=torch.float32, rtol=2e-5, atol=2e-5, msg=msg)
+            keep = t != IGNORE
+            assert_close(lse[keep], torch.logsumexp(x.double(), -1)[keep], dtype=torch.float32,
+                         rtol=2e-6, atol=2e-5, msg=msg)
+            g = torch.rand(n, device="cuda")
+            poison_next_alloc(x.numel() * x.element_size(), "cuda")
+            dx = ops.cross_entropy_backward(g, x, t, lse, IGNORE, ls, z)
+            xr = x.double().requires_grad_()
+            reference_rows(xr, t, ls, z).backward(g.double())
+            assert dx.dtype == dtype
+            assert_close(dx, xr.grad, dtype=dtype, msg=msg)
+            assert torch.all(dx[~keep] == 0)
+
+
+@CUDA
+@pytest.mark.parametrize("V", [50257, 32001, 1000])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_strided_rows_and_inplace(V, dtype):
+    # Rows of a 3-d view with a gap (the shifted logits of a step) read in place; the
+    # in-place backward writes over them, the rest of the storage untouched.
+    B, T = 3, 17
+    full = (torch.randn(B, T + 1, V, device="cuda") * 2).to(dtype)
+    x = full[:, 1:, :]
+    t = make_target(B * T, V, "cuda").view(B, T)
+    loss, lse = ops.cross_entropy(x, t, IGNORE, 0.05, 0.0)
+    assert_close(loss, reference_rows(x, t, 0.05).view(B, T), dtype=torch.float32,
+                 rtol=2e-5, atol=2e-5)
+    g = torch.rand(B, T, device="cuda")
+    dx = ops.cross_entropy_backward(g, x, t, lse, IGNORE, 0.05, 0.0)
+    first = full[:, 0, :].clone()
+    ops.cross_entropy_backward_(g, x, t, lse, IGNORE, 0.05, 0.0)
+    torch.testing.assert_close(x, dx, rtol=0, atol=0)
+    torch.testing.assert_close(full[:, 0, :], first, rtol=0, atol=0)
+
+
+@CUDA
+def test_cuda_autograd_inplace_and_kernels():
+    x0 = torch.randn(64, 50257, device="cuda", dtype=torch.bfloat16)
+    t = make_target(64, 50257, "cuda")
+    xa = x0.clone().requires_grad_()
+    loss = fused_ops.cross_entropy(xa * 1, t, inplace_backward=True)
+    loss.backward()
+    xr = x0.double().requires_grad_()
+    ref = F.cross_entropy(xr, t)
+    ref.backward()
+    assert_close(loss, ref, dtype=torch.float32, rtol=2e-5, atol=2e-5)
+    assert_close(xa.grad, xr.grad, dtype=torch.bfloat16)
+    names = cuda_kernel_names(lambda: ops.cross_entropy(x0, t))
+    assert sum("xent_fwd_kernel" in n for n in names) == 1, names
+
+
+@CUDA
+def test_cuda_out_of_range_target_is_nan_not_a_read():
+    x = torch.randn(4, 1000, device="cuda", dtype=torch.bfloat16)
+    t = torch.tensor([3, 1000, -7, IGNORE], device="cuda")
+    loss, lse = ops.cross_entropy(x, t)
+    assert torch.isfinite(loss[0]) and torch.isnan(loss[1]) and torch.isnan(loss[2])
+    assert loss[3] == 0
+    dx = ops.cross_entropy_backward(torch.ones(4, device="cuda"), x, t, lse, IGNORE, 0.0, 0.0)
+    assert torch.isfinite(dx[0]).all() and torch.isnan(dx[1:3]).all() and (dx[3] == 0).all()
+    assert torch.isnan(fused_ops.cross_entropy(x, t))
+
+
+@CUDA
+def test_cuda_graph_replay():
+    x = torch.randn(32, 32001, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = make_target(32, 32001, "cuda")
+
+    def step():
+        x.grad = None
+        loss = fused_ops.cross_entropy(x, t, label_smoothing=0.1)
+        loss.backward()
+        return loss.detach(), x.grad
+
+    def refill():
+        x.copy_(torch.randn_like(x))
+        t.copy_(make_target(32, 32001, "cuda"))
+
+    assert_graph_replay_matches_eager(step, refill, ("loss", "grad"), msg="cross_entropy")
