@@ -48,6 +48,10 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kUnroll = 4;  // 16-byte vectors per thread in flight
+// Blocks an SM must hold at once (a register cap for ptxas): while one block finishes a row
+// (its reduction, the row's first loads), the others keep the memory system busy.
+template <int BLOCK>
+constexpr int kMinBlocks = 1024 / BLOCK;
 
 // Row layout as the kernels read it (common/cross_entropy.h's XentRows).
 struct Rows {
@@ -110,7 +114,7 @@ __device__ __forceinline__ void fold(Stats& st, const float (&f)[N]) {
 }
 
 template <typename T, int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
 xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ target,
                 float* __restrict__ loss, float* __restrict__ lse, int64_t ignore_index,
                 float eps, float z) {
@@ -130,6 +134,8 @@ xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ tar
       continue;
     }
     const T* row = x + row_offset(l, r);
+    // x[target] is loaded first, so its latency hides behind the row's.
+    const float xt = tid == 0 ? static_cast<float>(row[t]) : 0.f;
     const int head = head_elems(row, V);
     const int nvec = (V - head) / VEC;
     const T* vrow = row + head;
@@ -165,7 +171,6 @@ xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ tar
     const Stats tot = Reduce(storage).Reduce(st, Merge{});
     if (tid == 0) {
       const float L = offset_of(tot.m) + logf(tot.s);
-      const float xt = static_cast<float>(row[t]);
       float out = (1.f - eps) * (L - xt);
       if (eps != 0.f) out += eps * (L - tot.sx / static_cast<float>(V));
       if (z != 0.f) out += z * L * L;
@@ -230,7 +235,7 @@ __device__ __forceinline__ void write_row(const T* in, T* out, int V, bool vec_o
 }
 
 template <typename T, int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
+__global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
 xent_bwd_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x, Rows lx, T* dx,
                 Rows ld, const int64_t* __restrict__ target, const float* __restrict__ lse,
                 int64_t ignore_index, float eps, float z) {
@@ -263,9 +268,11 @@ xent_bwd_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x,
   }
 }
 
-// Threads per row: enough for U vectors each on long rows, fewer on short ones.
+// Threads per row: 256 on long rows (4+ blocks an SM, 64 KB of loads in flight per SM, so
+// a block between rows costs a quarter of the SM's traffic, not half), 64 on short ones.
 int block_for(int64_t row_bytes) {
-  if (row_bytes > 32 * 1024) return 512;
+  static const bool wide = env_int("FUSED_XENT_BLOCK", 0) == 512;  // for comparisons
+  if (wide && row_bytes > 4 * 1024) return 512;
   if (row_bytes > 4 * 1024) return 256;
   return 64;
 }
