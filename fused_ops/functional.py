@@ -167,3 +167,30 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
     # their count (NaN when every row is ignored).
     return loss.sum() / (target != ignore_index).sum()
 __all__ += ["cross_entropy"]
+def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias=None, ignore_index: int = -100, reduction: str = "mean",
+                         label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                         chunk_size: int = 0) -> torch.Tensor:
+    """cross_entropy(linear(input, weight, bias), target, ...) without the full logits: the LM
+    head and the loss in chunks of chunk_size tokens (0: 1024), the gradients of input,
+    weight and bias computed chunk by chunk in the forward (so the backward reads no
+    logits). Peak memory: the weight's gradient plus one chunk's logits, instead of the
+    [tokens, V] logits and their float32 copies.
+
+    reduction 'mean' (over the non-ignored rows) or 'sum'; 'none' (a per-row gradient that
+    the forward cannot know) computes the full logits, as the unfused composition does.
+    The loss is float32 (float64 for float64 inputs).
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if reduction == "none":
+        return cross_entropy(ops.linear(input, weight, bias), target, ignore_index=ignore_index,
+                             reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+    grad = torch.is_grad_enabled()
+    mask = [grad and input.requires_grad, grad and weight.requires_grad,
+            grad and bias is not None and bias.requires_grad]
+    return ops.linear_cross_entropy(input, weight, target, bias, ignore_index, label_smoothing,
+                                    z_loss, reduction == "mean", chunk_size, mask)[0]
+
+
+__all__ += ["linear_cross_entropy"]

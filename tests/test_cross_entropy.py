@@ -410,3 +410,105 @@ def test_cuda_graph_replay():
         t.copy_(make_target(32, 32001, "cuda"))
 
     assert_graph_replay_matches_eager(step, refill, ("loss", "grad"), msg="cross_entropy")
+
+
+# --- linear_cross_entropy -------------------------------------------------------------------
+
+def linear_reference(h, w, t, b=None, reduction="mean", **kw):
+    logits = F.linear(h.double(), w.double(), None if b is None else b.double())
+    return reference(logits, t, reduction, **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_cross_entropy_matches_composition(device, reduction, with_bias):
+    B, T, H, V = 2, 45, 24, 77
+    h = torch.randn(B, T, H, device=device, requires_grad=True)
+    w = (torch.randn(V, H, device=device) / H ** 0.5).requires_grad_()
+    b = torch.randn(V, device=device, requires_grad=True) if with_bias else None
+    t = make_target(B * T, V, device).view(B, T)
+    kw = dict(label_smoothing=0.1, z_loss=1e-3)
+    # chunks of 16 tokens: 6 chunks, the last one short
+    got = fused_ops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=16, **kw)
+    leaves = [h, w] + ([b] if with_bias else [])
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    want = linear_reference(*ref_leaves[:2], t, ref_leaves[2] if with_bias else None,
+                            reduction, **kw)
+    assert_close(got, want, dtype=torch.float32, rtol=2e-5, atol=2e-5)
+    dy = torch.rand_like(want)
+    grads = torch.autograd.grad(got, leaves, dy.to(got.dtype))
+    ref_grads = torch.autograd.grad(want, ref_leaves, dy)
+    for name, g, r in zip("hwb", grads, ref_grads):
+        assert_close(g, r, dtype=torch.float32, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_linear_cross_entropy_gradcheck_and_no_grad():
+    h = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 9, (11,))
+    t[4] = IGNORE
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: fused_ops.linear_cross_entropy(h, w, t, b, chunk_size=4,
+                                                       label_smoothing=0.2, z_loss=0.01),
+        (h, w, b))
+    # Without grad the op computes no gradients (empty outputs).
+    with torch.no_grad():
+        loss, gh, gw, gb = ops.linear_cross_entropy(h, w, t, b)
+    assert gh.numel() == gw.numel() == gb.numel() == 0
+    assert_close(loss, linear_reference(h, w, t, b), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_cross_entropy_opcheck_and_compile(device):
+    h = torch.randn(20, 8, device=device, requires_grad=True)
+    w = torch.randn(13, 8, device=device, requires_grad=True)
+    t = make_target(20, 13, device)
+    torch.library.opcheck(ops.linear_cross_entropy.default, (h, w, t),
+                          {"chunk_size": 6, "grad_mask": [True, True, False]})
+    torch._dynamo.reset()
+    f = torch.compile(lambda h, w, t: fused_ops.linear_cross_entropy(h, w, t, chunk_size=8),
+                      fullgraph=True)
+    out = f(h, w, t)
+    out.backward()
+    hr, wr = (x.detach().double().requires_grad_() for x in (h, w))
+    ref = linear_reference(hr, wr, t)
+    ref.backward()
+    assert_close(out, ref, dtype=torch.float32, rtol=1e-5, atol=1e-5)
+    assert_close(h.grad, hr.grad, dtype=torch.float32, rtol=1e-4, atol=1e-5)
+    assert_close(w.grad, wr.grad, dtype=torch.float32, rtol=1e-4, atol=1e-5)
+
+
+def test_linear_cross_entropy_bad_inputs():
+    h, w, t = torch.randn(4, 8), torch.randn(6, 8), torch.randint(0, 6, (4,))
+    with pytest.raises(RuntimeError, match=r"expected hidden of shape \[\.\.\., 8\]"):
+        fused_ops.linear_cross_entropy(torch.randn(4, 7), w, t)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        fused_ops.linear_cross_entropy(h.double(), w, t)
+    with pytest.raises(RuntimeError, match=r"expected bias of shape \[6\]"):
+        fused_ops.linear_cross_entropy(h, w, t, torch.randn(5))
+    with pytest.raises(RuntimeError, match=r"expected target of shape \[4\] or \[4\]"):
+        fused_ops.linear_cross_entropy(h, w, torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="not a valid value for reduction"):
+        fused_ops.linear_cross_entropy(h, w, t, reduction="avg")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_linear_cross_entropy(dtype):
+    N, H, V = 3000, 256, 32001  # 3 chunks (the last short) of the default 1024 tokens
+    h = (torch.randn(N, H, device="cuda") * 0.5).to(dtype).requires_grad_()
+    w = (torch.randn(V, H, device="cuda") / H ** 0.5).to(dtype).requires_grad_()
+    t = make_target(N, V, "cuda")
+    got = fused_ops.linear_cross_entropy(h, w, t, label_smoothing=0.1)
+    got.backward()
+    hr, wr = (x.detach().double().requires_grad_() for x in (h, w))
+    # Reference from the same rounded logits the fused path sees
+    logits = F.linear(hr, wr)
+    want = reference(logits, t, label_smoothing=0.1)
+    want.backward()
+    assert_close(got, want, dtype=torch.float32, rtol=1e-3 if dtype != torch.float32 else 1e-4)
+    tol = dict(rtol=5e-2, atol=1e-4) if dtype == torch.bfloat16 else dict(rtol=1e-3, atol=1e-6)
+    assert_close(h.grad, hr.grad, dtype=dtype, **tol)
+    assert_close(w.grad, wr.grad, dtype=dtype, **tol)

@@ -82,3 +82,143 @@ def _backward(ctx, grad_loss, grad_lse):
 
 
 torch.library.register_autograd("fused::cross_entropy", _backward, setup_context=_setup_context)
+
+
+# --- linear_cross_entropy -------------------------------------------------------------------
+#
+# The LM head and the loss in chunks of tokens, so the [tokens, V] logits never exist in
+# full. Per chunk of c tokens (h: [c, H]):
+#     logits = linear(h, W, b)                    fused::linear          [c, V]
+#     loss, lse = cross_entropy(logits, t)        fused::cross_entropy   one read of logits
+#     dlogits = over the logits, in place         fused::cross_entropy_backward_
+#     grad_h[chunk] = dlogits @ W                 fused::matmul
+#     grad_W += dlogits^T @ h                     torch.addmm_ (cuBLAS: beta = 1 accumulates
+#                                                 in place; the fused GEMM has no accumulate)
+#     grad_b += dlogits summed over the chunk
+# The gradients are computed in the forward, for a loss gradient of 1 (the loss is a 'mean'
+# or 'sum', so the gradient reaching it is one scalar); the backward scales them by that
+# scalar. Only a chunk's logits are alive at a time: peak memory is grad_W plus one chunk.
+# The weight gradient is accumulated in the weight's dtype (as the weight's .grad would be);
+# each chunk's product is accumulated in float32 inside the GEMM.
+
+# Tokens per chunk: the weight-gradient GEMM has K = chunk, and below ~1024 it is bound by
+# reading and writing grad_W (V x H) once per chunk rather than by its FLOPs.
+DEFAULT_CHUNK = 1024
+
+
+def _lce_check(hidden, weight, target, bias, op):
+    torch._check(weight.dim() == 2, lambda: f"{op}: expected weight of shape [V, H], but got "
+                 f"{list(weight.shape)}")
+    torch._check(hidden.dim() >= 1 and hidden.shape[-1] == weight.shape[1],
+                 lambda: f"{op}: expected hidden of shape [..., {weight.shape[1]}] (weight is "
+                 f"{list(weight.shape)}), but got {list(hidden.shape)}")
+    torch._check(hidden.dtype == weight.dtype, lambda: f"{op}: expected hidden and weight of "
+                 f"the same dtype, but got {hidden.dtype} and {weight.dtype}")
+    torch._check(hidden.device == weight.device and target.device == hidden.device,
+                 lambda: f"{op}: expected hidden, weight and target on the same device, but got "
+                 f"{hidden.device}, {weight.device} and {target.device}")
+    if bias is not None:
+        torch._check(tuple(bias.shape) == (weight.shape[0],) and bias.dtype == weight.dtype,
+                     lambda: f"{op}: expected bias of shape [{weight.shape[0]}] and dtype "
+                     f"{weight.dtype}, but got {list(bias.shape)} {bias.dtype}")
+    torch._check(target.dtype in (torch.int64, torch.int32),
+                 lambda: f"{op}: expected target to be int64 (or int32) class indices, but got "
+                 f"{target.dtype}")
+    rows = hidden.numel() // max(hidden.shape[-1], 1) if hidden.shape[-1] else 0
+    lead = tuple(hidden.shape[:-1])
+    torch._check(tuple(target.shape) == lead or (target.dim() == 1 and target.numel() == rows),
+                 lambda: f"{op}: expected target of shape {list(lead)} or [{rows}], but got "
+                 f"{list(target.shape)}")
+
+
+def _lce_outputs(hidden, weight, bias, grad_mask, row_dtype):
+    empty = hidden.new_empty((0,))
+    return (
+        hidden.new_empty((), dtype=row_dtype),
+        hidden.new_empty(hidden.shape) if grad_mask[0] else empty,
+        weight.new_empty(weight.shape) if grad_mask[1] else empty,
+        bias.new_empty(bias.shape) if (grad_mask[2] and bias is not None) else empty,
+    )
+
+
+@torch.library.register_fake("fused::linear_cross_entropy")
+def _linear_cross_entropy_fake(hidden, weight, target, bias=None, ignore_index=-100,
+                               label_smoothing=0.0, z_loss=0.0, mean=True, chunk_size=0,
+                               grad_mask=(False, False, False)):
+    _lce_check(hidden, weight, target, bias, "fused::linear_cross_entropy")
+    return _lce_outputs(hidden, weight, bias, grad_mask, _row_dtype(hidden))
+
+
+@torch.library.impl("fused::linear_cross_entropy", ["CPU", "CUDA"])
+def _linear_cross_entropy_kernel(hidden, weight, target, bias=None, ignore_index=-100,
+                                 label_smoothing=0.0, z_loss=0.0, mean=True, chunk_size=0,
+                                 grad_mask=(False, False, False)):
+    op = "fused::linear_cross_entropy"
+    _lce_check(hidden, weight, target, bias, op)
+    torch._check(chunk_size >= 0, lambda: f"{op}: expected chunk_size >= 0, but got {chunk_size}")
+    H = weight.shape[1]
+    h2 = hidden.reshape(-1, H)
+    t = target.reshape(-1)
+    n = h2.shape[0]
+    dt = _row_dtype(hidden)
+    loss_out, grad_h, grad_w, grad_b = _lce_outputs(hidden, weight, bias, grad_mask, dt)
+    want_h, want_w, want_b = grad_mask[0], grad_mask[1], grad_mask[2] and bias is not None
+    any_grad = want_h or want_w or want_b
+    grad_h2 = grad_h.view(-1, H) if want_h else None
+    if want_w:
+        grad_w.zero_()
+    if want_b:
+        grad_b.zero_()
+    # The gradient each row's loss gets: 1 / (rows not ignored) for 'mean', 1 for 'sum'.
+    count = (t != ignore_index).sum()
+    row_grad = (1.0 / count.to(dt)) if mean else torch.ones((), dtype=dt, device=hidden.device)
+    rows = torch.empty(n, dtype=dt, device=hidden.device)
+    chunk = chunk_size or DEFAULT_CHUNK
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        h = h2[start:end]
+        tc = t[start:end]
+        logits = ops.linear(h, weight, bias)
+        loss_c, lse_c = ops.cross_entropy(logits, tc, ignore_index, label_smoothing, z_loss)
+        rows[start:end] = loss_c
+        if not any_grad:
+            continue
+        ops.cross_entropy_backward_(row_grad.expand(end - start), logits, tc, lse_c,
+                                    ignore_index, label_smoothing, z_loss)
+        if want_h:
+            grad_h2[start:end] = ops.matmul(logits, weight)
+        if want_w:
+            grad_w.addmm_(logits.t(), h)
+        if want_b:
+            grad_b += logits.sum(0, dtype=dt).to(grad_b.dtype)
+    total = rows.sum()
+    loss_out.copy_(total / count.to(dt) if mean else total)
+    return loss_out, grad_h, grad_w, grad_b
+
+
+def _lce_setup_context(ctx, inputs, output):
+    hidden, weight, _target, bias = inputs[:4]
+    _, grad_h, grad_w, grad_b = output
+    ctx.save_for_backward(grad_h, grad_w, grad_b)
+    ctx.has_bias = bias is not None
+    ctx.set_materialize_grads(False)
+
+
+def _lce_backward(ctx, grad_loss, *_unused):
+    grads = [None] * 10
+    if grad_loss is None:
+        return tuple(grads)
+    grad_h, grad_w, grad_b = ctx.saved_tensors
+    # The forward computed the gradients for a loss gradient of 1: scale by the real one
+    # (a multiply, no host sync to test it for 1).
+    if ctx.needs_input_grad[0]:
+        grads[0] = grad_h * grad_loss.to(grad_h.dtype)
+    if ctx.needs_input_grad[1]:
+        grads[1] = grad_w * grad_loss.to(grad_w.dtype)
+    if ctx.has_bias and ctx.needs_input_grad[3]:
+        grads[3] = grad_b * grad_loss.to(grad_b.dtype)
+    return tuple(grads)
+
+
+torch.library.register_autograd("fused::linear_cross_entropy", _lce_backward,
+                                setup_context=_lce_setup_context)
