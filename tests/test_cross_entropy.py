@@ -290,6 +290,8 @@ def test_bad_inputs(device):
         ops.cross_entropy_backward(loss.double(), x, t, lse, IGNORE, 0.0, 0.0)
     with pytest.raises(RuntimeError, match="one value per row"):
         ops.cross_entropy_backward(loss[:2], x, t, lse, IGNORE, 0.0, 0.0)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        ops.cross_entropy_backward_(loss, x[:1].expand(4, 6), t, lse, IGNORE, 0.0, 0.0)
 
 
 def test_out_of_range_target_cpu():

@@ -10,6 +10,7 @@
 // kernel runs), as in F.cross_entropy.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -167,6 +168,8 @@ void cross_entropy_backward_inplace_cpu(const at::Tensor& grad_loss, const at::T
   const char* op = "fused::cross_entropy_backward_";
   xent_check(logits, target, label_smoothing, op);
   xent_check_backward(grad_loss, logits, target, lse, op);
+  // Rows that share memory (an expanded tensor) cannot each take their own gradient.
+  at::assert_no_internal_overlap(logits);
   if (logits.numel() == 0) return;
   check_targets(target, logits.size(-1), ignore_index, op);
   XentInput in = xent_input(logits);

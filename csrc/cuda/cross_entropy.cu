@@ -26,6 +26,7 @@
 //
 // exp is ex2.approx (common/fast_math.cuh): the 16-bit rows would otherwise be instruction-
 // bound on the libdevice exp; its ~2 ulp are far inside float32's tolerance for a loss.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -378,6 +379,8 @@ void cross_entropy_backward_inplace_cuda(const at::Tensor& grad_loss, const at::
   const char* op = "fused::cross_entropy_backward_";
   xent_check(logits, target, label_smoothing, op);
   xent_check_backward(grad_loss, logits, target, lse, op);
+  // Rows that share memory (an expanded tensor) cannot each take their own gradient.
+  at::assert_no_internal_overlap(logits);
   if (logits.numel() == 0) return;
   check_len(logits.size(-1), op);
   c10::cuda::CUDAGuard guard(logits.device());
