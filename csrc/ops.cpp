@@ -58,6 +58,10 @@ TORCH_LIBRARY(fused, m) {
   m.def("cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> Tensor");
   // cross_entropy_backward_: the same gradient written over logits (which it consumes).
   m.def("cross_entropy_backward_(Tensor grad_loss, Tensor(a!) logits, Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> ()");
+  // cross_entropy_with_grad: (loss, dlogits) in one kernel for a reduced loss: loss = the sum of the rows' losses (mean=True: over the non-ignored rows), dlogits = d loss / d logits (for a loss gradient of 1), in logits' dtype.
+  m.def("cross_entropy_with_grad(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True) -> (Tensor loss, Tensor grad)");
+  // cross_entropy_scale_: grad *= scale (one value) in place; scale == 1 (checked on the device) moves no data.
+  m.def("cross_entropy_scale_(Tensor(a!) grad, Tensor scale) -> ()");
   // linear_cross_entropy: cross_entropy(hidden @ weight.T + bias, target) reduced (mean over non-ignored rows, or sum), in chunks of chunk_size tokens (0: a default) so the full logits never exist; with grad_mask = [hidden, weight, bias] it also returns those gradients (for a loss gradient of 1; empty where not wanted).
   m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True, int chunk_size=0, bool[3] grad_mask=[False, False, False]) -> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
 }

@@ -132,7 +132,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,
                   ignore_index: int = -100, reduce=None, reduction: str = "mean",
                   label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                  inplace_backward: bool = False) -> torch.Tensor:
+                  inplace_backward: bool = False, precompute_grad: bool = True) -> torch.Tensor:
     """Cross-entropy over the LAST dim of `input` (logits [V], [N, V] or [B, T, V]; target of
     the leading shape or flat), as torch.nn.functional.cross_entropy with class indices:
     same ignore_index, reduction ('mean' over the non-ignored rows, 'sum', 'none') and
@@ -146,6 +146,12 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
     nothing may read the logits after backward; autograd reports a saved-tensor conflict
     if something tries to), which saves a [rows, V] buffer.
 
+    precompute_grad (reduction 'mean' or 'sum', a gradient wanted, not inplace_backward):
+    the forward kernel also writes the gradient while it holds each row, and the backward
+    only scales it by the loss's gradient (nothing at all for a gradient of 1): the logits
+    are read once instead of twice. The saved gradient is scaled in place, so a second
+    backward through the same graph (retain_graph) raises; pass precompute_grad=False there.
+
     Targets outside [0, V) other than ignore_index: an error on CPU; on CUDA (no host sync)
     that row's loss and gradient are NaN, never a read out of bounds. Per-class weights
     are not supported.
@@ -157,6 +163,10 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
+    if (precompute_grad and not inplace_backward and reduction != "none"
+            and torch.is_grad_enabled() and input.requires_grad):
+        return ops.cross_entropy_with_grad(input, target, ignore_index, label_smoothing, z_loss,
+                                           reduction == "mean")[0]
     loss, _ = ops.cross_entropy(input, target, ignore_index, label_smoothing, z_loss,
                                 inplace_backward)
     if reduction == "none":

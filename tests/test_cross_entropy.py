@@ -188,11 +188,53 @@ def test_gradcheck_float64(kw):
     x = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
     t = torch.randint(0, 9, (6,))
     t[2] = IGNORE
+    # gradcheck runs several backwards through one graph: the two-kernel path (the
+    # precomputed gradient is scaled in place, once; test_precomputed_grad checks it).
+    kw = dict(kw, precompute_grad=False)
     assert torch.autograd.gradcheck(lambda a: fused_ops.cross_entropy(a, t, **kw), (x,))
     x3 = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
     t3 = torch.randint(0, 5, (2, 3))
     assert torch.autograd.gradcheck(lambda a: fused_ops.cross_entropy(a[:, 1:], t3[:, 1:], **kw),
                                     (x3,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_precomputed_grad(device, reduction):
+    # The forward that writes the gradient gives the two-kernel path's loss and gradient,
+    # for a loss gradient of 1 (no scaling) and of another value.
+    x = torch.randn(2, 19, 41, device=device) * 3
+    t = make_target(38, 41, device).view(2, 19)
+    kw = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+    for scale in (1.0, 0.37):
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        a = fused_ops.cross_entropy(xa, t, **kw)
+        b = fused_ops.cross_entropy(xb, t, precompute_grad=False, **kw)
+        assert a.grad_fn.name() != b.grad_fn.name()  # two different ops
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        (a * scale).backward()
+        (b * scale).backward()
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-6, atol=1e-8)
+    xr = x.double().requires_grad_()
+    reference(xr, t, **kw).backward()
+    assert_close(xa.grad, xr.grad * 0.37, dtype=torch.float32)
+    # All rows ignored: 'mean' is NaN as in torch, the gradient 0.
+    xa = x.clone().requires_grad_()
+    loss = fused_ops.cross_entropy(xa, torch.full_like(t, IGNORE), reduction=reduction)
+    assert torch.isnan(loss) if reduction == "mean" else loss.item() == 0
+    loss.backward()
+    assert torch.all(xa.grad == 0)
+    # A second backward through the graph is refused, not scaled twice.
+    xa = x.clone().requires_grad_()
+    loss = fused_ops.cross_entropy(xa, t, **kw)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    xb = x.clone().requires_grad_()
+    loss = fused_ops.cross_entropy(xb, t, precompute_grad=False, **kw)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(xb.grad, 2 * xa.grad, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -208,11 +250,22 @@ def test_opcheck(device):
     args = (t, lse, IGNORE, 0.1, 1e-3)
     torch.library.opcheck(ops.cross_entropy_backward.default, (g, x.detach()) + args)
     torch.library.opcheck(ops.cross_entropy_backward_.default, (g, x.detach().clone()) + args)
+    # cross_entropy_with_grad's backward scales its own 'grad' output in place: opcheck's AOT
+    # test differentiates every output as if a user held them all (the functional API never
+    # returns 'grad'), which that mutation does not allow; test_compile_fullgraph (static and
+    # dynamic shapes) compiles its real use.
+    no_aot = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(ops.cross_entropy_with_grad.default, (x, t, IGNORE, 0.1, 1e-3, True),
+                          test_utils=no_aot)
+    torch.library.opcheck(ops.cross_entropy_with_grad.default, (x3, make_target(8, 13, device)),
+                          {"mean": False}, test_utils=no_aot)
+    torch.library.opcheck(ops.cross_entropy_scale_.default,
+                          (x.detach().clone(), torch.tensor(0.5, device=device)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("inplace", [False, True])
-def test_compile_fullgraph(device, inplace):
+@pytest.mark.parametrize("inplace,dynamic", [(False, False), (True, False), (False, True)])
+def test_compile_fullgraph(device, inplace, dynamic):
     torch._dynamo.reset()
     h = torch.randn(12, 8, device=device, requires_grad=True)
     w = torch.randn(21, 8, device=device, requires_grad=True)
@@ -222,12 +275,12 @@ def test_compile_fullgraph(device, inplace):
         return fused_ops.cross_entropy(h @ w.t(), t, label_smoothing=0.1, z_loss=1e-3,
                                        inplace_backward=inplace)
 
-    out = torch.compile(f, fullgraph=True)(h, w, t)
-    out.backward()
+    out = torch.compile(f, fullgraph=True, dynamic=dynamic)(h, w, t)
+    (out * 1.5).backward()  # a loss gradient other than 1: the precomputed one is scaled
     hr = h.detach().double().requires_grad_()
     wr = w.detach().double().requires_grad_()
     ref = reference(hr @ wr.t(), t, label_smoothing=0.1, z_loss=1e-3)
-    ref.backward()
+    (ref * 1.5).backward()
     assert_close(out, ref, dtype=torch.float32, rtol=1e-5, atol=1e-5)
     assert_close(h.grad, hr.grad, dtype=torch.float32, rtol=1e-4, atol=1e-5)
     assert_close(w.grad, wr.grad, dtype=torch.float32, rtol=1e-4, atol=1e-5)

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -180,9 +181,45 @@ void cross_entropy_backward_inplace_cpu(const at::Tensor& grad_loss, const at::T
   if (!in.x.is_same(logits)) logits.copy_(in.x.view(logits.sizes()));
 }
 
+std::tuple<at::Tensor, at::Tensor> cross_entropy_with_grad_cpu(const at::Tensor& logits,
+                                                               const at::Tensor& target,
+                                                               int64_t ignore_index,
+                                                               double label_smoothing,
+                                                               double z_loss, bool mean) {
+  const char* op = "fused::cross_entropy_with_grad";
+  xent_check(logits, target, label_smoothing, op);
+  auto [rows, lse] = cross_entropy_cpu(logits, target, ignore_index, label_smoothing, z_loss,
+                                       false);
+  const at::Tensor count = target.ne(ignore_index).sum().to(rows.scalar_type());
+  at::Tensor dx = at::empty(logits.sizes(), logits.options());
+  if (dx.numel() > 0) {
+    // Every row's loss gradient: 1 / (rows not ignored) for 'mean', 1 for 'sum'.
+    const at::Tensor scale = mean ? count.reciprocal() : at::ones({}, rows.options());
+    const XentInput in = xent_input(logits);
+    XentRows lout;
+    TORCH_INTERNAL_ASSERT(xent_layout(dx.dim() <= 3 ? dx : dx.view({-1, dx.size(-1)}), lout));
+    backward_into(scale.expand({rows.numel()}), in, dx, lout, target, lse, ignore_index,
+                  label_smoothing, z_loss);
+  }
+  at::Tensor total = rows.sum();
+  return {mean ? total.div(count) : total, dx};
+}
+
+void cross_entropy_scale_inplace_cpu(const at::Tensor& grad, const at::Tensor& scale) {
+  const char* op = "fused::cross_entropy_scale_";
+  check_float(grad, op, "grad");
+  check_same_device(grad, scale, op, "grad", "scale");
+  TORCH_CHECK(scale.numel() == 1 && scale.is_floating_point(), op, ": expected scale to be "
+              "one floating-point value, but got ", scale.scalar_type(), " of shape ",
+              scale.sizes());
+  if (scale.item<double>() != 1.0) grad.mul_(scale.reshape({}));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  m.impl("cross_entropy_with_grad", &cross_entropy_with_grad_cpu);
+  m.impl("cross_entropy_scale_", &cross_entropy_scale_inplace_cpu);
   m.impl("cross_entropy", &cross_entropy_cpu);
   m.impl("cross_entropy_backward", &cross_entropy_backward_cpu);
   m.impl("cross_entropy_backward_", &cross_entropy_backward_inplace_cpu);

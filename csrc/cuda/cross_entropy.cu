@@ -28,6 +28,7 @@
 // bound on the libdevice exp; its ~2 ulp are far inside float32's tolerance for a loss.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <torch/library.h>
 
 #include <cub/block/block_reduce.cuh>
@@ -114,27 +115,130 @@ __device__ __forceinline__ void fold(Stats& st, const float (&f)[N]) {
   st = {m, s, sx};
 }
 
+template <bool LAST_USE, typename T>
+__device__ __forceinline__ Vec<T, kVecElems<T>> load_row_vec(const T* p) {
+  if constexpr (LAST_USE) {
+    return load_vec_stream<T>(p);
+  } else {
+    return load_vec<T>(p);
+  }
+}
+
+// dx for one row: f(x, j) -> float, READ = false passes x = 0 without loading (ignored rows).
+// `in` and `out` rows share their alignment mod 16 (vec_ok, checked by the caller) for the
+// vector path. Vector stores are streaming (evict-first): the gradient is read much later,
+// by the LM head's backward GEMM. LAST_USE: the loads are the row's last use (evict-first).
+template <typename T, int BLOCK, bool READ, bool LAST_USE = false, typename F>
+__device__ __forceinline__ void write_row(const T* in, T* out, int V, bool vec_ok, F f) {
+  constexpr int VEC = kVecElems<T>;
+  const int tid = threadIdx.x;
+  if (!vec_ok) {
+    for (int j = tid; j < V; j += BLOCK) {
+      out[j] = static_cast<T>(f(READ ? static_cast<float>(in[j]) : 0.f, j));
+    }
+    return;
+  }
+  const int head = head_elems(out, V);
+  const int nvec = (V - head) / VEC;
+  const T* vin = in + head;
+  T* vout = out + head;
+  int i = tid;
+  for (; i + (kUnroll - 1) * BLOCK < nvec; i += kUnroll * BLOCK) {
+    Vec<T, VEC> v[kUnroll];
+    if constexpr (READ) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = load_row_vec<LAST_USE>(vin + (i + u * BLOCK) * VEC);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      Vec<T, VEC> o;
+      const int j0 = head + (i + u * BLOCK) * VEC;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        o.v[k] = static_cast<T>(f(READ ? static_cast<float>(v[u].v[k]) : 0.f, j0 + k));
+      }
+      store_vec_stream<T, VEC>(vout + (i + u * BLOCK) * VEC, o);
+    }
+  }
+  for (; i < nvec; i += BLOCK) {
+    Vec<T, VEC> v;
+    if constexpr (READ) v = load_row_vec<LAST_USE>(vin + i * VEC);
+    Vec<T, VEC> o;
+    const int j0 = head + i * VEC;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      o.v[k] = static_cast<T>(f(READ ? static_cast<float>(v.v[k]) : 0.f, j0 + k));
+    }
+    store_vec_stream<T, VEC>(vout + i * VEC, o);
+  }
+  const int tail0 = head + nvec * VEC;
+  const int extra = head + (V - tail0);
+  if (tid < extra) {
+    const int j = tid < head ? tid : tail0 + (tid - head);
+    out[j] = static_cast<T>(f(READ ? static_cast<float>(in[j]) : 0.f, j));
+  }
+}
+
+
+// The gradient of one row, given its loss gradient g, lse L and target t (in [0, V)):
+// dx_j = g ((1 + 2 z L) exp(x_j - L) - eps / V - (1 - eps) [j = t]).
+template <typename T, int BLOCK, bool LAST_USE = false>
+__device__ __forceinline__ void grad_row(const T* in, T* out, int V, bool vec_ok, float g, float L,
+                                         int64_t t, float eps, float z) {
+  const float a = g * (1.f + 2.f * z * L);
+  const float b0 = g * eps / static_cast<float>(V);
+  const float c = g * (1.f - eps);
+  const float L2 = L * kLog2e;
+  const int tt = static_cast<int>(t);
+  write_row<T, BLOCK, true, LAST_USE>(in, out, V, vec_ok, [=](float v, int j) {
+    const float d = a * exp2_approx(fmaf(v, kLog2e, -L2)) - b0;
+    return j == tt ? d - c : d;
+  });
+}
+
+// The row of an ignored (0) or invalid (NaN) target.
 template <typename T, int BLOCK>
+__device__ __forceinline__ void fill_row(const T* in, T* out, int V, bool vec_ok, bool ignored) {
+  const float v = ignored ? 0.f : std::numeric_limits<float>::quiet_NaN();
+  write_row<T, BLOCK, false>(in, out, V, vec_ok, [v](float, int) { return v; });
+}
+
+__device__ __forceinline__ bool same_alignment(const void* a, const void* b) {
+  return ((reinterpret_cast<uintptr_t>(a) ^ reinterpret_cast<uintptr_t>(b)) & 15) == 0;
+}
+
+// GRAD: also the gradient of the loss, for a loss gradient of *grad_scale on every row, into
+// dx (laid out as ld): a second pass over the row after its reduction, which finds the
+// row in L2 when the rows in flight fit there (see grad_block_for).
+template <typename T, int BLOCK, bool GRAD>
 __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
 xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ target,
                 float* __restrict__ loss, float* __restrict__ lse, int64_t ignore_index,
-                float eps, float z) {
+                float eps, float z, T* __restrict__ dx, Rows ld,
+                const float* __restrict__ grad_scale) {
   constexpr int VEC = kVecElems<T>;
   using Reduce = cub::BlockReduce<Stats, BLOCK>;
   __shared__ typename Reduce::TempStorage storage;
+  __shared__ float lse_shared;
   const int tid = threadIdx.x;
   const int V = l.len;
+  float g = 0.f;
+  if constexpr (GRAD) g = *grad_scale;
   for (int64_t r = blockIdx.x; r < l.rows; r += gridDim.x) {
     const int64_t t = target[r];
+    const T* row = x + row_offset(l, r);
+    T* drow = nullptr;
+    if constexpr (GRAD) drow = dx + row_offset(ld, r);
     if (t == ignore_index || t < 0 || t >= V) {  // not read: 0 if ignored, NaN if invalid
       if (tid == 0) {
         const float v = t == ignore_index ? 0.f : std::numeric_limits<float>::quiet_NaN();
         loss[r] = v;
         lse[r] = v;
       }
+      if constexpr (GRAD) fill_row<T, BLOCK>(row, drow, V, same_alignment(row, drow),
+                                             t == ignore_index);
       continue;
     }
-    const T* row = x + row_offset(l, r);
     // x[target] is loaded first, so its latency hides behind the row's.
     const float xt = tid == 0 ? static_cast<float>(row[t]) : 0.f;
     const int head = head_elems(row, V);
@@ -177,61 +281,14 @@ xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ tar
       if (z != 0.f) out += z * L * L;
       loss[r] = out;
       lse[r] = L;
+      if constexpr (GRAD) lse_shared = L;
     }
-    __syncthreads();  // storage is reused by the next row
-  }
-}
-
-// dx for one row: f(x, j) -> float, READ = false passes x = 0 without loading (ignored rows).
-// `in` and `out` rows share their alignment mod 16 (checked by the caller) for the vector path.
-template <typename T, int BLOCK, bool READ, typename F>
-__device__ __forceinline__ void write_row(const T* in, T* out, int V, bool vec_ok, F f) {
-  constexpr int VEC = kVecElems<T>;
-  const int tid = threadIdx.x;
-  if (!vec_ok) {
-    for (int j = tid; j < V; j += BLOCK) {
-      out[j] = static_cast<T>(f(READ ? static_cast<float>(in[j]) : 0.f, j));
+    __syncthreads();  // storage is reused by the next row; lse_shared is written
+    if constexpr (GRAD) {
+      grad_row<T, BLOCK, true>(row, drow, V, same_alignment(row, drow), g, lse_shared, t, eps,
+                               z);
+      __syncthreads();  // lse_shared is read before the next row writes it
     }
-    return;
-  }
-  const int head = head_elems(out, V);
-  const int nvec = (V - head) / VEC;
-  const T* vin = in + head;
-  T* vout = out + head;
-  int i = tid;
-  for (; i + (kUnroll - 1) * BLOCK < nvec; i += kUnroll * BLOCK) {
-    Vec<T, VEC> v[kUnroll];
-    if constexpr (READ) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(vin + (i + u * BLOCK) * VEC);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      Vec<T, VEC> o;
-      const int j0 = head + (i + u * BLOCK) * VEC;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        o.v[k] = static_cast<T>(f(READ ? static_cast<float>(v[u].v[k]) : 0.f, j0 + k));
-      }
-      store_vec<T, VEC>(vout + (i + u * BLOCK) * VEC, o);
-    }
-  }
-  for (; i < nvec; i += BLOCK) {
-    Vec<T, VEC> v;
-    if constexpr (READ) v = load_vec<T, VEC>(vin + i * VEC);
-    Vec<T, VEC> o;
-    const int j0 = head + i * VEC;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      o.v[k] = static_cast<T>(f(READ ? static_cast<float>(v.v[k]) : 0.f, j0 + k));
-    }
-    store_vec<T, VEC>(vout + i * VEC, o);
-  }
-  const int tail0 = head + nvec * VEC;
-  const int extra = head + (V - tail0);
-  if (tid < extra) {
-    const int j = tid < head ? tid : tail0 + (tid - head);
-    out[j] = static_cast<T>(f(READ ? static_cast<float>(in[j]) : 0.f, j));
   }
 }
 
@@ -248,24 +305,12 @@ xent_bwd_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x,
     const int64_t t = target[r];
     const T* in = x + row_offset(lx, r);
     T* out = dx + row_offset(ld, r);
-    const bool vec_ok = ((reinterpret_cast<uintptr_t>(in) ^ reinterpret_cast<uintptr_t>(out)) &
-                         15) == 0;
+    const bool vec_ok = same_alignment(in, out);
     if (t == ignore_index || t < 0 || t >= V) {
-      const float v = t == ignore_index ? 0.f : std::numeric_limits<float>::quiet_NaN();
-      write_row<T, BLOCK, false>(in, out, V, vec_ok, [v](float, int) { return v; });
+      fill_row<T, BLOCK>(in, out, V, vec_ok, t == ignore_index);
       continue;
     }
-    const float g = grad[r * grad_stride];
-    const float L = lse[r];
-    const float a = g * (1.f + 2.f * z * L);
-    const float b0 = g * eps / static_cast<float>(V);
-    const float c = g * (1.f - eps);
-    const float L2 = L * kLog2e;
-    const int tt = static_cast<int>(t);
-    write_row<T, BLOCK, true>(in, out, V, vec_ok, [=](float v, int j) {
-      const float d = a * exp2_approx(fmaf(v, kLog2e, -L2)) - b0;
-      return j == tt ? d - c : d;
-    });
+    grad_row<T, BLOCK>(in, out, V, vec_ok, grad[r * grad_stride], lse[r], t, eps, z);
   }
 }
 
@@ -276,6 +321,26 @@ int block_for(int64_t row_bytes) {
   if (wide && row_bytes > 4 * 1024) return 512;
   if (row_bytes > 4 * 1024) return 256;
   return 64;
+}
+
+// The fused-gradient forward reads each row twice; the second read hits L2 only while the
+// rows in flight (blocks an SM x SMs x row bytes) fit there: 512-thread blocks, 2 an SM
+// (26 MB of 50257-wide bf16 rows on 132 SMs). FUSED_XENT_GRAD_BLOCK=256 / 1024 (4 / 1 an
+// SM) for comparisons.
+int grad_block_for(int64_t row_bytes) {
+  static const int knob = env_int("FUSED_XENT_GRAD_BLOCK", 512);
+  if (row_bytes <= 4 * 1024) return 64;
+  return knob == 256 || knob == 1024 ? knob : 512;
+}
+
+template <typename F>
+void with_grad_block(int block, F&& f) {
+  switch (block) {
+    case 1024: return f(std::integral_constant<int, 1024>{});
+    case 512: return f(std::integral_constant<int, 512>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    default: return f(std::integral_constant<int, 64>{});
+  }
 }
 
 template <typename F>
@@ -318,10 +383,10 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits,
   FUSED_DISPATCH_CUDA(in.x.scalar_type(), "fused::cross_entropy", [&] {
     with_block(block, [&](auto kb) {
       constexpr int B = decltype(kb)::value;
-      xent_fwd_kernel<scalar_t, B><<<row_grid(l.rows), B, 0, current_stream()>>>(
+      xent_fwd_kernel<scalar_t, B, false><<<row_grid(l.rows), B, 0, current_stream()>>>(
           in.x.const_data_ptr<scalar_t>(), l, t.const_data_ptr<int64_t>(),
           loss.mutable_data_ptr<float>(), lse.mutable_data_ptr<float>(), ignore_index,
-          static_cast<float>(label_smoothing), static_cast<float>(z_loss));
+          static_cast<float>(label_smoothing), static_cast<float>(z_loss), nullptr, l, nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
@@ -391,9 +456,92 @@ void cross_entropy_backward_inplace_cuda(const at::Tensor& grad_loss, const at::
   if (!in.x.is_same(logits)) logits.copy_(in.x.view(logits.sizes()));
 }
 
+// grad *= *scale in place, unless *scale == 1 (read on the device: no host sync, and the
+// usual loss.backward() costs a launch, not a pass over the gradient).
+template <typename T>
+__global__ void xent_scale_kernel(T* __restrict__ p, int64_t n, const float* __restrict__ scale) {
+  constexpr int VEC = kVecElems<T>;
+  const float g = *scale;
+  if (g == 1.f) return;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nvec = n / VEC;
+  for (int64_t i = first; i < nvec; i += step) {
+    Vec<T, VEC> v = load_vec_stream<T>(p + i * VEC);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v.v[k] = static_cast<T>(static_cast<float>(v.v[k]) * g);
+    store_vec_stream<T>(p + i * VEC, v);
+  }
+  for (int64_t j = nvec * VEC + first; j < n; j += step) {
+    p[j] = static_cast<T>(static_cast<float>(p[j]) * g);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> cross_entropy_with_grad_cuda(const at::Tensor& logits,
+                                                                const at::Tensor& target,
+                                                                int64_t ignore_index,
+                                                                double label_smoothing,
+                                                                double z_loss, bool mean) {
+  const char* op = "fused::cross_entropy_with_grad";
+  xent_check(logits, target, label_smoothing, op);
+  check_len(logits.size(-1), op);
+  c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor rows = xent_row_output(logits, target);
+  at::Tensor lse = xent_row_output(logits, target);
+  at::Tensor dx = at::empty(logits.sizes(), logits.options());
+  const at::Tensor t = long_target(target);
+  // 'mean': every row's loss gradient is 1 / (rows not ignored), on the device.
+  const at::Tensor count = t.ne(ignore_index).sum().to(at::kFloat);
+  const at::Tensor scale = mean ? count.reciprocal() : at::ones({}, rows.options());
+  if (rows.numel() > 0) {
+    const XentInput in = xent_input(logits);
+    XentRows lout;
+    TORCH_INTERNAL_ASSERT(xent_layout(dx.dim() <= 3 ? dx : dx.view({-1, dx.size(-1)}), lout));
+    const Rows l = to_rows(in.layout);
+    const Rows ld = to_rows(lout);
+    const int block = grad_block_for(in.layout.len * in.x.element_size());
+    FUSED_DISPATCH_CUDA(in.x.scalar_type(), "fused::cross_entropy_with_grad", [&] {
+      with_grad_block(block, [&](auto kb) {
+        constexpr int B = decltype(kb)::value;
+        xent_fwd_kernel<scalar_t, B, true><<<row_grid(l.rows), B, 0, current_stream()>>>(
+            in.x.const_data_ptr<scalar_t>(), l, t.const_data_ptr<int64_t>(),
+            rows.mutable_data_ptr<float>(), lse.mutable_data_ptr<float>(), ignore_index,
+            static_cast<float>(label_smoothing), static_cast<float>(z_loss),
+            dx.mutable_data_ptr<scalar_t>(), ld, scale.const_data_ptr<float>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+    });
+  }
+  at::Tensor total = rows.sum();
+  return {mean ? total.div(count) : total, dx};
+}
+
+void cross_entropy_scale_inplace_cuda(const at::Tensor& grad, const at::Tensor& scale) {
+  const char* op = "fused::cross_entropy_scale_";
+  check_float(grad, op, "grad");
+  check_same_device(grad, scale, op, "grad", "scale");
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat, op, ": expected scale "
+              "to be one float32 value, but got ", scale.scalar_type(), " of shape ",
+              scale.sizes());
+  if (grad.numel() == 0) return;
+  c10::cuda::CUDAGuard guard(grad.device());
+  if (!grad.is_contiguous() || !is_aligned(grad.data_ptr())) {
+    grad.mul_(scale.reshape({}));  // not the op's own gradient layout: the plain multiply
+    return;
+  }
+  FUSED_DISPATCH_CUDA(grad.scalar_type(), "fused::cross_entropy_scale_", [&] {
+    const unsigned blocks = elementwise_grid(grad.numel() / kVecElems<scalar_t> + 1, 256);
+    xent_scale_kernel<scalar_t><<<blocks, 256, 0, current_stream()>>>(
+        grad.mutable_data_ptr<scalar_t>(), grad.numel(), scale.const_data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  m.impl("cross_entropy_with_grad", &cross_entropy_with_grad_cuda);
+  m.impl("cross_entropy_scale_", &cross_entropy_scale_inplace_cuda);
   m.impl("cross_entropy", &cross_entropy_cuda);
   m.impl("cross_entropy_backward", &cross_entropy_backward_cuda);
   m.impl("cross_entropy_backward_", &cross_entropy_backward_inplace_cuda);

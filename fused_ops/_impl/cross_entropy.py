@@ -84,6 +84,50 @@ def _backward(ctx, grad_loss, grad_lse):
 torch.library.register_autograd("fused::cross_entropy", _backward, setup_context=_setup_context)
 
 
+# --- cross_entropy_with_grad: the gradient written by the forward ---------------------------
+#
+# For a 'mean' or 'sum' loss every row's loss gradient is the same scalar, so the forward
+# kernel can write d loss / d logits (for a loss gradient of 1) while it has the row: the
+# logits are read once (twice from the kernel, the second time from L2) and the gradient
+# written once, against a read in the forward and a read + write in the backward. The
+# backward scales that gradient in place by the loss's gradient; a gradient of exactly 1
+# (loss.backward()) is detected on the device and moves no data.
+#
+# The saved gradient is scaled in place, so a second backward through the same graph
+# (retain_graph=True) raises autograd's "modified by an inplace operation" error rather
+# than scaling twice; fused_ops.cross_entropy(..., precompute_grad=False) takes the
+# two-kernel path that allows it.
+
+@torch.library.register_fake("fused::cross_entropy_with_grad")
+def _cross_entropy_with_grad_fake(logits, target, ignore_index=-100, label_smoothing=0.0,
+                                  z_loss=0.0, mean=True):
+    _check(logits, target, label_smoothing, "fused::cross_entropy_with_grad")
+    return logits.new_empty((), dtype=_row_dtype(logits)), logits.new_empty(logits.shape)
+
+
+@torch.library.register_fake("fused::cross_entropy_scale_")
+def _cross_entropy_scale_fake(grad, scale):
+    return None
+
+
+def _with_grad_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _with_grad_backward(ctx, grad_loss, grad_grad):
+    if grad_loss is None:
+        return (None,) * 6
+    (dlogits,) = ctx.saved_tensors
+    ops.cross_entropy_scale_(dlogits, grad_loss.to(torch.float32 if dlogits.dtype != torch.float64
+                                                   else torch.float64))
+    torch.autograd.graph.increment_version(dlogits)  # as in _backward: report a reuse
+    return (dlogits,) + (None,) * 5
+
+
+torch.library.register_autograd("fused::cross_entropy_with_grad", _with_grad_backward,
+                                setup_context=_with_grad_setup_context)
+
 # --- linear_cross_entropy -------------------------------------------------------------------
 #
 # The LM head and the loss in chunks of tokens, so the [tokens, V] logits never exist in
