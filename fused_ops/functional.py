@@ -132,7 +132,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,
                   ignore_index: int = -100, reduce=None, reduction: str = "mean",
                   label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                  inplace_backward: bool = False, precompute_grad: bool = True) -> torch.Tensor:
+                  inplace_backward: bool = False, precompute_grad: bool = False) -> torch.Tensor:
     """Cross-entropy over the LAST dim of `input` (logits [V], [N, V] or [B, T, V]; target of
     the leading shape or flat), as torch.nn.functional.cross_entropy with class indices:
     same ignore_index, reduction ('mean' over the non-ignored rows, 'sum', 'none') and
@@ -146,11 +146,14 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
     nothing may read the logits after backward; autograd reports a saved-tensor conflict
     if something tries to), which saves a [rows, V] buffer.
 
-    precompute_grad (reduction 'mean' or 'sum', a gradient wanted, not inplace_backward):
-    the forward kernel also writes the gradient while it holds each row, and the backward
-    only scales it by the loss's gradient (nothing at all for a gradient of 1): the logits
-    are read once instead of twice. The saved gradient is scaled in place, so a second
-    backward through the same graph (retain_graph) raises; pass precompute_grad=False there.
+    precompute_grad=True (reduction 'mean' or 'sum', a gradient wanted, not
+    inplace_backward): the forward kernel also writes the gradient while it holds each row,
+    and the backward only scales it by the loss's gradient. For a loss gradient of exactly
+    1 (a plain loss.backward()) the scaling moves nothing and the logits are read once
+    instead of twice; any other loss gradient (a loss divided by a token count or by
+    gradient-accumulation steps, a GradScaler's scale) costs a pass more than the default.
+    The saved gradient is scaled in place, so a second backward through the same graph
+    (retain_graph) raises.
 
     Targets outside [0, V) other than ignore_index: an error on CPU; on CUDA (no host sync)
     that row's loss and gradient are NaN, never a read out of bounds. Per-class weights

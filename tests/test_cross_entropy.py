@@ -190,7 +190,6 @@ def test_gradcheck_float64(kw):
     t[2] = IGNORE
     # gradcheck runs several backwards through one graph: the two-kernel path (the
     # precomputed gradient is scaled in place, once; test_precomputed_grad checks it).
-    kw = dict(kw, precompute_grad=False)
     assert torch.autograd.gradcheck(lambda a: fused_ops.cross_entropy(a, t, **kw), (x,))
     x3 = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
     t3 = torch.randint(0, 5, (2, 3))
@@ -208,8 +207,8 @@ def test_precomputed_grad(device, reduction):
     kw = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
     for scale in (1.0, 0.37):
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-        a = fused_ops.cross_entropy(xa, t, **kw)
-        b = fused_ops.cross_entropy(xb, t, precompute_grad=False, **kw)
+        a = fused_ops.cross_entropy(xa, t, precompute_grad=True, **kw)
+        b = fused_ops.cross_entropy(xb, t, **kw)
         assert a.grad_fn.name() != b.grad_fn.name()  # two different ops
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
         (a * scale).backward()
@@ -220,18 +219,19 @@ def test_precomputed_grad(device, reduction):
     assert_close(xa.grad, xr.grad * 0.37, dtype=torch.float32)
     # All rows ignored: 'mean' is NaN as in torch, the gradient 0.
     xa = x.clone().requires_grad_()
-    loss = fused_ops.cross_entropy(xa, torch.full_like(t, IGNORE), reduction=reduction)
+    loss = fused_ops.cross_entropy(xa, torch.full_like(t, IGNORE), reduction=reduction,
+                                   precompute_grad=True)
     assert torch.isnan(loss) if reduction == "mean" else loss.item() == 0
     loss.backward()
     assert torch.all(xa.grad == 0)
     # A second backward through the graph is refused, not scaled twice.
     xa = x.clone().requires_grad_()
-    loss = fused_ops.cross_entropy(xa, t, **kw)
+    loss = fused_ops.cross_entropy(xa, t, precompute_grad=True, **kw)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
     xb = x.clone().requires_grad_()
-    loss = fused_ops.cross_entropy(xb, t, precompute_grad=False, **kw)
+    loss = fused_ops.cross_entropy(xb, t, **kw)
     loss.backward(retain_graph=True)
     loss.backward()
     torch.testing.assert_close(xb.grad, 2 * xa.grad, rtol=1e-6, atol=1e-8)
@@ -264,8 +264,10 @@ def test_opcheck(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("inplace,dynamic", [(False, False), (True, False), (False, True)])
-def test_compile_fullgraph(device, inplace, dynamic):
+@pytest.mark.parametrize("inplace,precompute,dynamic", [
+    (False, False, False), (True, False, False), (False, True, False), (False, True, True),
+    (False, False, True)])
+def test_compile_fullgraph(device, inplace, precompute, dynamic):
     torch._dynamo.reset()
     h = torch.randn(12, 8, device=device, requires_grad=True)
     w = torch.randn(21, 8, device=device, requires_grad=True)
@@ -273,7 +275,7 @@ def test_compile_fullgraph(device, inplace, dynamic):
 
     def f(h, w, t):
         return fused_ops.cross_entropy(h @ w.t(), t, label_smoothing=0.1, z_loss=1e-3,
-                                       inplace_backward=inplace)
+                                       inplace_backward=inplace, precompute_grad=precompute)
 
     out = torch.compile(f, fullgraph=True, dynamic=dynamic)(h, w, t)
     (out * 1.5).backward()  # a loss gradient other than 1: the precomputed one is scaled
@@ -435,6 +437,26 @@ def test_cuda_autograd_inplace_and_kernels():
     assert_close(xa.grad, xr.grad, dtype=torch.bfloat16)
     names = cuda_kernel_names(lambda: ops.cross_entropy(x0, t))
     assert sum("xent_fwd_kernel" in n for n in names) == 1, names
+
+
+@CUDA
+@pytest.mark.parametrize("V", [7, 1000, 32001, 50257, 151936])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_precomputed_grad(V, dtype):
+    n = _rows_for(V)
+    for name, x in input_views((n, V), dtype, "cuda", scale=3.0):
+        t = make_target(n, V, "cuda")
+        for mean, g in [(True, 1.0), (False, 0.3)]:
+            msg = f"V={V} {dtype} {name} mean={mean} g={g}"
+            poison_next_alloc(x.numel() * x.element_size(), "cuda")
+            loss, dx = ops.cross_entropy_with_grad(x, t, IGNORE, 0.1, 1e-3, mean)
+            ops.cross_entropy_scale_(dx, torch.tensor(g, device="cuda"))
+            xr = x.double().requires_grad_()
+            want = reference(xr, t, "mean" if mean else "sum", label_smoothing=0.1, z_loss=1e-3)
+            (want * g).backward()
+            assert_close(loss, want, dtype=torch.float32, rtol=2e-5, atol=2e-5, msg=msg)
+            assert dx.dtype == dtype and dx.shape == x.shape
+            assert_close(dx, xr.grad, dtype=dtype, msg=msg)
 
 
 @CUDA

@@ -1,17 +1,19 @@
 """cross_entropy over a language model's vocabulary: [tokens, V] logits, class-index targets,
 reduction 'mean', forward and forward + backward.
 
-Minimum bytes (n = tokens * V, s = the logits' element size; the per-row loss, lse and
-targets are O(tokens) and left out):
-  fwd:      read the logits once                                 n s
-  fwd+bwd:  fwd + the backward reading the logits again and
-            writing the gradient                                 n s + 2 n s = 3 n s
-(A backward that kept the softmax from the forward would move as much: it writes n s
-more in the forward and reads it back instead of the logits.)
+Bytes (n = tokens * V, s = the logits' element size; the per-row loss, lse and targets
+are O(tokens) and left out), the bound of the two-kernel design:
+  fwd:      read the logits                                      n s
+  fwd+bwd:  + the backward reading the logits again and
+            writing their gradient                               n s + 2 n s = 3 n s
+"fused_precompute" (precompute_grad=True) writes the gradient in the forward (a read from
+HBM, a re-read from L2, a write: 2 n s) and scales it in the backward: nothing for a loss
+gradient of exactly 1, another 2 n s otherwise, and the harness's loss gradient is random,
+so this table shows its 4 n s case (see docs/design/cross_entropy.md).
 
 native is what Hugging Face models do, F.cross_entropy(logits.float(), target), and the
 compile column is torch.compile of the same composition. "fused_inplace" writes the
-gradient over the logits (inplace_backward=True); "liger" is Liger-Kernel's
+gradient over the logits in the backward (inplace_backward=True); "liger" is Liger-Kernel's
 LigerCrossEntropyLoss (which always does) where it is installed.
 """
 import torch
@@ -47,6 +49,8 @@ def _impls():
         "fused": lambda logits, target: fused_ops.cross_entropy(logits, target),
         "native": _native,
         "unfused": _native,
+        "fused_precompute": lambda logits, target: fused_ops.cross_entropy(
+            logits, target, precompute_grad=True),
         "fused_inplace": lambda logits, target: fused_ops.cross_entropy(
             logits, target, inplace_backward=True),
     }

@@ -93,10 +93,11 @@ torch.library.register_autograd("fused::cross_entropy", _backward, setup_context
 # backward scales that gradient in place by the loss's gradient; a gradient of exactly 1
 # (loss.backward()) is detected on the device and moves no data.
 #
-# The saved gradient is scaled in place, so a second backward through the same graph
+# Any other loss gradient costs a full pass (read + write) in the backward, so this is the
+# opt-in fused_ops.cross_entropy(..., precompute_grad=True), not the default. The saved
+# gradient is scaled in place, so a second backward through the same graph
 # (retain_graph=True) raises autograd's "modified by an inplace operation" error rather
-# than scaling twice; fused_ops.cross_entropy(..., precompute_grad=False) takes the
-# two-kernel path that allows it.
+# than scaling twice.
 
 @torch.library.register_fake("fused::cross_entropy_with_grad")
 def _cross_entropy_with_grad_fake(logits, target, ignore_index=-100, label_smoothing=0.0,
