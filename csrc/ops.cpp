@@ -52,6 +52,18 @@ TORCH_LIBRARY(fused, m) {
   m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
   // linear_act_backward: (grad_preact = grad_out * act'(preact), its column sums (the bias grad, or [0])).
   m.def("linear_act_backward(Tensor grad_out, Tensor preact, str activation, bool bias_grad) -> (Tensor, Tensor)");
+  // cross_entropy: per-row (loss, lse) over the last dim of logits, float32 (float64 for float64 logits), of target's shape; loss = (1 - ls) (lse - x_t) + ls (lse - mean x) + z_loss lse^2, 0 (and lse 0) where target == ignore_index. inplace_backward: the backward writes the gradient into the logits' storage.
+  m.def("cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool inplace_backward=False) -> (Tensor loss, Tensor lse)");
+  // cross_entropy_backward: dlogits = grad_loss ((1 + 2 z_loss lse) softmax - ls / V - (1 - ls) onehot(target)), 0 on ignored rows, in logits' dtype.
+  m.def("cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> Tensor");
+  // cross_entropy_backward_: the same gradient written over logits (which it consumes).
+  m.def("cross_entropy_backward_(Tensor grad_loss, Tensor(a!) logits, Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> ()");
+  // cross_entropy_with_grad: (loss, dlogits) in one kernel for a reduced loss: loss = the sum of the rows' losses (mean=True: over the non-ignored rows), dlogits = d loss / d logits (for a loss gradient of 1), in logits' dtype.
+  m.def("cross_entropy_with_grad(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True) -> (Tensor loss, Tensor grad)");
+  // cross_entropy_scale_: grad *= scale (one value) in place; scale == 1 (checked on the device) moves no data.
+  m.def("cross_entropy_scale_(Tensor(a!) grad, Tensor scale) -> ()");
+  // linear_cross_entropy: cross_entropy(hidden @ weight.T + bias, target) reduced (mean over non-ignored rows, or sum), in chunks of chunk_size tokens (0: a default) so the full logits never exist; with grad_mask = [hidden, weight, bias] it also returns those gradients (for a loss gradient of 1; empty where not wanted).
+  m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True, int chunk_size=0, bool[3] grad_mask=[False, False, False]) -> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
 }
 
 // A Python module with no functions: importing fused_ops._C runs the static registrations

@@ -18,6 +18,8 @@ __all__ = [
     "bias_dropout_add",
     "matmul",
     "linear",
+    "cross_entropy",
+    "linear_cross_entropy",
 ]
 
 _ops = torch.ops.fused
@@ -187,3 +189,81 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
         return _linear(input, weight, bias, activation)
     except RuntimeError as e:
         raise _type_error(e, "linear") from None
+
+
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                  inplace_backward: bool = False, precompute_grad: bool = False) -> torch.Tensor:
+    """Cross-entropy over the LAST dim of `input` (logits [V], [N, V] or [B, T, V]; target of
+    the leading shape or flat), as torch.nn.functional.cross_entropy with class indices:
+    same ignore_index, reduction ('mean' over the non-ignored rows, 'sum', 'none') and
+    label_smoothing. The logits are read once in their dtype, the math is float32, and the
+    gradient is written in one pass. Unlike F.cross_entropy, a 3-d input keeps its classes
+    last (as language models do), and the loss is float32 (float64 for float64 logits)
+    whatever the logits' dtype.
+
+    z_loss adds z_loss * logsumexp(logits)^2 per non-ignored row (PaLM's auxiliary loss).
+    inplace_backward=True writes the gradient over the logits (their storage is consumed:
+    nothing may read the logits after backward; autograd reports a saved-tensor conflict
+    if something tries to), which saves a [rows, V] buffer.
+
+    precompute_grad=True (reduction 'mean' or 'sum', a gradient wanted, not
+    inplace_backward): the forward kernel also writes the gradient while it holds each row,
+    and the backward only scales it by the loss's gradient. For a loss gradient of exactly
+    1 (a plain loss.backward()) the scaling moves nothing and the logits are read once
+    instead of twice; any other loss gradient (a loss divided by a token count or by
+    gradient-accumulation steps, a GradScaler's scale) costs a pass more than the default.
+    The saved gradient is scaled in place, so a second backward through the same graph
+    (retain_graph) raises.
+
+    Targets outside [0, V) other than ignore_index: an error on CPU; on CUDA (no host sync)
+    that row's loss and gradient are NaN, never a read out of bounds. Per-class weights
+    are not supported.
+    """
+    if weight is not None:
+        raise ValueError("fused_ops.cross_entropy: per-class weight is not supported; use "
+                         "torch.nn.functional.cross_entropy for weighted losses")
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if (precompute_grad and not inplace_backward and reduction != "none"
+            and torch.is_grad_enabled() and input.requires_grad):
+        return _ops.cross_entropy_with_grad(input, target, ignore_index, label_smoothing, z_loss,
+                                           reduction == "mean")[0]
+    loss, _ = _ops.cross_entropy(input, target, ignore_index, label_smoothing, z_loss,
+                                inplace_backward)
+    if reduction == "none":
+        return loss if input.dim() > 1 or target.dim() == 0 else loss.reshape(())
+    if reduction == "sum":
+        return loss.sum()
+    # torch's 'mean': the sum over the rows whose target is not ignore_index, divided by
+    # their count (NaN when every row is ignored).
+    return loss.sum() / (target != ignore_index).sum()
+
+
+def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias=None, ignore_index: int = -100, reduction: str = "mean",
+                         label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                         chunk_size: int = 0) -> torch.Tensor:
+    """cross_entropy(linear(input, weight, bias), target, ...) without the full logits: the LM
+    head and the loss in chunks of chunk_size tokens (0: 1024), the gradients of input,
+    weight and bias computed chunk by chunk in the forward (so the backward reads no
+    logits). Peak memory: the weight's gradient plus one chunk's logits, instead of the
+    [tokens, V] logits and their float32 copies.
+
+    reduction 'mean' (over the non-ignored rows) or 'sum'; 'none' (a per-row gradient that
+    the forward cannot know) computes the full logits, as the unfused composition does.
+    The loss is float32 (float64 for float64 inputs).
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if reduction == "none":
+        return cross_entropy(_ops.linear(input, weight, bias), target, ignore_index=ignore_index,
+                             reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+    grad = torch.is_grad_enabled()
+    mask = [grad and input.requires_grad, grad and weight.requires_grad,
+            grad and bias is not None and bias.requires_grad]
+    return _ops.linear_cross_entropy(input, weight, target, bias, ignore_index, label_smoothing,
+                                    z_loss, reduction == "mean", chunk_size, mask)[0]

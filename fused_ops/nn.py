@@ -14,6 +14,7 @@ __all__ = [
     "LogSoftmax",
     "Dropout",
     "Linear",
+    "CrossEntropyLoss",
 ]
 
 
@@ -109,3 +110,20 @@ class Linear(torch.nn.Linear):
     def extra_repr(self) -> str:
         extra = super().extra_repr()
         return extra if self.activation is None else f"{extra}, activation={self.activation!r}"
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """torch.nn.CrossEntropyLoss (class-index targets, classes in the LAST dim of the
+    input) on the fused kernel; z_loss and inplace_backward as fused_ops.cross_entropy."""
+
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                 reduction="mean", label_smoothing=0.0, *, z_loss=0.0, inplace_backward=False):
+        if weight is not None:
+            raise ValueError("fused_ops.nn.CrossEntropyLoss: per-class weight is not supported")
+        super().__init__(None, size_average, ignore_index, reduce, reduction, label_smoothing)
+        self.z_loss = z_loss
+        self.inplace_backward = inplace_backward
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(input, target, ignore_index=self.ignore_index,
+                               reduction=self.reduction, label_smoothing=self.label_smoothing,
+                               z_loss=self.z_loss, inplace_backward=self.inplace_backward)
+__all__ += ["CrossEntropyLoss"]

@@ -11,4 +11,5 @@ from . import norm  # noqa: F401
 from . import softmax  # noqa: F401
 from . import dropout  # noqa: F401
 from . import matmul  # noqa: F401
+from . import cross_entropy  # noqa: F401
 from . import vmap  # noqa: F401
