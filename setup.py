@@ -12,6 +12,7 @@ run (FUSED_OPS_BUILD_CHECKS=0 skips them):
 """
 import glob
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import warnings
 
 from setuptools import find_packages, setup
 
@@ -40,51 +42,63 @@ def stop(message):
     sys.exit(1)
 
 
-def torch_outside_build_env():
-    """(version, folder) of the torch this interpreter sees outside any build isolation, or
-    None. pip's isolated builds hide the environment's site-packages through PYTHONPATH and
-    PYTHONNOUSERSITE, which -E ignores. The version is torch.__version__ as torch/version.py
-    states it (the package metadata may lack its local part, e.g. +cu130), read without
-    importing torch."""
-    code = ("import importlib.util as u, os, re\n"
-            "s = u.find_spec('torch')\n"
-            "d = s.submodule_search_locations[0] if s else None\n"
-            "v = d and re.search(r\"__version__ = '([^']+)'\", open(os.path.join(d, 'version.py')).read())\n"
-            "print(v.group(1) + '|' + d if v else '')")
+def outside_build_env():
+    """What this interpreter sees outside any build isolation: {"torch": version or None,
+    "torch_dir", "wheels": whether its setuptools can write a wheel}, or None if that cannot
+    be read. pip's isolated builds hide the environment's site-packages through PYTHONPATH
+    and PYTHONNOUSERSITE, which -E ignores. The torch version is torch.__version__ as
+    torch/version.py states it (the package metadata may lack its local part, e.g. +cu130),
+    read without importing torch."""
+    code = """if True:
+        import importlib.metadata as m, importlib.util as u, json, os, re
+        s = u.find_spec("torch")
+        d = s.submodule_search_locations[0] if s else None
+        v = d and re.search(r"__version__ = '([^']+)'", open(os.path.join(d, "version.py")).read())
+        st = [int(p) for p in re.findall(r"\\d+", m.version("setuptools"))[:2]]
+        print(json.dumps({"torch": v.group(1) if v else None, "torch_dir": d,
+                          "wheels": st >= [70, 1] or u.find_spec("wheel") is not None}))"""
     try:
         out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True,
-                             text=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+                             text=True, timeout=60).stdout
+        return json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    return tuple(out.split("|", 1)) if "|" in out else None
+
+
+def tools_first():
+    """The command that makes this environment able to write a wheel, with '&& ' after it."""
+    return f'pip install "setuptools>=70.1" torch=={SUPPORTED_TORCH}.0 && '
 
 
 def import_torch():
     """The torch to build against, or stop with what was found and the command to run."""
     try:
-        import torch
+        with warnings.catch_warnings():  # torch's import-time notes (no numpy) are not ours
+            warnings.simplefilter("ignore")
+            import torch
     except ImportError:
         torch = None
     if not CHECKS and torch is not None:
         return torch
     want = f"torch {SUPPORTED_TORCH}.*"
-    outside = torch_outside_build_env()
+    outside = outside_build_env() or {}
+    prefix = "" if outside.get("wheels", True) else tools_first()
     if torch is None:
-        if outside is None:
+        if not outside.get("torch"):
             stop(f"no torch in {sys.executable}; fused_ops builds against {want}. Install it "
-                 f"first: pip install torch=={SUPPORTED_TORCH}.0 && {INSTALL}")
-        stop(f"this build cannot see torch {outside[0]} ({outside[1]}): pip builds in an "
-             f"isolated environment unless told not to, and the extension must be compiled "
-             f"against the torch it will run with (fused_ops builds against {want}). "
-             f"Run: {INSTALL}")
+                 f"first: {tools_first()}{INSTALL}")
+        stop(f"this build cannot see torch {outside['torch']} ({outside['torch_dir']}): pip "
+             f"builds in an isolated environment unless told not to, and the extension must be "
+             f"compiled against the torch it will run with (fused_ops builds against {want}). "
+             f"Run: {prefix}{INSTALL}")
     found = f"torch {torch.__version__} ({os.path.dirname(torch.__file__)})"
     if not torch.__version__.startswith(SUPPORTED_TORCH + "."):
         stop(f"found {found}, but fused_ops builds against {want} only. Run: "
-             f"pip install torch=={SUPPORTED_TORCH}.0 && {INSTALL}")
-    if outside is not None and outside[0] != torch.__version__:
-        stop(f"the build environment has {found}, but this Python runs torch {outside[0]} "
-             f"({outside[1]}); the extension must be compiled against the torch it will run "
-             f"with. Run: {INSTALL}")
+             f"{tools_first()}{INSTALL}")
+    if outside.get("torch") and outside["torch"] != torch.__version__:
+        stop(f"the build environment has {found}, but this Python runs torch "
+             f"{outside['torch']} ({outside['torch_dir']}); the extension must be compiled "
+             f"against the torch it will run with. Run: {prefix}{INSTALL}")
     return torch
 
 
@@ -98,11 +112,9 @@ def check_wheel_support():
     try:
         import wheel  # noqa: F401
     except ImportError:
-        torch_pin = f"torch=={SUPPORTED_TORCH}.0"
         stop(f"setuptools {setuptools.__version__} cannot build a wheel without the `wheel` "
-             f"package (setuptools 70.1 can). Run: pip install \"setuptools>=70.1\" "
-             f"{torch_pin} && {INSTALL}   (torch in the same command keeps the setuptools "
-             f"version torch accepts)")
+             f"package (setuptools 70.1 can). Run: {tools_first()}{INSTALL}   (torch in the "
+             f"same command keeps setuptools within the versions torch accepts)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -309,14 +321,14 @@ def extension(torch, cpp_extension):
 
 
 def main():
+    # pip, `pip wheel` and `python -m build` run this file through setuptools.build_meta, and
+    # always end in a wheel; `setup.py build_ext --inplace` needs none.
+    if CHECKS and ("setuptools.build_meta" in sys.modules or "bdist_wheel" in sys.argv):
+        check_wheel_support()
     torch = import_torch()
-    from torch.utils import cpp_extension
     if CHECKS:
-        # pip, `pip wheel` and `python -m build` run this file through setuptools.build_meta,
-        # and always end in a wheel; `setup.py build_ext --inplace` needs none.
-        if "setuptools.build_meta" in sys.modules or "bdist_wheel" in sys.argv:
-            check_wheel_support()
         check_compiler()
+    from torch.utils import cpp_extension
     setup(
         name="fused_ops",
         version=VERSION,
