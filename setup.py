@@ -340,7 +340,7 @@ def main():
         # install pins it (the distribution's version: PyPI's CUDA wheel says 2.11.0 where
         # torch.__version__ says 2.11.0+cu130); fused_ops/__init__.py checks it at import.
         install_requires=[f"torch=={importlib.metadata.version('torch')}"],
-        python_requires=">=3.9",
+        python_requires=">=3.10",
     )
 
 
