@@ -344,4 +344,6 @@ def main():
     )
 
 
-main()
+# setuptools.build_meta runs this file as __main__ too; tests import it for its checks.
+if __name__ == "__main__":
+    main()

@@ -80,9 +80,15 @@ def kernels_for(capability, archs, env=os.environ):
     return lines
 
 
+# FUSED_* variables that are read by the build (setup.py) or the test runner, not the kernels.
+NOT_OVERRIDES = {"FUSED_OPS_CUDA", "FUSED_OPS_BUILD_CHECKS", "FUSED_OPS_MEMCHECK"}
+
+
 def overrides(env=os.environ):
-    """The FUSED_OPS_OVERRIDES knob and every FUSED_* variable set, as (name, value)."""
-    return sorted((k, v) for k, v in env.items() if k.startswith("FUSED_"))
+    """The FUSED_OPS_OVERRIDES knob and every other FUSED_* variable the kernels read that
+    is set, as sorted (name, value) pairs."""
+    return sorted((k, v) for k, v in env.items()
+                  if k.startswith("FUSED_") and k not in NOT_OVERRIDES)
 
 
 def report():
