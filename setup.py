@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import warnings
 
@@ -54,7 +53,10 @@ def outside_build_env():
         s = u.find_spec("torch")
         d = s.submodule_search_locations[0] if s else None
         v = d and re.search(r"__version__ = '([^']+)'", open(os.path.join(d, "version.py")).read())
-        st = [int(p) for p in re.findall(r"\\d+", m.version("setuptools"))[:2]]
+        try:
+            st = [int(p) for p in re.findall(r"\\d+", m.version("setuptools"))[:2]]
+        except m.PackageNotFoundError:
+            st = []
         print(json.dumps({"torch": v.group(1) if v else None, "torch_dir": d,
                           "wheels": st >= [70, 1] or u.find_spec("wheel") is not None}))"""
     try:
@@ -98,7 +100,8 @@ def import_torch():
     if outside.get("torch") and outside["torch"] != torch.__version__:
         stop(f"the build environment has {found}, but this Python runs torch "
              f"{outside['torch']} ({outside['torch_dir']}); the extension must be compiled "
-             f"against the torch it will run with. Run: {prefix}{INSTALL}")
+             f"against the torch it will run with. Run: {prefix}{INSTALL}   (a torch put first on "
+             f"PYTHONPATH on purpose: FUSED_OPS_BUILD_CHECKS=0)")
     return torch
 
 
