@@ -2,6 +2,7 @@
 
     python tests/run_parallel.py [--jobs N] [--paths tests/test_a.py,...] [--chunk N]
         [--shard K/N] [--tool memcheck|racecheck|synccheck|initcheck | --memcheck]
+        [--kernels SUBSTRING]
         [pytest options, e.g. -m cuda or -k softmax; no paths]
 
 The GPU suite (`-m cuda`, ~2000 tests) takes over 7 minutes in one process on an H100 and
@@ -95,6 +96,9 @@ def main() -> int:
                     help="run each process under compute-sanitizer with this tool (see above)")
     ap.add_argument("--memcheck", action="store_const", const="memcheck", dest="tool",
                     help="the same as --tool memcheck")
+    ap.add_argument("--kernels", default=None,
+                    help="under --tool, check only kernels whose name contains this (passed "
+                         "as --kernel-name kns=...; e.g. 'fused' skips torch's and cuBLAS's)")
     ap.add_argument("--chunk", type=int, default=None,
                     help="tests per pytest process (default: all of them split over --jobs "
                          f"processes; under --tool, {SANITIZER_CHUNK})")
@@ -136,7 +140,10 @@ def main() -> int:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         env["FUSED_OPS_MEMCHECK"] = "1"  # tests/utils.py: skips what cannot run there
         run = ["compute-sanitizer", "--tool", args.tool, "--error-exitcode", "1",
-               "--print-limit", "100"] + base
+               "--print-limit", "100"]
+        if args.kernels:
+            run += ["--kernel-name", f"kns={args.kernels}"]
+        run += base
     run = run + ["-q", "-rfE", *pytest_args]
     shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
     print(f"run_parallel: {len(ids)} tests{shard} in {len(chunks)} chunk(s), {jobs} process(es) "

@@ -12,7 +12,8 @@ error-path tests the same way: a child killed by a signal is reported as a crash
 
 --build first rebuilds the extension in place the way a user on this machine would: no CC,
 CXX or CUDAHOSTCXX in the environment, setup.py's own compiler choice (it prints the compiler
-it switched to, if any). Exit status 0 only when nothing crashed and every op raised on at
+it switched to, if any). --build --unchecked builds with the machine's default compiler even
+where setup.py would replace it: the crash its check prevents. Exit status 0 only when nothing crashed and every op raised on at
 least one bad input.
 """
 import argparse
@@ -134,6 +135,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", action="store_true",
                     help="rebuild in place with this machine's default compiler settings first")
+    ap.add_argument("--unchecked", action="store_true",
+                    help="with --build: FUSED_OPS_BUILD_CHECKS=0, so the default compiler is used "
+                         "even where setup.py would replace it (to see what its check prevents)")
     ap.add_argument("--devices", default=None,
                     help="comma-separated (default: cpu, and cuda where a GPU is)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -145,6 +149,8 @@ def main():
         env = {k: v for k, v in os.environ.items()
                if k not in ("CC", "CXX", "CUDAHOSTCXX", "FUSED_OPS_BUILD_CHECKS")}
         env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
+        if args.unchecked:
+            env["FUSED_OPS_BUILD_CHECKS"] = "0"
         cmd = [sys.executable, "setup.py", "-q", "build_ext", "--inplace"]
         print(f"== build with the default compiler settings: {' '.join(cmd)}", flush=True)
         r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
