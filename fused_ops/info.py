@@ -95,7 +95,9 @@ def report():
     """The whole report, as lines of text."""
     b = _build_info
     get = lambda name: getattr(b, name, None)  # noqa: E731  (builds before a field existed)
-    out = [f"fused_ops {fused_ops.__version__}  ({os.path.dirname(fused_ops.__file__)})", ""]
+    # __path__, not __file__: run from an unbuilt source tree, the submodules come from the
+    # installed copy (fused_ops/__init__.py).
+    out = [f"fused_ops {fused_ops.__version__}  ({fused_ops.__path__[0]})", ""]
     out.append("Built with:")
     out.append(f"  torch          {b.TORCH_VERSION}"
                + (f" (CUDA {get('TORCH_CUDA_VERSION')})" if get("TORCH_CUDA_VERSION") else ""))

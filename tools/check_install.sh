@@ -51,7 +51,8 @@ torch.testing.assert_close(fused_ops.softmax(x, -1), torch.softmax(x, -1))
 print(f"check_install: outside the tree, {fused_ops.__file__}: gelu and softmax match torch")
 PY
 )
-out="$("$VPY" -c 'import fused_ops, torch; print(fused_ops.gelu(torch.ones(2)).sum().item())' 2>&1)"
+out="$("$VPY" -m fused_ops.info 2>&1)"
 grep -q "using the installed fused_ops" <<<"$out" || { echo "$out"; echo "check_install: no warning from the source tree"; exit 1; }
-echo "check_install: inside the source tree, the installed package loads (with its warning)"
+grep -q "^fused_ops 0\.1\.0 .*site-packages/fused_ops" <<<"$out" || { echo "$out"; echo "check_install: the source tree did not load the installed build"; exit 1; }
+echo "check_install: inside the source tree, python -m fused_ops.info loads the installed build (with its warning)"
 echo "check_install: PASS"
