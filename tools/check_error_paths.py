@@ -18,6 +18,7 @@ least one bad input.
 """
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,8 +168,11 @@ def main():
                                 "print(b.CXX, '| nvcc host:', getattr(b, 'CUDA_HOST_CC', None))"],
                           cwd=ROOT, capture_output=True, text=True)
     print(f"extension built with: {info.stdout.strip() or info.stderr.strip()[-300:]}")
-    default = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout
-    print(f"this machine's default c++: {default.splitlines()[0] if default else 'none'}")
+    default = shutil.which("c++")
+    version = default and subprocess.run([default, "--version"], capture_output=True,
+                                         text=True).stdout
+    print(f"this machine's default c++: {default} ({version.splitlines()[0] if version else '?'})"
+          if default else "this machine has no c++ on PATH")
 
     if args.devices:
         devices = args.devices.split(",")
