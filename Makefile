@@ -13,12 +13,19 @@ CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name 
 
 .PHONY: setup build test bench profile gpu-check lint format clean
 
+# setup installs into $(PYTHON) (the first python3 on PATH unless PYTHON=... says otherwise):
+# it says which interpreter that is, and what it installs and how big it is, before it does.
 setup:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
-	@$(PYTHON) -m pip install -q --disable-pip-version-check numpy pytest ninja setuptools wheel expecttest matplotlib \
-		ruff==$(RUFF_VERSION) clang-format==$(CLANG_FORMAT_VERSION)
+	@$(PYTHON) -c "import sys; v = sys.prefix != sys.base_prefix; print(f'make: using {sys.executable}' + ('' if v else ' (not a virtual environment: packages go into this Python itself; PYTHON=... picks another)'))"
+	@$(PYTHON) -c "import torch" 2>/dev/null || { \
+	  echo "make: no torch in $(PYTHON): installing torch==$(TORCH_VERSION) with its CUDA libraries (about 4.8 GB to download; a few minutes)"; \
+	  $(PYTHON) -m pip install -q torch==$(TORCH_VERSION); }
+	@missing=$$($(PYTHON) -c "import importlib.util as u; print(' '.join(p for p, m in [('numpy', 'numpy'), ('pytest', 'pytest'), ('ninja', 'ninja'), ('setuptools', 'setuptools'), ('wheel', 'wheel'), ('expecttest', 'expecttest'), ('matplotlib', 'matplotlib'), ('ruff==$(RUFF_VERSION)', 'ruff'), ('clang-format==$(CLANG_FORMAT_VERSION)', 'clang_format')] if u.find_spec(m) is None))"); \
+	if [ -n "$$missing" ]; then echo "make: installing into $(PYTHON): $$missing"; \
+	  $(PYTHON) -m pip install -q --disable-pip-version-check $$missing; fi
 
 build: setup
+	@$(PYTHON) -c "import os; from torch.utils.cpp_extension import CUDA_HOME; flag = os.environ.get('FUSED_OPS_CUDA'); cuda = flag == '1' if flag else CUDA_HOME is not None; print('make: building fused_ops in place with $(JOBS) jobs: ' + ('CPU and CUDA kernels (about 9 minutes on 2 cores, 2 on 16; FUSED_OPS_CUDA=0 builds the CPU kernels only, about a minute)' if cuda else 'CPU kernels only, about a minute (' + ('FUSED_OPS_CUDA=0' if flag else 'no CUDA toolkit found') + ')'))" 2>/dev/null
 	MAX_JOBS=$(JOBS) $(PYTHON) setup.py -q build_ext --inplace
 
 # The tests first (a style slip should not hide a failing test), then the style checks.

@@ -4,15 +4,40 @@
 its CPU/CUDA kernels with the dispatcher), then the fake kernels and autograd formulas
 (fused_ops/_impl), then exposes the torch.nn.functional-style API.
 """
+import glob as _glob
+import os as _os
+import sys as _sys
+import warnings as _warnings
+
 import torch
 
-try:
-    from . import _build_info
-except ImportError as e:  # pragma: no cover - only without a build
-    raise ImportError(
-        "fused_ops is not built: run `pip install --no-build-isolation .` "
-        "(or `make build`) in the source tree"
-    ) from e
+
+def _built_copy_elsewhere():
+    """Another fused_ops folder on sys.path that holds a built extension, or None."""
+    here = _os.path.realpath(__path__[0])
+    for entry in _sys.path:
+        folder = _os.path.realpath(_os.path.join(entry or _os.getcwd(), "fused_ops"))
+        if folder != here and _glob.glob(_os.path.join(folder, "_C.*")):
+            return folder
+    return None
+
+
+# Python run from the source tree after `pip install .` finds this unbuilt folder first (the
+# current directory leads sys.path). Its submodules then come from the installed build, so
+# the installed extension and the Python code built with it load together.
+if not _glob.glob(_os.path.join(__path__[0], "_C.*")):
+    _installed = _built_copy_elsewhere()
+    if _installed is None:
+        raise ImportError(
+            "fused_ops is not built: run `pip install --no-build-isolation .` "
+            "(or `make build` to build it in place) in the source tree")
+    _warnings.warn(
+        f"fused_ops: {__path__[0]} (the source tree) has no built extension; using the "
+        f"installed fused_ops in {_installed}. Run Python from another folder to import it "
+        "directly, or build in place (`make build`) to use the source tree.", stacklevel=2)
+    __path__[:] = [_installed]
+
+from . import _build_info  # noqa: E402
 
 if _build_info.TORCH_VERSION != torch.__version__:
     raise ImportError(

@@ -6,6 +6,8 @@ from typing import Optional
 
 import torch
 
+from . import functional
+
 __all__ = [
     "GELU",
     "LayerNorm",
@@ -110,6 +112,8 @@ class Linear(torch.nn.Linear):
     def extra_repr(self) -> str:
         extra = super().extra_repr()
         return extra if self.activation is None else f"{extra}, activation={self.activation!r}"
+
+
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     """torch.nn.CrossEntropyLoss (class-index targets, classes in the LAST dim of the
     input) on the fused kernel; z_loss and inplace_backward as fused_ops.cross_entropy."""
@@ -123,7 +127,6 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         self.inplace_backward = inplace_backward
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(input, target, ignore_index=self.ignore_index,
+        return functional.cross_entropy(input, target, ignore_index=self.ignore_index,
                                reduction=self.reduction, label_smoothing=self.label_smoothing,
                                z_loss=self.z_loss, inplace_backward=self.inplace_backward)
-__all__ += ["CrossEntropyLoss"]

@@ -8,17 +8,19 @@ CUDA = pytest.mark.cuda
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
-# Set by tests/run_parallel.py --memcheck: these processes run under compute-sanitizer with
-# torch's caching allocator off, where neither CUDA graph capture (it allocates from that
-# allocator's private pools) nor the CUDA profiler (the sanitizer holds CUPTI) works, and
+# Set by tests/run_parallel.py --tool (or --memcheck): these processes run under
+# compute-sanitizer with torch's caching allocator off, where neither CUDA graph capture (it
+# allocates from that allocator's private pools) nor the CUDA profiler (the sanitizer holds
+# CUPTI) works, the allocator keeps no statistics (torch.cuda.memory_allocated), and
 # poison_next_alloc has no cached block to leave behind.
 MEMCHECK = os.environ.get("FUSED_OPS_MEMCHECK") == "1"
 
 
 def skip_under_memcheck(what):
-    """Skip the calling test in a --memcheck run (see MEMCHECK); the plain run checks it."""
+    """Skip the calling test under compute-sanitizer (see MEMCHECK); the plain run checks it."""
     if MEMCHECK:
-        pytest.skip(f"{what} does not run under compute-sanitizer (run_parallel --memcheck)")
+        pytest.skip(f"{what} does not work under compute-sanitizer with the caching allocator "
+                    "off (run_parallel --tool)")
 
 
 # (rtol, atol) for comparing an op's output in `dtype` with a float64 reference.
