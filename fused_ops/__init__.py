@@ -1,8 +1,8 @@
 """fused_ops: fused CUDA kernels registered as torch ops (torch.ops.fused.*).
 
-`import fused_ops` loads the compiled extension (which registers every op's schema and
-its CPU/CUDA kernels with the dispatcher), then the fake kernels and autograd formulas
-(fused_ops/_impl), then exposes the torch.nn.functional-style API.
+`import fused_ops` loads the compiled extension (which registers every op's schema, its
+CPU/CUDA kernels, autograd and autocast with the dispatcher), then the fake kernels and vmap
+rules (fused_ops/_impl), then exposes the torch.nn.functional-style API.
 """
 import glob as _glob
 import os as _os
@@ -47,7 +47,7 @@ if _build_info.TORCH_VERSION != torch.__version__:
     )
 
 from . import _C  # noqa: E402,F401  (registers the ops)
-from . import _impl  # noqa: E402,F401  (fake kernels and autograd)
+from . import _impl  # noqa: E402,F401  (fake kernels, vmap rules)
 from . import nn  # noqa: E402
 from .functional import *  # noqa: E402,F401,F403
 from .functional import __all__ as _functional_all  # noqa: E402

@@ -2,9 +2,13 @@
 
 Swap `F.gelu` for `fused_ops.gelu` and nothing else changes. Each function is a thin call
 of its registered op (torch.ops.fused.<name>): argument checks, autograd and autocast all
-happen in C++, so a call costs about what the native op's Python binding costs.
+happen in C++, so a call costs about what the native op's Python binding costs. In eager
+mode the call goes straight to the op's C++ entry (OpOverload._op, the function
+OpOverload.__call__ itself calls), which saves a Python frame per call; under torch.compile
+(which traces OpOverloads, not that entry) it goes through torch.ops.fused.<name>.
 """
 import torch
+from torch.compiler import is_compiling as _compiling
 
 __all__ = [
     "gelu",
@@ -23,19 +27,27 @@ __all__ = [
 ]
 
 _ops = torch.ops.fused
-_gelu = _ops.gelu.default
-_layer_norm = _ops.layer_norm.default
-_rms_norm = _ops.rms_norm.default
-_add_layer_norm = _ops.add_layer_norm.default
-_add_rms_norm = _ops.add_rms_norm.default
-_softmax = _ops.softmax.default
-_log_softmax = _ops.log_softmax.default
-_dropout = _ops.dropout.default
-_dropout_ = _ops.dropout_.default
-_bias_dropout_add = _ops.bias_dropout_add.default
-_matmul = _ops.matmul.default
-_linear = _ops.linear.default
-_linear_fwd = _ops.linear_fwd.default
+
+
+def _entry(name):
+    """(the op for torch.compile, its C++ entry for eager calls)."""
+    op = getattr(_ops, name).default
+    return op, op._op
+
+
+_gelu, _gelu_c = _entry("gelu")
+_layer_norm, _layer_norm_c = _entry("layer_norm")
+_rms_norm, _rms_norm_c = _entry("rms_norm")
+_add_layer_norm, _add_layer_norm_c = _entry("add_layer_norm")
+_add_rms_norm, _add_rms_norm_c = _entry("add_rms_norm")
+_softmax, _softmax_c = _entry("softmax")
+_log_softmax, _log_softmax_c = _entry("log_softmax")
+_dropout, _dropout_c = _entry("dropout")
+_dropout_, _dropout__c = _entry("dropout_")
+_bias_dropout_add, _bias_dropout_add_c = _entry("bias_dropout_add")
+_matmul, _matmul_c = _entry("matmul")
+_linear, _linear_c = _entry("linear")
+_linear_fwd, _linear_fwd_c = _entry("linear_fwd")
 
 _ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
@@ -51,21 +63,27 @@ def _type_error(e: RuntimeError, fn: str) -> Exception:
 
 def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GeLU, as torch.nn.functional.gelu: approximate is 'none' (erf) or 'tanh'."""
-    try:
+    if _compiling():
         return _gelu(input, approximate=approximate)
+    try:
+        if approximate == "none":
+            return _gelu_c(input)
+        return _gelu_c(input, approximate=approximate)
     except RuntimeError as e:
         raise _type_error(e, "gelu") from None
 
 
 def _shape(normalized_shape):
-    return [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    return (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
 
 
 def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None,
                eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm, as torch.nn.functional.layer_norm (weight/bias in input's dtype or float32)."""
     try:
-        return _layer_norm(input, _shape(normalized_shape), weight, bias, eps)[0]
+        if _compiling():
+            return _layer_norm(input, list(_shape(normalized_shape)), weight, bias, eps)[0]
+        return _layer_norm_c(input, _shape(normalized_shape), weight, bias, eps)[0]
     except RuntimeError as e:
         raise _type_error(e, "layer_norm") from None
 
@@ -73,7 +91,9 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None,
 def rms_norm(input: torch.Tensor, normalized_shape, weight=None, eps=None) -> torch.Tensor:
     """RMSNorm, as torch.nn.functional.rms_norm: eps=None is torch.finfo(input.dtype).eps."""
     try:
-        return _rms_norm(input, _shape(normalized_shape), weight, eps)[0]
+        if _compiling():
+            return _rms_norm(input, list(_shape(normalized_shape)), weight, eps)[0]
+        return _rms_norm_c(input, _shape(normalized_shape), weight, eps)[0]
     except RuntimeError as e:
         raise _type_error(e, "rms_norm") from None
 
@@ -83,8 +103,9 @@ def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, ep
     """The pre-norm residual step in one kernel: s = input + residual, returns
     (layer_norm(s), s). s is float32 when residual_in_fp32, else input's dtype."""
     try:
-        out = _add_layer_norm(input, residual, _shape(normalized_shape), weight, bias, eps,
-                              residual_in_fp32)
+        op = _add_layer_norm if _compiling() else _add_layer_norm_c
+        out = op(input, residual, list(_shape(normalized_shape)), weight, bias, eps,
+                 residual_in_fp32)
     except RuntimeError as e:
         raise _type_error(e, "add_layer_norm") from None
     return out[0], out[1]
@@ -94,8 +115,8 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
                  residual_in_fp32=False):
     """As add_layer_norm with rms_norm: returns (rms_norm(s), s), s = input + residual."""
     try:
-        out = _add_rms_norm(input, residual, _shape(normalized_shape), weight, eps,
-                            residual_in_fp32)
+        op = _add_rms_norm if _compiling() else _add_rms_norm_c
+        out = op(input, residual, list(_shape(normalized_shape)), weight, eps, residual_in_fp32)
     except RuntimeError as e:
         raise _type_error(e, "add_rms_norm") from None
     return out[0], out[1]
@@ -113,8 +134,12 @@ def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
     """
     if dtype is not None:
         input = input.to(dtype)
-    try:
+    if _compiling():
         return _softmax(input, dim, scale=scale, causal=causal)
+    try:
+        if scale == 1.0 and not causal:
+            return _softmax_c(input, dim)
+        return _softmax_c(input, dim, scale=scale, causal=causal)
     except RuntimeError as e:
         raise _type_error(e, "softmax") from None
 
@@ -125,7 +150,7 @@ def log_softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
     if dtype is not None:
         input = input.to(dtype)
     try:
-        return _log_softmax(input, dim)
+        return (_log_softmax if _compiling() else _log_softmax_c)(input, dim)
     except RuntimeError as e:
         raise _type_error(e, "log_softmax") from None
 
@@ -150,7 +175,11 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     if not training or p == 0.0:
         return input
     if not inplace:
-        return _dropout(input, p, True, generator=generator)[0]
+        if _compiling():
+            return _dropout(input, p, True, generator=generator)[0]
+        if generator is None:
+            return _dropout_c(input, p, True)[0]
+        return _dropout_c(input, p, True, generator=generator)[0]
     if torch.is_grad_enabled() and input.requires_grad:
         return input.copy_(_dropout(input, p, True, generator=generator)[0])
     _dropout_(input, p, True, generator=generator)
@@ -164,13 +193,17 @@ def bias_dropout_add(x: torch.Tensor, bias: "torch.Tensor | None", residual: tor
     or None); differentiable in x, bias and residual. Outside training (or p=0) it is the
     fused residual + x + bias, with no randomness drawn."""
     _check_dropout_p(p)
-    return _bias_dropout_add(x, bias, residual, p, training, generator=generator)[0]
+    if _compiling():
+        return _bias_dropout_add(x, bias, residual, p, training, generator=generator)[0]
+    if generator is None:
+        return _bias_dropout_add_c(x, bias, residual, p, training)[0]
+    return _bias_dropout_add_c(x, bias, residual, p, training, generator=generator)[0]
 
 
 def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """torch.matmul for 2-D and 3-D operands (3-D batches broadcast) on the fused GEMM."""
     try:
-        return _matmul(input, other)
+        return (_matmul if _compiling() else _matmul_c)(input, other)
     except RuntimeError as e:
         raise _type_error(e, "matmul") from None
 
@@ -184,9 +217,10 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
     if activation is not None and torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
-        return _linear_fwd(input, weight, bias, activation)[0]
+        return (_linear_fwd if _compiling() else _linear_fwd_c)(input, weight, bias,
+                                                                activation)[0]
     try:
-        return _linear(input, weight, bias, activation)
+        return (_linear if _compiling() else _linear_c)(input, weight, bias, activation)
     except RuntimeError as e:
         raise _type_error(e, "linear") from None
 

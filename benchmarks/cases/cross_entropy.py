@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from benchmarks.harness import Case, pass_bytes
+from benchmarks.harness import DECODE_SHAPES, Case, pass_bytes
 
 # GPT-2 (50257), Llama 3 (128256), Llama 2 (32000), Qwen 2 (151936) vocabularies at the
 # token counts of a training step.
@@ -66,7 +66,7 @@ def _impls():
 CASES = [
     Case(
         op="cross_entropy",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=[(8192, 50257), (4096, 128256)],
         dtypes=[torch.bfloat16, torch.float32],
         passes=("fwd", "fwd+bwd"),

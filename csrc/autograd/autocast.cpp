@@ -1,10 +1,11 @@
 // Autocast (torch.autocast) rules, matching each op's torch twin on each device:
 //   matmul, linear, linear_fwd      cast floating inputs to the autocast dtype, as torch.mm /
 //                                   F.linear (CPU and CUDA);
-//   layer_norm, rms_norm, the add_* forms, softmax, log_softmax
+//   layer_norm, add_layer_norm, softmax, log_softmax
 //                                   on CUDA: run in float32 (outputs float32), as
 //                                   F.layer_norm / F.softmax do under CUDA autocast;
 //                                   on CPU: untouched, as torch leaves them;
+//   rms_norm, add_rms_norm          untouched (F.rms_norm has no autocast rule);
 //   bias_dropout_add                inputs promoted to their widest floating dtype (its
 //                                   twin, residual + dropout(x + bias), promotes);
 //   gelu, dropout                   untouched (no rule: the fallthrough), as torch.
@@ -31,14 +32,9 @@ FUSED_OP(linear_fwd_op, "fused::linear_fwd",
          Tensor2(const at::Tensor&, const at::Tensor&, const OptT&, c10::string_view))
 FUSED_OP(layer_norm_op, "fused::layer_norm",
          Tensor3(const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&, double))
-FUSED_OP(rms_norm_op, "fused::rms_norm",
-         Tensor2(const at::Tensor&, at::IntArrayRef, const OptT&, std::optional<double>))
 FUSED_OP(add_layer_norm_op, "fused::add_layer_norm",
          Tensor4(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&,
                  double, bool))
-FUSED_OP(add_rms_norm_op, "fused::add_rms_norm",
-         Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&,
-                 std::optional<double>, bool))
 FUSED_OP(softmax_op, "fused::softmax", at::Tensor(const at::Tensor&, int64_t, double, bool))
 FUSED_OP(log_softmax_op, "fused::log_softmax", at::Tensor(const at::Tensor&, int64_t))
 FUSED_OP(bias_dropout_add_op, "fused::bias_dropout_add",
@@ -93,24 +89,11 @@ Tensor3 layer_norm_autocast(const at::Tensor& x, at::IntArrayRef ns, const OptT&
                               F32::to(at::kFloat, b), eps);
 }
 
-Tensor2 rms_norm_autocast(const at::Tensor& x, at::IntArrayRef ns, const OptT& w,
-                          std::optional<double> eps) {
-  F32 c;
-  return rms_norm_op().call(F32::to(at::kFloat, x), ns, F32::to(at::kFloat, w), eps);
-}
-
 Tensor4 add_layer_norm_autocast(const at::Tensor& x, const at::Tensor& r, at::IntArrayRef ns,
                                 const OptT& w, const OptT& b, double eps, bool in_fp32) {
   F32 c;
   return add_layer_norm_op().call(F32::to(at::kFloat, x), F32::to(at::kFloat, r), ns,
                                   F32::to(at::kFloat, w), F32::to(at::kFloat, b), eps, in_fp32);
-}
-
-Tensor3 add_rms_norm_autocast(const at::Tensor& x, const at::Tensor& r, at::IntArrayRef ns,
-                              const OptT& w, std::optional<double> eps, bool in_fp32) {
-  F32 c;
-  return add_rms_norm_op().call(F32::to(at::kFloat, x), F32::to(at::kFloat, r), ns,
-                                F32::to(at::kFloat, w), eps, in_fp32);
 }
 
 at::Tensor softmax_autocast(const at::Tensor& x, int64_t dim, double scale, bool causal) {
@@ -143,9 +126,7 @@ TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
   m.impl("linear", &linear_autocast<kCUDA>);
   m.impl("linear_fwd", &linear_fwd_autocast<kCUDA>);
   m.impl("layer_norm", &layer_norm_autocast);
-  m.impl("rms_norm", &rms_norm_autocast);
   m.impl("add_layer_norm", &add_layer_norm_autocast);
-  m.impl("add_rms_norm", &add_rms_norm_autocast);
   m.impl("softmax", &softmax_autocast);
   m.impl("log_softmax", &log_softmax_autocast);
   m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCUDA>);
