@@ -35,13 +35,16 @@ def write_build_info(with_cuda):
 def extension():
     with_cuda = want_cuda()
     write_build_info(with_cuda)
-    sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    # csrc/*.cpp: the schemas, the overrides and the debug ops; cuda/<op>/plan.cpp: the dispatch
+    # tables, plain C++ that the CPU build compiles too (tests/test_plan.py checks them there).
+    sources = (sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
+               + sorted(glob.glob("csrc/cuda/*/plan.cpp")))
     cxx = ["-O3", "-std=c++17"]
     args = {"cxx": cxx}
     macros = []
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
-        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        sources += sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True))
         args["nvcc"] = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo",
                         "-DNDEBUG"]
         macros.append(("FUSED_OPS_WITH_CUDA", None))

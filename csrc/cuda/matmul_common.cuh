@@ -143,9 +143,7 @@ __device__ __forceinline__ void epilogue_pair(const GemmProblem& p, int64_t row_
 
 // Tile order shared by both kernels: tiles are walked in groups of group_m tile-rows, column
 // by column within a group, so consecutive tiles (run at the same time) share A rows and B
-// columns in L2. kGroupM is the default (FUSED_OPS_MATMUL_GROUP_M overrides it; KERNEL_LOG
-// matmul v11).
-constexpr int kGroupM = 8;
+// columns in L2. group_m is the override matmul.group_m (default 8: common/overrides.h).
 
 __host__ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n,
                                                      int group_m, int& tm, int& tn) {
