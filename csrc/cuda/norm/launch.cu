@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "common/dispatch.h"
+#include "cuda/norm/bwd_common.cuh"
 #include "cuda/norm/families.h"
 
 namespace fused {

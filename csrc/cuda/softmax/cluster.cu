@@ -40,7 +40,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
   __shared__ State slots[2][kMaxCluster];
   __shared__ uint64_t bar[2];
   __shared__ uint64_t full[STAGES > 0 ? STAGES : 1];
-  extern __shared__ uint4 staged[];  // [STAGES][kIn][kShare]
+  // [STAGES][kIn][kShare]; 128-byte aligned, the layout measured (it shared a translation
+  // unit with softmax_fwd_staged's 128-byte aligned share, which aligned every kernel's).
+  extern __shared__ __align__(128) uint4 staged[];
 
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
