@@ -1,4 +1,5 @@
-// matmul / linear on CUDA.
+// matmul / linear on CUDA (checks and the op entry points shared with the CPU kernels:
+// common/matmul.h).
 //
 // bf16/fp16: hand-written tensor-core GEMMs with the bias + GeLU epilogue fused:
 //   - the Hopper kernel (matmul_sm90.cu: wgmma + TMA, warp-specialised, persistent) on
@@ -33,7 +34,7 @@
 
 #include "common/dispatch.h"
 #include "common/launch.cuh"
-#include "common/matmul_checks.h"
+#include "common/matmul.h"
 #include "common/overrides.h"
 #include "common/vec.cuh"
 #include "cuda/matmul_portable.h"
@@ -191,8 +192,8 @@ __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict
 #pragma unroll
   for (int e = 0; e < VEC; ++e) s[e] = 0.f;
   // Unrolled, and guarded rather than left by a break, so that the loads of four rows are
-  // in flight together (one row at a time left the pass latency-bound: KERNEL_LOG matmul
-  // v8).
+  // in flight together (one row at a time left the pass latency-bound:
+  // docs/design/matmul.md#tried-not-kept).
 #pragma unroll 4
   for (int r = threadIdx.y; r < kRowsPerBlock; r += 8) {
     const int64_t row = row0 + r;
@@ -244,7 +245,6 @@ __global__ void act_bias_finish_kernel(const float* __restrict__ partial, T* __r
 // Ops.
 
 at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
-  check_matmul_args(a, b, "fused::matmul");
   c10::cuda::CUDAGuard guard(a.device());
   if (a.scalar_type() == at::kFloat) return at::matmul(a, b).contiguous();
   at::Tensor a3 = a.dim() == 2 ? a.unsqueeze(0) : a;
@@ -302,31 +302,10 @@ std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Te
   return {y, z};
 }
 
-at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w,
-                       const std::optional<at::Tensor>& bias,
-                       std::optional<c10::string_view> activation) {
-  const char* op = "fused::linear";
-  check_linear_args(x, w, bias, op);
-  const LinearAct act = parse_linear_activation(activation, op);
-  return std::get<0>(linear_impl(x, w, bias, act, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_fwd_cuda(const at::Tensor& x, const at::Tensor& w,
-                                                   const std::optional<at::Tensor>& bias,
-                                                   c10::string_view activation) {
-  const char* op = "fused::linear_fwd";
-  check_linear_args(x, w, bias, op);
-  const LinearAct act = parse_required_activation(activation, op);
-  return linear_impl(x, w, bias, act, true);
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& grad_out,
-                                                            const at::Tensor& preact,
-                                                            c10::string_view activation,
-                                                            bool bias_grad) {
+std::tuple<at::Tensor, at::Tensor> act_backward_cuda(const at::Tensor& grad_out,
+                                                     const at::Tensor& preact, LinearAct act,
+                                                     bool bias_grad) {
   const char* op = "fused::linear_act_backward";
-  check_act_backward_args(grad_out, preact, op);
-  const LinearAct act = parse_required_activation(activation, op);
   c10::cuda::CUDAGuard guard(preact.device());
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
@@ -375,10 +354,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& gr
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  m.impl("matmul", &matmul_cuda);
-  m.impl("linear", &linear_cuda);
-  m.impl("linear_fwd", &linear_fwd_cuda);
-  m.impl("linear_act_backward", &linear_act_backward_cuda);
+  FUSED_REGISTER_MATMUL_OPS(m, matmul_cuda, linear_impl, act_backward_cuda);
 }
 
 }  // namespace fused

@@ -7,7 +7,7 @@ namespace norm {
 namespace {
 
 // norm_bwd_bulk: 16-bit rows of 65-128 vectors (520-1024 columns), parameters and rows in
-// x's dtype, sm_90 (KERNEL_LOG norm v36, v37). norm_bwd_regs holds a row in 64 threads'
+// x's dtype, sm_90 (docs/design/norm.md#tried-not-kept). norm_bwd_regs holds a row in 64 threads'
 // registers next to their 32 dweight / dbias accumulators: 16 warps an SM with one row each
 // in flight, where softmax's backward over the same bytes keeps ~4x the bytes in flight. Here
 // a row has the same 64 threads (a pair of warps, 2 vectors a thread), but the copy engine

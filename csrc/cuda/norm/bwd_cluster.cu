@@ -85,7 +85,7 @@ __device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT
 // no cluster barrier, whose release would wait for the prefetch), then, LAG rows later, one
 // mbarrier wait, the n slots added in rank order (the same bits in every block), dx written.
 // LAG = 1 (16-bit rows on the 16-byte path: three tiles live, ~100 registers) lets a block
-// run a row ahead of its slowest peer instead of waiting at every row (KERNEL_LOG norm v7).
+// run a row ahead of its slowest peer instead of waiting at every row (docs/design/norm.md#tried-not-kept).
 // Buffers: slots / bar by iteration mod 4, group_sum's scratch by parity. Safe because a
 // block pushes row r only after its wait for row r - 1 - LAG, which needs every peer's push
 // of that row, which each peer sends after its block barrier of that iteration, past its

@@ -142,7 +142,7 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& 
 // partial rows' offsets are multiples of VEC floats). Every block of a persistent grid
 // stores its partial row at the same moment, the kernel's end, so the store count there is
 // kernel time: 4-byte stores made eight L2 sector writes per 32 bytes, ~15 us of the layer
-// norm backward at 16384x4096 (KERNEL_LOG norm v18).
+// norm backward at 16384x4096 (docs/design/norm.md#tried-not-kept).
 template <int VEC>
 __device__ __forceinline__ void store_floats(float* q, const float (&v)[VEC]) {
   if constexpr (VEC % 4 == 0) {
@@ -203,13 +203,13 @@ struct BwdStage {
 // in flight per thread (the sweep's measured win: 16384x4096 bf16 79% -> 92% of copy).
 // STAGES > 0 (with PF): the tiles are staged in shared memory instead of registers, each
 // thread copying its own vectors (cp.async) STAGES - 1 rows ahead and reading them back
-// itself: no registers hold a prefetch, so more warps fit an SM (KERNEL_LOG norm v22).
+// itself: no registers hold a prefetch, so more warps fit an SM (docs/design/norm.md#tried-not-kept).
 // Staged only for float32 rows (x, or the add forms' float32 sum): 8 elements a thread, up
 // to 512 threads. The launch bound sizes registers for two blocks an SM, but at 512 threads
 // the ring (248 bytes a thread, 124 KB) leaves room for one: what it buys there is the
 // deeper prefetch (two rows in flight instead of one), as measured. 16-bit rows (16
 // elements a thread, 32 accumulators) measured slower staged at the register counts that
-// would fit more blocks (KERNEL_LOG norm v22).
+// would fit more blocks (docs/design/norm.md#tried-not-kept).
 template <typename R>
 constexpr bool bwd_regs_staged() {
   return sizeof(R) == 4;

@@ -9,7 +9,7 @@ namespace norm {
 namespace {
 
 // fixed_row_walk: norm_bwd_fixed's row walk (sm_90 code only), cluster_row_walk's protocol
-// with two changes that cut its instructions a row (KERNEL_LOG norm v13): each warp reduces
+// with two changes that cut its instructions a row (docs/design/norm.md#tried-not-kept): each warp reduces
 // its two sums and its lanes 0..csize-1 push them (st.async) into entry [rank * warps + warp]
 // of the row's slot in every block, so a block's warps meet only at the slot's mbarrier (no
 // block barrier per row); and the three tiles (next, this row's, the row LAG behind) rotate
@@ -19,7 +19,7 @@ namespace {
 // for row r - 1 - LAG, i.e. after every warp's push of that row, each sent after that warp's
 // own reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4. norm_bwd_cluster keeps
 // cluster_row_walk: its runtime-shaped float32 rows measured 20-25% slower on this walk
-// (KERNEL_LOG norm v13; cause not found).
+// (docs/design/norm.md#tried-not-kept; cause not found).
 template <int LAG, typename Tile, int kSlots, int NSLOT, typename Load, typename Sums,
           typename Finish>
 __device__ __forceinline__ void fixed_row_walk(int64_t rows, int64_t cid, int64_t clusters,
@@ -93,8 +93,8 @@ __device__ __forceinline__ float2 fixed_row_sums(float2 (&slots)[kSlots][NSLOT],
 // of float32 ones), no bounds checks, the thread's columns of w held in registers
 // for every row, w unpacked afresh in each half (opaque(): its floats are not kept live
 // across the row exchange), the row tiles staged in shared memory. The standalone sweep
-// (benchmarks/dev/norm_bwd_cluster_sweep.cu, KERNEL_LOG norm v8) put these shapes at 68-74%
-// (layer) and 81-85% (rms) of copy, partials' column sum included, where v7's runtime
+// (docs/design/norm.md#roofline-and-standing) put these shapes at 68-74% (layer) and
+// 81-85% (rms) of copy, partials' column sum included, where norm_bwd_cluster's runtime
 // shape reaches 43-50%. Exchange, lag and buffer rotation: fixed_row_walk.
 // (kFixedBwdVpt = 2 in plan.h.)
 
@@ -110,7 +110,7 @@ __device__ __forceinline__ void opaque(Raw<T, N>& r) {
 // The three live row tiles' x / dy sit in shared memory (dynamic: fixed_bwd_smem bytes), not
 // in registers: each thread's own vectors copied there by cp.async and read back by that
 // thread, so that more blocks fit an SM (e.g. 96 / 80 registers at 192 / 256 threads instead
-// of 153-167 / 128: 18 / 24 warps an SM instead of 12 / 16; KERNEL_LOG norm v21-v23).
+// of 153-167 / 128: 18 / 24 warps an SM instead of 12 / 16; docs/design/norm.md#tried-not-kept).
 template <typename T, int TPB>
 constexpr int fixed_bwd_smem() {
   return 3 * 2 * kFixedBwdVpt * TPB * static_cast<int>(sizeof(Raw<T, kVecElems<T>>));
@@ -124,7 +124,7 @@ template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
 __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
     norm_bwd_fixed(BwdParams<T, T, T> p) {
   // The row sums go to every block of the cluster by st.async into peer shared memory, which
-  // a cluster of one does not have (compute-sanitizer: invalid __shared__ write; norm v24).
+  // a cluster of one does not have (compute-sanitizer: invalid __shared__ write).
   static_assert(CS >= 2, "norm_bwd_fixed needs clusters of two or more blocks");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   grid_dependency_wait();  // launched early (early_start): nothing global before this

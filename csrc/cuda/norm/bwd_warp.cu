@@ -12,7 +12,7 @@ namespace {
 // read-modify-write by the lane that owns them) instead of registers, so that the registers
 // hold the row: 24 warps an SM, or 16 with PF (the next row's tile loaded before this row's
 // sums, 128 registers). The block's warps add their slices in warp order at the end: one
-// partial row a block, deterministic. Against norm_bwd_regs (KERNEL_LOG norm v34, H200):
+// partial row a block, deterministic. Against norm_bwd_regs (docs/design/norm.md#tried-not-kept, H200):
 // 4-10% faster at 512 columns, 4-16% at 256; at 1024 (4 vectors a lane) from 5% faster
 // (rms, PF) to 22% slower (the add forms), the slices' shared-memory traffic (16 KB a row at
 // 1024 columns for both terms) costing more than the warps gain, so those rows stay on

@@ -11,12 +11,12 @@ namespace {
 // kFixedVpt * 8 * TPR for a TPR in FixedTprs: 1024 to 16384 columns), with parameters in
 // x's dtype. Everything about the launch shape is a constant: a block of TPR threads per
 // row (also the 32- and 64-thread rows: a block retires as soon as its row is written,
-// KERNEL_LOG norm v16; on GPUs that hold fewer than 32 blocks an SM, sm_86 / sm_89, the
+// docs/design/norm.md#tried-not-kept; on GPUs that hold fewer than 32 blocks an SM, sm_86 / sm_89, the
 // 32-thread rows then keep fewer than 32 warps resident), 4 vectors per thread, no
 // per-vector bounds checks, no grid-stride loop, at most 64 registers (56 for 384-thread
 // rows). w / b are loaded after the
 // reductions (they are L1/L2 hits; loaded with the row they would need 32 more registers
-// and spill 56-256 bytes). A standalone sweep (KERNEL_LOG, norm forward, session 3) put
+// and spill 56-256 bytes). A standalone sweep (docs/design/norm.md#roofline-and-standing) put
 // this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
 //
 // Exact constant rows without norm_fwd_regs' x0 shift: every partial sum of a constant

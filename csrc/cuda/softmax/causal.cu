@@ -12,7 +12,7 @@ namespace {
 // (the group size, the chunk and phase, a division by the stride): on 8x16x2048² bf16
 // scores softmax_kernel's causal variant executed ~690 instructions a warp and read 74-79%
 // of copy where this form (128 threads a row, 2 vectors each, 32 registers: 16 blocks an
-// SM) reads 96% in benchmarks/dev/softmax_causal_sweep.cu (KERNEL_LOG softmax v10).
+// SM) reads 96% in a standalone sweep (docs/design/softmax.md#tried-not-kept).
 // (kCausalVectors = 2, kCausalMaxTpr = 1024: plan.h.)
 
 template <typename T, int TPR>

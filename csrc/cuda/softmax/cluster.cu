@@ -18,7 +18,7 @@ namespace {
 //   instruction per input and row, completion counted on the slot's mbarrier `full`). A
 //   row goes from its slot to registers; once every thread has its share (a block barrier),
 //   the slot is refilled with the row STAGES further on. Up to STAGES rows in flight per
-//   SM, no register held for them (KERNEL_LOG softmax v7).
+//   SM, no register held for them (docs/design/softmax.md#tried-not-kept).
 // - STAGES = 0 (the P = kVectorsPerThread shape, and the scalar path, whose rows need not
 //   be 16-byte aligned): the next row's loads issued into registers right after this row's
 //   registers are filled (load_tile<kPinned>): one row in flight.

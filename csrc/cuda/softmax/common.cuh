@@ -43,7 +43,7 @@ __device__ __forceinline__ float exp_offset(float m) { return m == kNegInf ? 0.f
 // ulp, as __expf, relative < 2e-5 wherever the result is not tiny; results below 2^-126
 // flush to 0). expf is ~8 instructions, this 2 (__expf without ftz 4):
 // with the bf16 forward at ~4 elements per clock per SM, that is the difference between
-// an issue-bound kernel (GPU run 4: 70% of copy at 16384x4096) and a memory-bound one.
+// an issue-bound kernel (measured: 70% of copy at 16384x4096) and a memory-bound one.
 template <typename T>
 __device__ __forceinline__ float exp_elem(float x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -131,7 +131,7 @@ __device__ __forceinline__ int live_vectors(int c0, int stride, int limit) {
 
 // f(k) for the vectors k < live of a thread's P: in the causal variant a row's vectors
 // past its limit (half of them, on average) cost the forward no conversions, exps or sums,
-// only their stores (KERNEL_LOG softmax v9). When all P are live the loop has no test, and
+// only their stores (docs/design/softmax.md#tried-not-kept). When all P are live the loop has no test, and
 // with live = P as a constant it is the plain loop.
 template <int P, typename F>
 __device__ __forceinline__ void for_live(int live, F f) {
@@ -304,7 +304,7 @@ struct Fwd {
 // For float32 the row sum is accumulated in double (Acc). sum(dy) cancels (terms of both
 // signs, |sum| ~ sqrt(len) while the partial sums run larger), and a float accumulation
 // errs by ~1e-7 of the partial sums: after the multiplication by exp(y), up to ~1 that is
-// ~1e-6 absolute in dx where dx itself is near 0, past float32 accuracy (GPU run 1 failed
+// ~1e-6 absolute in dx where dx itself is near 0, past float32 accuracy (float accumulation failed
 // fp32 log_softmax backward at 1e-5 / 1e-6 for rows >= 255). For 16-bit inputs float
 // accumulation is ~1e4 times finer than the output's rounding.
 template <typename Acc>

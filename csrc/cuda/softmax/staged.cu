@@ -16,12 +16,13 @@ namespace {
 // that max) as soon as the group has landed, so the exps of one group overlap the loads of
 // the next. No register holds the row: three blocks share an SM (64 KB of shared memory
 // each), where the register kernel this replaced held two, idle together at their
-// reductions and exchanges (KERNEL_LOG softmax v13). Then one block reduction of (max, sum)
+// reductions and exchanges (docs/design/softmax.md#tried-not-kept). Then one block reduction of (max, sum)
 // pairs; for N > 1 each block pushes its pair into every peer's shared memory (st.async,
 // one mbarrier wait, common/cluster.cuh) and combines the N pairs lane-wise (the same bits
 // in every block); then the output pass from shared memory, the exps recomputed.
-// (This kernel took rows of exactly 1, 2, 4 or 8 x 32768 16-bit columns in registers until
-// v13; float32 rows of N x 16384 on that register kernel were measured and dropped, v8d.)
+// (It replaced a register kernel for rows of exactly 1, 2, 4 or 8 x 32768 16-bit columns;
+// float32 rows of N x 16384 on that kernel were measured and dropped:
+// docs/design/softmax.md#tried-not-kept.)
 constexpr int kStagedGroups = 4;  // (kStagedBlock, kStagedShareVecs, kStagedSmem: plan.h)
 constexpr int kStagedVecs = kStagedShareVecs / kStagedBlock / kStagedGroups;  // a thread's a group
 
@@ -100,16 +101,16 @@ constexpr uint32_t kNegInfWord = std::is_same_v<T, float>            ? 0xff80000
 
 // grid (rows, n), n = gridDim.y blocks a row of nvec 16-byte vectors, `share` of them a
 // block (the last block's share may be shorter). N > 0: n = N, every share kStagedShareVecs
-// long, so no vector is tested (the v13 kernel, shaped at compile time for those rows: a
-// runtime n with the tests, or without them, cost 262144-column rows 5-6 points of copy,
-// session 23 calls 6-7); N = 0: any n and share.
+// long, so no vector is tested (this kernel shaped at compile time for those rows: a
+// runtime n with the tests, or without them, cost 262144-column rows 5-6 points of copy:
+// docs/design/softmax.md#tried-not-kept); N = 0: any n and share.
 template <typename T, int N>
 __global__ void __launch_bounds__(kStagedBlock)
     softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int nvec, int share,
                       float scale, bool log) {
   constexpr int G = kStagedGroups, V = kStagedVecs, W = kStagedBlock / 32;
   // [G][V][kStagedBlock] vectors of x, 128-byte aligned: cp.async into a share at 80 bytes
-  // past a 128-byte line read 262144-column rows 5-7 points slower (session 23 calls 6-10)
+  // past a 128-byte line read 262144-column rows 5-7 points slower
   extern __shared__ __align__(128) uint4 share_smem[];
   constexpr bool FULL = N > 0;
   // The warps' pairs, then (n > 1, sm_90) the cluster's: one array.
