@@ -71,8 +71,8 @@ constexpr int kFixedBwdVpt = 2;        // norm_bwd_fixed's 16-byte vectors a thr
 // (tests/test_norm.py FIXED_COLS lists the same lengths).
 using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384, 512>;
 
-// One problem. The vector path needs every pointer 16-byte aligned and cols a multiple of
-// 16 / sizeof(x) (the caller checks the pointers).
+// One problem. The vector path needs cols a multiple of VEC = 16 / sizeof(x) and every
+// pointer aligned to VEC elements of its type (the caller checks the pointers: `aligned`).
 struct Problem {
   int64_t rows = 0;
   int64_t cols = 0;
@@ -82,7 +82,7 @@ struct Problem {
   bool layer = true;     // layer norm (else rms norm)
   bool residual = false;  // forward: the add forms
   bool dsum = false;      // backward: the add forms' grad_sum
-  bool aligned = true;    // every pointer 16-byte aligned (the vector path, with cols)
+  bool aligned = true;    // every pointer aligned to VEC elements of its type
   int grads = 0;          // backward: parameter gradients asked for (dweight, dbias: 0-2)
 };
 
