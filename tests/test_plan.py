@@ -139,7 +139,8 @@ def test_norm_fwd_add_forms(dtype, cols, res32, want, fixed):
         assert (s["kernel"], s["vpt"], s["res"], s["fixed"]) == ("norm_fwd_regs", 4, 1, fixed)
     # 16-bit x with float32 parameters: never shaped at compile time
     if dtype != F32:
-        assert all(s["fixed"] == 0 for s in plan("norm_fwd", 6, cols, dtype, "residual,weight_fp32"))
+        steps = plan("norm_fwd", 6, cols, dtype, "residual,weight_fp32")
+        assert all(s["fixed"] == 0 for s in steps)
 
 
 # ---- norm backward ------------------------------------------------------------------------
@@ -170,8 +171,9 @@ def test_norm_bwd_warp_overrides():
     assert (s["pf"], s["threads"]) == (1, 512)
     s = plan("norm_bwd", 4096, 512, BF16, spec="norm.bwd_warps=3")[0]
     assert (s["threads"], s["blocks"]) == (96, -(-4096 // 3))
-    assert plan("norm_bwd", 4096, 512, BF16, spec="norm.bwd_warps=20,norm.bwd_pf=0")[0]["threads"] == 640
-    with pytest.raises(RuntimeError, match="norm.bwd_warps=20 is past norm_bwd_warp's launch bound"):
+    s = plan("norm_bwd", 4096, 512, BF16, spec="norm.bwd_warps=20,norm.bwd_pf=0")[0]
+    assert s["threads"] == 640
+    with pytest.raises(RuntimeError, match="norm.bwd_warps=20 is past norm_bwd_warp's launch"):
         plan("norm_bwd", 4096, 512, BF16, spec="norm.bwd_warps=20")
 
 
@@ -200,8 +202,10 @@ def test_norm_bwd_fixed(dtype, cols, tpb, cs):
         assert (s["kernel"], s["fixed"], s["cluster"], s["lag"]) == ("norm_bwd_fixed", tpb, cs, 1)
         assert s["layer"] == ("rms" not in opts) and s["res"] == ("dsum" in opts)
         assert s["smem"] == 3 * 2 * 2 * tpb * 16
-    for opts, spec, sm90 in (("", "norm.fixed=0", True), ("unaligned", "", True),
-                             ("", "", False)) + ((("weight_fp32", "", True),) if dtype != F32 else ()):
+    off = [("", "norm.fixed=0", True), ("unaligned", "", True), ("", "", False)]
+    if dtype != F32:  # float32 parameters are x's dtype there
+        off.append(("weight_fp32", "", True))
+    for opts, spec, sm90 in off:
         assert "norm_bwd_fixed" not in kernels(plan("norm_bwd", 1000, cols, dtype, opts,
                                                     sm90_code=sm90, spec=spec))
 
@@ -317,7 +321,8 @@ def test_softmax_staged():
         assert "softmax_fwd_staged" not in kernels(plan(op, 64, cols, BF16, opts, sm90_code=sm90,
                                                         spec=spec)), (op, opts, cols, spec)
     # one share needs no cluster
-    assert plan("softmax_fwd", 64, 32768, BF16, sm90_code=False)[0]["kernel"] == "softmax_fwd_staged"
+    s = plan("softmax_fwd", 64, 32768, BF16, sm90_code=False)[0]
+    assert s["kernel"] == "softmax_fwd_staged"
 
 
 def test_softmax_causal():
@@ -391,4 +396,5 @@ def test_overrides_from_environment():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode != 0
-    assert "FUSED_OPS_OVERRIDES='norm.stage=2': fused overrides: norm.stage must be 0 or 1" in out.stderr
+    want = "FUSED_OPS_OVERRIDES='norm.stage=2': fused overrides: norm.stage must be 0 or 1"
+    assert want in out.stderr
