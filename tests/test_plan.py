@@ -1,9 +1,10 @@
 """The dispatch plans (csrc/cuda/<op>/plan.h) checked directly, on CPU, through the debug op
 torch.ops.fused._plan: which kernel family and launch shape a problem gets on a given GPU with
 given overrides. The boundaries between kernel families, odd widths and misaligned pointers
-(the scalar path), dtypes, and each override. The GPU tests (test_norm.py, test_softmax.py)
-check that the launched kernels are these."""
+(the scalar path), dtypes, and each override; and, on a GPU, that the kernels an op launches
+are its plan's (test_norm.py and test_softmax.py check the launches in more detail)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import fused_ops  # noqa: F401  (registers torch.ops.fused)
-from utils import overrides
+from utils import CUDA, cuda_kernel_names, overrides
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -398,3 +399,68 @@ def test_overrides_from_environment():
     assert out.returncode != 0
     want = "FUSED_OPS_OVERRIDES='norm.stage=2': fused overrides: norm.stage must be 0 or 1"
     assert want in out.stderr
+
+
+# ---- on the GPU: the kernels launched are the plan's ---------------------------------------
+
+def _device_plan(op, rows, cols, dtype, options=""):
+    p = torch.cuda.get_device_properties(0)
+    # sm_90 code runs on a compute capability 9.0 GPU of a build with sm_90a (the default)
+    return plan(op, rows, cols, dtype, options, sm=p.major * 10 + p.minor,
+                num_sms=p.multi_processor_count, sm90_code=(p.major, p.minor) == (9, 0))
+
+
+def _launched(call, prefix):
+    """The kernels call() launches whose names start with prefix (the CPU-side op events,
+    fused::..., have no template arguments)."""
+    found = (re.search(r"\b(%s\w*)<" % prefix, n) for n in cuda_kernel_names(call))
+    return {m.group(1) for m in found if m}
+
+
+def _planned(steps):
+    """Each step's kernels, by name without the plan's qualifiers."""
+    return [set(s["kernel"].split("(")[0].split("+")) for s in steps]
+
+
+@CUDA
+@pytest.mark.parametrize("dtype,cols,opts", [
+    (BF16, 4096, ""), (BF16, 4096, "residual"), (F16, 24576, "rms"), (BF16, 16392, ""),
+    (BF16, 65544, ""), (F32, 8192, ""), (F32, 20004, "residual"), (BF16, 4100, ""),
+    (BF16, 40008, "residual,rows_fp32")])
+def test_cuda_norm_launches_plan(dtype, cols, opts):
+    rows = 64
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+    r = torch.randn(rows, cols, device="cuda",
+                    dtype=torch.float32 if "rows_fp32" in opts else dtype)
+    w = torch.randn(cols, device="cuda", dtype=dtype)
+    if "residual" in opts:
+        fwd = lambda: torch.ops.fused.add_layer_norm(x, r, [cols], w, w, 1e-5,  # noqa: E731
+                                                     "rows_fp32" in opts)
+    else:
+        fwd = lambda: torch.ops.fused.rms_norm(x, [cols], w, 1e-5)  # noqa: E731
+    want = _planned(_device_plan("norm_fwd", rows, cols, dtype, opts))
+    got = _launched(fwd, "norm_")
+    assert got in want, (got, want)
+    _, mean, rstd = torch.ops.fused.layer_norm(x, [cols], w, w, 1e-5)
+    bwd = lambda: torch.ops.fused.layer_norm_backward(torch.randn_like(x), x, [cols],  # noqa: E731
+                                                      mean, rstd, w, w, [True, True])
+    want = _planned(_device_plan("norm_bwd", rows, cols, dtype))
+    got = _launched(bwd, "norm_")
+    assert got in want, (got, want)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype,cols,causal", [
+    (BF16, 1024, False), (F32, 1024, False), (BF16, 32768, False), (BF16, 262144, False),
+    (F32, 1000001, False), (BF16, 2048, True), (F16, 256, True), (BF16, 1001, False)])
+def test_cuda_softmax_launches_plan(dtype, cols, causal):
+    rows = 2048 if causal else 8
+    x = torch.randn(1, rows, cols, device="cuda", dtype=dtype)
+    opts = f"causal_q={rows}" if causal else ""
+    want = _planned(_device_plan("softmax_fwd", rows, cols, dtype, opts))
+    got = _launched(lambda: torch.ops.fused.softmax(x, -1, causal=causal), "softmax_")
+    assert got in want, (got, want)
+    want = _planned(_device_plan("softmax_bwd", rows, cols, dtype, opts))
+    got = _launched(lambda: torch.ops.fused.softmax_backward(x, x, -1, causal=causal),
+                    "softmax_")
+    assert got in want, (got, want)
