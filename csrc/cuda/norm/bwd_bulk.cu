@@ -215,6 +215,9 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
 // its sm_90 code does not run here or not one block fits an SM.
 template <typename T>
 bool bwd_bulk(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
+  TORCH_INTERNAL_ASSERT(s.smem == static_cast<int>(kBulkBwdPairs * s.stages *
+                                                     bulk_bwd_slot(s.res != 0)),
+                        "norm plan: norm_bwd_bulk's slots take other shared memory than ", s.smem);
   auto run = [&](auto kernel) {
     if (!runs_sm90_code(kernel)) return false;
     return launch_resident_with_partials(kernel, s.blocks, kBulkBwdThreads,

@@ -123,6 +123,11 @@ norm_bwd_warp(BwdParams<T, T, T> p) {
 // (a warp's slice a parameter gradient); refused where not one block fits an SM.
 template <typename T>
 bool bwd_warp(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
+  TORCH_INTERNAL_ASSERT(s.smem == static_cast<int>(sizeof(float4)) * (s.vpt == 1
+                                                                          ? warp_bwd_slice<1>()
+                                                                          : warp_bwd_slice<2>()) *
+                                       param_grads(nb) * (s.threads / 32),
+                        "norm plan: norm_bwd_warp's slices take other shared memory than ", s.smem);
   auto run = [&](auto kernel) {
     return launch_resident_with_partials(kernel, s.blocks, s.threads, static_cast<size_t>(s.smem),
                                          p, nb);

@@ -255,6 +255,11 @@ bool fwd_regs(const FwdParams<T, W, R>& p, const Step& s) {
   }
   TORCH_INTERNAL_ASSERT(kernel != nullptr, "norm plan: no norm_fwd_regs variant for vpt=",
                         s.vpt, " res=", s.res, " fixed=", s.fixed);
+  TORCH_INTERNAL_ASSERT(s.smem == (s.res == kStagedRes ? s.vpt * s.tpr * static_cast<int>(
+                                                             sizeof(Raw<R, VEC>))
+                                                       : 0),
+                        "norm plan: norm_fwd_regs' residual slots take other shared memory than ",
+                        s.smem);
   // The staged residual's slots: refused where they do not fit a block here.
   if (s.smem > 0 && !allow_dynamic_smem_once(kernel, s.smem)) return false;
   launch_early(kernel, dim3(grid_for(s.blocks)), dim3(s.threads), static_cast<size_t>(s.smem), p,
