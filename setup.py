@@ -301,13 +301,17 @@ def extension(torch, cpp_extension):
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
     write_build_info(torch, cpp_extension, with_cuda)
-    sources = (["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    # csrc/*.cpp: the schemas, the overrides and the debug ops; cuda/<op>/plan.cpp: the dispatch
+    # tables, plain C++ that the CPU build compiles too (tests/test_plan.py checks them there);
+    # autograd/*.cpp: autograd and autocast of every op.
+    sources = (sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
+               + sorted(glob.glob("csrc/cuda/*/plan.cpp"))
                + sorted(glob.glob("csrc/autograd/*.cpp")))
     cxx = ["-O3", "-std=c++17"]
     args = {"cxx": cxx}
     macros = []
     if with_cuda:
-        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        sources += sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True))
         args["nvcc"] = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo",
                         "-DNDEBUG"]
         macros.append(("FUSED_OPS_WITH_CUDA", None))

@@ -49,6 +49,7 @@ if _build_info.TORCH_VERSION != torch.__version__:
 from . import _C  # noqa: E402,F401  (registers the ops)
 from . import _impl  # noqa: E402,F401  (fake kernels, vmap rules)
 from . import nn  # noqa: E402
+from . import overrides  # noqa: E402,F401  (fused_ops.overrides: the kernel knobs)
 from .functional import *  # noqa: E402,F401,F403
 from .functional import __all__ as _functional_all  # noqa: E402
 

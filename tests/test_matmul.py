@@ -3,7 +3,7 @@
 Inputs are scaled so outputs are O(1) (b, weight ~ N(0, 1/K)); the fp32 accumulation over K
 then adds errors far below the output rounding, and each comparison allows an absolute slack
 of a tenth of the dtype's relative tolerance at the typical output size (for elements that
-cancel to near zero). Every CUDA test runs once per kernel choice (FUSED_OPS_MATMUL_KERNEL:
+cancel to near zero). Every CUDA test runs once per kernel choice (matmul.kernel:
 "auto", which takes the Hopper kernel on an H100/H200 where it applies, and "portable").
 """
 import math
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import CUDA, DEVICES, DTYPES, TOL, input_views
+from utils import CUDA, DEVICES, DTYPES, TOL, input_views, knobs  # noqa: F401
 
 ACTS = [None, "gelu", "gelu_tanh"]
 KERNELS = ["auto", "portable"]
@@ -32,18 +32,18 @@ CUDA_SHAPES = [(1000, 1000, 1000), (1, 4097, 1000), (17, 1000, 4097), (127, 4097
                (4097, 17, 4097), (4096, 64, 4096)]
 
 
-def set_kernel(choice, monkeypatch):
+def set_kernel(choice, knobs):
     # On a Hopper GPU "auto" is run as "hopper": the same choice, but an error if the Hopper
     # kernel is unavailable (a build without sm_90a), so these tests cannot silently check
     # the portable kernel twice.
     if choice == "auto" and torch.cuda.get_device_capability() == (9, 0):
         choice = "hopper"
-    monkeypatch.setenv("FUSED_OPS_MATMUL_KERNEL", choice)
+    knobs(f"matmul.kernel={choice}")
 
 
 @pytest.fixture(params=KERNELS)
-def kernel(request, monkeypatch):
-    set_kernel(request.param, monkeypatch)
+def kernel(request, knobs):
+    set_kernel(request.param, knobs)
     return request.param
 
 
@@ -51,11 +51,11 @@ def kernel(request, monkeypatch):
 DEVICE_KERNELS = ["cpu"] + [pytest.param(f"cuda:{k}", marks=CUDA) for k in KERNELS]
 
 
-def use(device_kernel, monkeypatch):
+def use(device_kernel, knobs):
     """Select the kernel (CUDA) and return the device name."""
     device, _, kernel_choice = device_kernel.partition(":")
     if kernel_choice:
-        set_kernel(kernel_choice, monkeypatch)
+        set_kernel(kernel_choice, knobs)
     return device
 
 
@@ -153,8 +153,8 @@ BATCHED_CUDA = [
 @pytest.mark.parametrize("device_kernel", DEVICE_KERNELS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shapes", BATCHED + [pytest.param(s, marks=CUDA) for s in BATCHED_CUDA])
-def test_matmul_batched(device_kernel, dtype, shapes, monkeypatch):
-    device = use(device_kernel, monkeypatch)
+def test_matmul_batched(device_kernel, dtype, shapes, knobs):
+    device = use(device_kernel, knobs)
     if device == "cpu" and shapes in BATCHED_CUDA:
         pytest.skip("large batched shapes run on the GPU only")
     sa, sb = shapes
@@ -205,8 +205,8 @@ LINEAR_SHAPES = [((17, 33), 9), ((1, 1), 1), ((2, 3, 40), 24), ((70,), 5), ((64,
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("case", LINEAR_SHAPES)
-def test_linear(device_kernel, dtype, act, case, monkeypatch):
-    device = use(device_kernel, monkeypatch)
+def test_linear(device_kernel, dtype, act, case, knobs):
+    device = use(device_kernel, knobs)
     x_shape, N = case
     for with_bias in (True, False):
         linear_case(x_shape, N, dtype, device, with_bias, act)
@@ -259,8 +259,8 @@ def mirrored_grads(x, w, b, act, gy):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("case", [((33, 70), 17), ((2, 9, 40), 130), ((5,), 3), ((300, 64), 96)])
-def test_linear_backward(device_kernel, dtype, act, case, monkeypatch):
-    device = use(device_kernel, monkeypatch)
+def test_linear_backward(device_kernel, dtype, act, case, knobs):
+    device = use(device_kernel, knobs)
     x_shape, N = case
     K = x_shape[-1]
     for with_bias in (True, False):
@@ -348,8 +348,8 @@ def test_matmul_gradcheck_float64(shapes):
 
 
 @pytest.mark.parametrize("device_kernel", DEVICE_KERNELS)
-def test_opcheck(device_kernel, monkeypatch):
-    device = use(device_kernel, monkeypatch)
+def test_opcheck(device_kernel, knobs):
+    device = use(device_kernel, knobs)
     dt = torch.float32 if device == "cpu" else torch.bfloat16
     x = torch.randn(5, 7, device=device, dtype=dt, requires_grad=True)
     w = torch.randn(3, 7, device=device, dtype=dt, requires_grad=True)
@@ -445,14 +445,14 @@ def test_cuda_device_and_dtype_errors():
 
 
 @CUDA
-def test_bad_kernel_env(monkeypatch):
-    monkeypatch.setenv("FUSED_OPS_MATMUL_KERNEL", "fastest")
+def test_bad_kernel_env(knobs):
     a = torch.randn(8, 8, device="cuda").half()
-    with pytest.raises(RuntimeError, match="FUSED_OPS_MATMUL_KERNEL must be"):
+    with pytest.raises(RuntimeError, match="matmul.kernel must be"):
+        knobs("matmul.kernel=fastest")
         fused_ops.matmul(a, a)
 
 
-# The tile order's group height (FUSED_OPS_MATMUL_GROUP_M, default 8) only reorders the tiles:
+# The tile order's group height (matmul.group_m, default 8) only reorders the tiles:
 # every value gives bitwise the default's output, including groups of 1, a height that does
 # not divide the tile-rows (a short last group) and one taller than the whole problem. Both
 # kernels, on the linear layer (the batch folded into M) and on a batched matmul (weights
@@ -462,9 +462,9 @@ def test_bad_kernel_env(monkeypatch):
 @CUDA
 @pytest.mark.parametrize("kernel_choice", KERNELS)
 @pytest.mark.parametrize("shape", [(3, 1000, 4104, 700), (1, 4097, 1000, 2500)])
-def test_tile_group_height_only_reorders(kernel_choice, shape, monkeypatch):
+def test_tile_group_height_only_reorders(kernel_choice, shape, knobs):
     batch, m, k, n = shape
-    set_kernel(kernel_choice, monkeypatch)
+    set_kernel(kernel_choice, knobs)
     torch.manual_seed(0)
     x = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
@@ -476,23 +476,23 @@ def test_tile_group_height_only_reorders(kernel_choice, shape, monkeypatch):
         "batched matmul": (lambda: fused_ops.matmul(x, wb), torch.matmul(x.double(), wb.double())),
     }
     for name, (run, ref) in cases.items():
-        monkeypatch.delenv("FUSED_OPS_MATMUL_GROUP_M", raising=False)
+        knobs("matmul.group_m=8")  # the default
         poison([ref.numel()], "cuda")
         want = run()
         check(want, ref, torch.bfloat16, msg=f"{name}, default group, {shape}")
         for g in ("1", "3", "16", "1024"):
-            monkeypatch.setenv("FUSED_OPS_MATMUL_GROUP_M", g)
+            knobs(f"matmul.group_m={g}")
             poison([ref.numel()], "cuda")
             got = run()
-            assert torch.equal(got, want), f"{name}, FUSED_OPS_MATMUL_GROUP_M={g}, {shape}"
+            assert torch.equal(got, want), f"{name}, matmul.group_m={g}, {shape}"
 
 
 @CUDA
 @pytest.mark.parametrize("value", ["0", "-2", "eight", "8x", "2000"])
-def test_bad_tile_group_env(value, monkeypatch):
-    monkeypatch.setenv("FUSED_OPS_MATMUL_GROUP_M", value)
+def test_bad_tile_group_env(value, knobs):
     a = torch.randn(8, 8, device="cuda").half()
-    with pytest.raises(RuntimeError, match="FUSED_OPS_MATMUL_GROUP_M must be"):
+    with pytest.raises(RuntimeError, match="matmul.group_m must be"):
+        knobs(f"matmul.group_m={value}")
         fused_ops.matmul(a, a)
 
 

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 import fused_ops
 from fused_ops import reference
 from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, assert_graph_replay_matches_eager,
-                   cuda_kernel_names, input_views, offset_copy, poison_next_alloc)
+                   cuda_kernel_names, input_views, knobs, offset_copy, overrides,  # noqa: F401
+                   poison_next_alloc)
 
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
@@ -616,7 +617,7 @@ def _far_row(cols, dtype):
 
 
 # The compile-time-shaped forward (norm_fwd_fixed): 16-bit rows of 32 x TPR columns for the
-# TPRs of FixedTprs (csrc/cuda/norm.cu), parameters in x's dtype; FUSED_NORM_FIXED=0 sends
+# TPRs of FixedTprs (csrc/cuda/norm.cu), parameters in x's dtype; norm.fixed=0 sends
 # the same rows to norm_fwd_regs. Rows: a count that is not a multiple of 4 (a partly empty
 # last block for the runtime-shaped kernels; norm_fwd_fixed runs a block a row); rows of one
 # random (non-dyadic) value each, which must normalize to exactly 0 (layer norm: y == b); a
@@ -647,8 +648,8 @@ FIXED_LENGTH_CASES = ([(c, d) for c in FIXED_COLS_ALL for d in (torch.bfloat16, 
 @pytest.mark.parametrize("fixed", ["1", "0"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cols,dtype", FIXED_LENGTH_CASES)
-def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
-    monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+def test_cuda_fixed_lengths(cols, dtype, kind, fixed, knobs):
+    knobs(f"norm.fixed={fixed}")
     rows = (1 << 20) // cols + 1  # 1025 rows of 1024, ..., 65 of 16384, 33 of 32768
     x = torch.randn(rows, cols, device="cuda")
     const = [3, rows - 1]  # the last row: the last block
@@ -660,7 +661,7 @@ def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
         configs += [(True, False), (False, True)]
     for weight, bias in configs:
         w, b = _fixed_params(kind, cols, dtype, weight, bias)
-        msg = f"cols={cols} weight={weight} bias={bias} FUSED_NORM_FIXED={fixed}"
+        msg = f"cols={cols} weight={weight} bias={bias} norm.fixed={fixed}"
         check_forward(kind, x, [cols], w, b, msg=msg)
         y, _, rstd = fused_forward(kind, x, [cols], w, b, _eps(kind, dtype))
         if kind == "layer":
@@ -669,7 +670,7 @@ def test_cuda_fixed_lengths(cols, dtype, kind, fixed, monkeypatch):
                 assert torch.equal(y[r], want), f"{msg}: constant row {r} not exactly b"
     r = torch.randn(rows, cols, device="cuda").to(dtype)
     w, b = _fixed_params(kind, cols, dtype, True, True)
-    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add FUSED_NORM_FIXED={fixed}")
+    check_add(kind, x, r, [cols], w, b, False, msg=f"cols={cols} add norm.fixed={fixed}")
 
 
 # The forward's wide variant (norm_fwd_regs at 8 vectors per thread) for plain norms whose
@@ -757,7 +758,7 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
 # dtype. Rows enough for 6 or more per cluster (the exchange slots cycle every 4 rows, the
 # staging slots every 3), of different spreads and offsets, a row far from zero, every
 # weight / bias combination (no weight: w = 1 in the kernel; no bias: no dbias partials).
-# FUSED_NORM_FIXED=0 sends such rows to norm_bwd_regs (4096-8192) or norm_bwd_cluster, which
+# norm.fixed=0 sends such rows to norm_bwd_regs (4096-8192) or norm_bwd_cluster, which
 # test_cuda_cluster_backward_many_rows runs at 12288-32768 through its float32-parameter and
 # float32-residual cases.
 FIXED_BWD_CASES = ([(d, c) for d in (torch.bfloat16, torch.float16)
@@ -793,7 +794,7 @@ def test_cuda_fixed_backward(cols, kind, dtype):
 # Which forward kernel the compile-time-shaped lengths reach (a dispatch slip would fall
 # back to the run-time kernels silently: every result would still be right): per (columns,
 # dtype, add form), a predicate on the kernel names. Only with parameters in x's dtype and
-# FUSED_NORM_FIXED unset (16-bit x: not with float32 parameters either).
+# norm.fixed unset (16-bit x: not with float32 parameters either).
 def _wide_at(tpr):
     return lambda n: "norm_fwd_regs" in n and f", {tpr}>" in n
 
@@ -817,7 +818,7 @@ FWD_FIXED_KERNELS = [
 @pytest.mark.parametrize(
     "cols,dtype,add,is_fixed", FWD_FIXED_KERNELS,
     ids=[f"{c}-{str(d)[6:]}-{'add' if a else 'plain'}" for c, d, a, _ in FWD_FIXED_KERNELS])
-def test_cuda_fixed_forward_dispatch(kind, cols, dtype, add, is_fixed, monkeypatch):
+def test_cuda_fixed_forward_dispatch(kind, cols, dtype, add, is_fixed, knobs):
     x = torch.randn(8, cols, device="cuda", dtype=dtype)
     r = torch.randn_like(x)
     runs = [(dtype, "1", kind == "layer" or cols != 8192 or dtype != torch.float32),
@@ -825,7 +826,7 @@ def test_cuda_fixed_forward_dispatch(kind, cols, dtype, add, is_fixed, monkeypat
     if dtype != torch.float32:
         runs.append((torch.float32, "1", False))
     for w_dtype, fixed, want in runs:
-        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+        knobs(f"norm.fixed={fixed}")
         w = torch.randn(cols, device="cuda", dtype=w_dtype)
         if not add:
             call = lambda: fused_forward(kind, x, [cols], w, None, 1e-5)  # noqa: E731
@@ -843,8 +844,7 @@ def _clusters_run():
     rms backward with the fixed kernels off takes norm_bwd_cluster, else the two-pass path."""
     x = torch.randn(64, 16384, device="cuda", dtype=torch.bfloat16)
     _, _, rstd = fused_forward("rms", x, [16384], None, None, 1e-5)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FUSED_NORM_FIXED", "0")
+    with overrides("norm.fixed=0"):
         names = cuda_kernel_names(
             lambda: ops.add_rms_norm_backward(torch.randn_like(x), None, x, [16384], rstd, None,
                                               False))
@@ -861,10 +861,10 @@ def _add_backward(kind, dy, ds, x, cols, mean, rstd, w):
 
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
-def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
+def test_cuda_fixed_backward_dispatch(kind, knobs):
     # 16384 columns reach norm_bwd_fixed only with parameters in x's dtype and
-    # FUSED_NORM_FIXED unset (with or without the add forms' d_sum); float32 parameters
-    # and FUSED_NORM_FIXED=0 take norm_bwd_cluster. Where clusters run only (sm_90 code on
+    # norm.fixed unset (with or without the add forms' d_sum); float32 parameters
+    # and norm.fixed=0 take norm_bwd_cluster. Where clusters run only (sm_90 code on
     # an sm_90 GPU): skipped where the rms backward takes the two-pass path instead.
     cols = 16384
     if not _clusters_run():
@@ -875,7 +875,7 @@ def test_cuda_fixed_backward_dispatch(kind, monkeypatch):
                                        (torch.float32, "1", False, False),
                                        (torch.bfloat16, "1", True, True),
                                        (torch.bfloat16, "0", False, False)]:
-        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+        knobs(f"norm.fixed={fixed}")
         w = torch.randn(cols, device="cuda", dtype=w_dtype)
         _, mean, rstd = fused_forward(kind, x, [cols], w, None, 1e-5)
         ds = torch.randn_like(x) if dsum else None
@@ -920,7 +920,7 @@ def _check_backward_forms(kind, x, dy, mean, rstd, tag):
 
 # norm_bwd_regs' staged variant (float32 rows, x or the add forms' float32 sum: the
 # prefetching path with its row tiles, mean / rstd and w in shared memory, each thread's
-# copies two rows ahead) against FUSED_NORM_STAGE=0 (tiles in registers): lengths on the
+# copies two rows ahead) against norm.stage=0 (tiles in registers): lengths on the
 # 16-byte path from one vector to 4096 (float32, 512 threads) and, for the 16-bit rows, the
 # add forms with a float32 residual stream (32-byte vectors staged as two copies); several
 # row groups a block (8, 1000), rows enough for many per block so that the three-slot ring
@@ -935,8 +935,8 @@ STAGED_CASES = [(torch.bfloat16, 8), (torch.bfloat16, 1000), (torch.bfloat16, 40
 @pytest.mark.parametrize("stage", ["1", "0"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols", STAGED_CASES)
-def test_cuda_staged_backward(dtype, cols, kind, stage, monkeypatch):
-    monkeypatch.setenv("FUSED_NORM_STAGE", stage)
+def test_cuda_staged_backward(dtype, cols, kind, stage, knobs):
+    knobs(f"norm.stage={stage}")
     rows = max(1621, (1 << 22) // cols)  # >= 5 rows a row group at any grid size here
     x = _backward_rows(rows, cols, dtype)
     fp32_rows = dtype == torch.float32
@@ -955,9 +955,9 @@ def test_cuda_staged_backward(dtype, cols, kind, stage, monkeypatch):
                                                (torch.bfloat16, 4104, False),
                                                (torch.float32, 1000, True),
                                                (torch.float32, 4096, True)])
-def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
+def test_cuda_staged_backward_dispatch(dtype, cols, staged, knobs):
     # Float32 rows on the prefetching path are staged, 16-bit ones keep the register tiles
-    # (at lengths no fixed backward takes); FUSED_NORM_STAGE=0 turns staging off.
+    # (at lengths no fixed backward takes); norm.stage=0 turns staging off.
     # The float32 4096 ring is 124 KB a block: GPUs with less shared memory a block
     # (sm_86 / sm_89: 99 KB) keep the register tiles.
     optin = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", None)
@@ -967,9 +967,9 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
     _, mean, rstd = fused_forward("layer", x, [cols], None, None, 1e-5)
     call = lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, None, None,  # noqa: E731
                                            [False, False])
-    monkeypatch.setenv("FUSED_NORM_BWD_BULK", "0")  # 16-bit 1000 columns: norm_bwd_regs
+    knobs("norm.bwd_bulk=0")  # 16-bit 1000 columns: norm_bwd_regs
     for env, want in [("1", staged), ("0", False)]:
-        monkeypatch.setenv("FUSED_NORM_STAGE", env)
+        knobs(f"norm.stage={env}")
         names = [n for n in cuda_kernel_names(call) if "norm_bwd_regs" in n]
         stages = [int(m.group(1)) for n in names
                   for m in [re.search(r"norm_bwd_regs<.*, (?:true|false), (\d+)>", n)] if m]
@@ -982,11 +982,11 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, monkeypatch):
 @pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 4096), (torch.bfloat16, 5120),
                                         (torch.float16, 8192), (torch.float32, 12288),
                                         (torch.float32, 16384)])
-def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, monkeypatch):
+def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, knobs):
     # The fixed backward's lengths beside 12288-32768 16-bit (test_cuda_fixed_backward_dispatch):
     # 16-bit rows of 4096 / 5120 / 8192 and float32 rows of 12288 / 16384, parameters in x's
     # dtype, with and without the add forms' d_sum, take norm_bwd_fixed where clusters run;
-    # FUSED_NORM_FIXED=0 sends them to the register (16-bit) or runtime cluster (float32)
+    # norm.fixed=0 sends them to the register (16-bit) or runtime cluster (float32)
     # backward.
     if not _clusters_run():
         pytest.skip("no thread-block clusters here")
@@ -996,7 +996,7 @@ def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, monkeypatch):
     _, mean, rstd = fused_forward(kind, x, [cols], w, None, 1e-5)
     other = "norm_bwd_regs" if dtype != torch.float32 else "norm_bwd_cluster"
     for fixed, dsum in [("1", False), ("1", True), ("0", False)]:
-        monkeypatch.setenv("FUSED_NORM_FIXED", fixed)
+        knobs(f"norm.fixed={fixed}")
         ds = torch.randn_like(x) if dsum else None
         names = cuda_kernel_names(_add_backward(kind, dy, ds, x, cols, mean, rstd, w))
         want = "norm_bwd_fixed" if fixed == "1" else other
@@ -1008,8 +1008,8 @@ def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, monkeypatch):
 # row, each warp's dweight / dbias terms in its own slice of shared memory, the slices added
 # in warp order at the end): its two widths (1 and 2 vectors a lane; 264 / 392 / 504 columns
 # leave the last round of vectors partly filled), the prefetching variant forced on and off
-# (FUSED_NORM_BWD_PF; by default the plain norms take it, the add forms not) and blocks of 3
-# warps (FUSED_NORM_BWD_WARPS=3: many blocks an SM, many partial rows); rows enough that
+# (norm.bwd_pf; by default the plain norms take it, the add forms not) and blocks of 3
+# warps (norm.bwd_warps=3: many blocks an SM, many partial rows); rows enough that
 # every warp walks several (4-6 at 24 / 16 warps an SM on an H100 / H200; a slip in a
 # slice's layout would mix columns or warps), of different spread and offset, a constant row
 # and a row at mean 1e4; every parameter config (dweight alone, dbias alone, both, neither)
@@ -1034,13 +1034,11 @@ def _warp_instance(call):
 
 
 @CUDA
-@pytest.mark.parametrize("knobs", ["", "FUSED_NORM_BWD_PF=0", "FUSED_NORM_BWD_PF=1",
-                                   "FUSED_NORM_BWD_WARPS=3"])
+@pytest.mark.parametrize("spec", ["", "norm.bwd_pf=0", "norm.bwd_pf=1", "norm.bwd_warps=3"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols", WARP_BWD_CASES)
-def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
-    if knobs:
-        monkeypatch.setenv(*knobs.split("="))
+def test_cuda_warp_backward(dtype, cols, kind, spec, knobs):
+    knobs(spec)
     rows = 4 * 132 * 24 + 37
     x = _backward_rows(rows, cols, dtype)
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
@@ -1048,11 +1046,11 @@ def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
     dy = torch.randn_like(x)
     vpt = 1 if cols // 8 <= 32 else 2
     for dsum in [False, True]:
-        pf = knobs.endswith("PF=1") or (not dsum and not knobs.endswith("PF=0"))
+        pf = spec.endswith("pf=1") or (not dsum and not spec.endswith("pf=0"))
         call = (_add_backward(kind, dy, torch.randn_like(x), x, cols, mean, rstd, w) if dsum
                 else _add_backward(kind, dy, None, x, cols, mean, rstd, w))
-        assert _warp_instance(call) == (vpt, dsum, pf), (dsum, knobs)
-    _check_backward_forms(kind, x, dy, mean, rstd, knobs)
+        assert _warp_instance(call) == (vpt, dsum, pf), (dsum, spec)
+    _check_backward_forms(kind, x, dy, mean, rstd, spec)
 
 
 @CUDA
@@ -1065,8 +1063,8 @@ def test_cuda_warp_backward(dtype, cols, kind, knobs, monkeypatch):
     (torch.bfloat16, 1024, "same", False),
     (torch.bfloat16, 512, "fp32", False),   # parameters not in x's dtype
     (torch.float32, 512, "same", False)])
-def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
-    # Which rows take norm_bwd_warp, and FUSED_NORM_BWD_WARP=0 sending them elsewhere; the
+def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, knobs):
+    # Which rows take norm_bwd_warp, and norm.bwd_warp=0 sending them elsewhere; the
     # add forms with a float32 residual stream (float32 rows) never take it.
     x = torch.randn(64, cols, device="cuda", dtype=dtype)
     dy = torch.randn_like(x)
@@ -1075,10 +1073,10 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
     call = lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, None,  # noqa: E731
                                            [True, w is not None])
     for env, expect in [("1", want), ("0", False)]:
-        monkeypatch.setenv("FUSED_NORM_BWD_WARP", env)
+        knobs(f"norm.bwd_warp={env}")
         names = cuda_kernel_names(call)
         assert any("norm_bwd_warp" in n for n in names) == expect, (env, names)
-    monkeypatch.delenv("FUSED_NORM_BWD_WARP")
+    knobs("norm.bwd_warp=1")
     if want and wdtype is not None:
         x32 = x.float()
         _, _, rstd = fused_forward("rms", x32, [cols], None, None, 1e-5)
@@ -1089,14 +1087,14 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, monkeypatch):
 
 # norm_bwd_bulk (16-bit rows of 65-128 vectors, parameters and rows in x's dtype, sm_90: a
 # row a pair of warps, 2 vectors a thread, each pair with its own ring of one-row slots
-# filled by the copy engine; 4 slots by default, 3 forced by FUSED_NORM_BWD_BULK_STAGES):
+# filled by the copy engine; 4 slots by default, 3 forced by norm.bwd_bulk_stages):
 # 520 (most of the pair's second vectors past the row: zeros in the slots, no stores), 776,
 # 1000 and 1024 columns; rows enough that every pair walks several rows and its ring wraps,
 # pairs with one row more than others, rows of different spread and offset, a constant row
 # and a row at mean 1e4; every parameter config (dweight alone, dbias alone, both,
 # neither), the masked outputs, the add forms (d_sum added to dx); each case first checks
 # that the kernel ran in the norm's form (layer_norm's, or rms_norm's without mean and
-# dbias), and with FUSED_NORM_BWD_BULK=0 that it did not.
+# dbias), and with norm.bwd_bulk=0 that it did not.
 BULK_BWD_CASES = [(torch.bfloat16, c) for c in [520, 776, 1000, 1024]] + [(torch.float16, 1024)]
 _BULK_KERNEL = re.compile(r"norm_bwd_bulk<[^,<>]+, (true|false), (true|false), \d>")
 
@@ -1119,22 +1117,22 @@ def _bulk_instance(call, kind=None):
 @pytest.mark.parametrize("stages", ["", "3"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,cols", BULK_BWD_CASES)
-def test_cuda_bulk_backward(dtype, cols, kind, stages, monkeypatch):
+def test_cuda_bulk_backward(dtype, cols, kind, stages, knobs):
     _skip_unless_sm90()
     if stages:
-        monkeypatch.setenv("FUSED_NORM_BWD_BULK_STAGES", stages)
+        knobs(f"norm.bwd_bulk_stages={stages}")
     rows = 8 * 132 * 7 + 13
     x = _backward_rows(rows, cols, dtype)
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
     _, mean, rstd = fused_forward(kind, x, [cols], w, b, 1e-5)
     dy = torch.randn_like(x)
     for env, want in [("1", True), ("0", False)]:
-        monkeypatch.setenv("FUSED_NORM_BWD_BULK", env)
+        knobs(f"norm.bwd_bulk={env}")
         for dsum in [False, True]:
             call = _add_backward(kind, dy, torch.randn_like(x) if dsum else None, x, cols, mean,
                                  rstd, w)
             assert _bulk_instance(call, kind) == (dsum if want else None), (env, dsum)
-    monkeypatch.delenv("FUSED_NORM_BWD_BULK")
+    knobs("norm.bwd_bulk=1")
     _check_backward_forms(kind, x, dy, mean, rstd, f"stages={stages}")
 
 

@@ -7,7 +7,7 @@ import torch
 import fused_ops
 from fused_ops import reference
 from utils import (CUDA, DEVICES, DTYPES, assert_close, assert_graph_replay_matches_eager,
-                   cuda_kernel_names, input_views, poison_next_alloc)
+                   cuda_kernel_names, input_views, knobs, poison_next_alloc)  # noqa: F401
 
 ops = torch.ops.fused
 INF = float("inf")
@@ -18,10 +18,10 @@ INF = float("inf")
 # row (float32 forward rows of up to 1024 columns: 8 vectors, a warp a row), then on
 # sm_90 a cluster of up to 16 blocks of 512 (scalar: up to 65536; on the 16-byte path up
 # to 8 blocks, bf16 131072 / float32 65536, then twice the vectors per thread: bf16 524288,
-# float32 262144), beyond that (or with FUSED_SOFTMAX_CLUSTER=0, or before sm_90: one 1024-thread
+# float32 262144), beyond that (or with softmax.cluster=0, or before sm_90: one 1024-thread
 # block, then) the split path: chunk partials, then a second launch. The forward of rows of
 # 16-byte vectors past 16384 16-bit / 8192 float32 columns takes softmax_fwd_staged instead
-# (up to 16 even shares; FUSED_SOFTMAX_STAGED=0 sends it to the paths above).
+# (up to 16 even shares; softmax.staged=0 sends it to the paths above).
 LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 2049,
            4096, 4097, 8192, 8193, 16384, 16385, 32768]
 # Long rows: clusters of 2..16 blocks, and odd lengths (scalar clusters, then split).
@@ -185,7 +185,7 @@ def test_cuda_long_rows_persistent(dtype, length):
 
 # softmax_fwd_staged: the forward of rows of 16-byte vectors past 16384 16-bit / 8192
 # float32 columns, cut into even shares of up to 64 KB (on sm_90 up to 16, a cluster),
-# each staged in shared memory (scale > 0, no mask); FUSED_SOFTMAX_STAGED=0 sends the same
+# each staged in shared memory (scale > 0, no mask); softmax.staged=0 sends the same
 # rows to the general path (persistent clusters on sm_90), which 16-bit rows of 16384 take
 # either way. 24576: one share of 3072 vectors (a thread's last group partly past the
 # end); 151936: five shares (float32: ten, a non-portable cluster) the last one shorter.
@@ -198,8 +198,8 @@ def test_cuda_long_rows_persistent(dtype, length):
 @pytest.mark.parametrize("staged", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [16384, 24576, 32768, 65536, 131072, 151936, 262144])
-def test_cuda_staged_rows(length, dtype, staged, monkeypatch):
-    monkeypatch.setenv("FUSED_SOFTMAX_STAGED", staged)
+def test_cuda_staged_rows(length, dtype, staged, knobs):
+    knobs(f"softmax.staged={staged}")
     rows = (1 << 23) // length + 45  # 301 rows of 32768, ..., 77 of 262144
     spread = torch.rand(rows, 1, device="cuda") * 6 + 0.5
     x = torch.randn(rows, length, device="cuda") * spread + torch.randn(rows, 1, device="cuda") * 4
@@ -211,7 +211,7 @@ def test_cuda_staged_rows(length, dtype, staged, monkeypatch):
     x[8, length // 2:] = torch.randn(length - length // 2, device="cuda") * 0.5 - 100
     x = x.to(dtype)
     for log in (False, True):
-        y = check_forward(x, log=log, msg=f"log={log} FUSED_SOFTMAX_STAGED={staged}")
+        y = check_forward(x, log=log, msg=f"log={log} softmax.staged={staged}")
         check_backward(y, log=log, msg=f"log={log}")
         if not log:
             assert torch.equal(y[3], torch.full_like(y[3], 1 / length)), "constant row"
@@ -220,7 +220,7 @@ def test_cuda_staged_rows(length, dtype, staged, monkeypatch):
     # a float32 implementation that rounds scale * x (seen on the GPU; checked by emulation).
     xs = torch.cat([x[:7], x[9:]])
     for scale in (0.125, 3.0, -0.7):
-        check_forward(xs, scale=scale, msg=f"scale={scale} FUSED_SOFTMAX_STAGED={staged}")
+        check_forward(xs, scale=scale, msg=f"scale={scale} softmax.staged={staged}")
     special = special_rows(length, "cuda", dtype)
     for log in (False, True):
         y = check_forward(special, log=log, msg=f"special log={log}")
@@ -231,16 +231,16 @@ def test_cuda_staged_rows(length, dtype, staged, monkeypatch):
 @CUDA
 @pytest.mark.parametrize("min_block", ["32", "64", "128"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_short_row_blocks(dtype, min_block, monkeypatch):
-    # Rows of up to 128 threads run in blocks of max(tpr, FUSED_SOFTMAX_MIN_BLOCK) threads:
+def test_cuda_short_row_blocks(dtype, min_block, knobs):
+    # Rows of up to 128 threads run in blocks of max(tpr, softmax.min_block) threads:
     # 32 by default (1-warp blocks; float32 forward rows of up to 1024 columns at 8 vectors
     # a thread, a warp a row), 64 / 128 the older shapes kept for comparisons (several rows
     # a block; 257 rows leave a partial last block). Each shape is checked, and that it ran.
-    monkeypatch.setenv("FUSED_SOFTMAX_MIN_BLOCK", min_block)
+    knobs(f"softmax.min_block={min_block}")
     for length in (7, 100, 512, 1000, 1024, 4096):
         x = (torch.randn(257, length, device="cuda") * 3).to(dtype)
         for log in (False, True):
-            msg = f"length={length} log={log} FUSED_SOFTMAX_MIN_BLOCK={min_block}"
+            msg = f"length={length} log={log} softmax.min_block={min_block}"
             y = check_forward(x, log=log, msg=msg)
             check_backward(y, log=log, msg=msg)
     # The block size of softmax_kernel's launch (its 5th template argument) at 1024 columns:
@@ -257,11 +257,11 @@ def test_cuda_short_row_blocks(dtype, min_block, monkeypatch):
 
 
 @CUDA
-def test_cuda_staged_dispatch(monkeypatch):
+def test_cuda_staged_dispatch(knobs):
     # Which rows reach softmax_fwd_staged (a dispatch slip would fall back silently: every
     # result would still be right): rows of 16-byte vectors past 16384 16-bit / 8192 float32
     # columns, up to one 64 KB share (32768 / 16384) or, on sm_90, 16 of them; scale > 0,
-    # no mask, FUSED_SOFTMAX_STAGED unset; the backward never.
+    # no mask, softmax.staged unset; the backward never.
     def kernels(fn):
         names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_staged")
         return [n for n in cuda_kernel_names(fn) if any(k in n for k in names)]
@@ -270,9 +270,9 @@ def test_cuda_staged_dispatch(monkeypatch):
 
     def long_row(t, k):  # one row of k copies of t's rows
         return t.view(1, 4, 32768).expand(k, 4, 32768).reshape(1, k * 4 * 32768)
-    # Clusters run here (sm_90 code on an sm_90 GPU, FUSED_SOFTMAX_CLUSTER not 0) if the
+    # Clusters run here (sm_90 code on an sm_90 GPU, softmax.cluster not 0) if the
     # general path takes them for 65536 columns.
-    monkeypatch.setenv("FUSED_SOFTMAX_STAGED", "0")
+    knobs("softmax.staged=0")
     general = kernels(lambda: fused_ops.softmax(x.view(2, 65536)))
     sm90 = any("softmax_cluster_kernel" in n for n in general)
     cases = [
@@ -295,10 +295,10 @@ def test_cuda_staged_dispatch(monkeypatch):
         ("float32 524288", lambda: fused_ops.softmax(long_row(x.float(), 4)), "1", False),
         ("32767", lambda: fused_ops.softmax(x[:, :32767]), "1", False),
         ("backward", lambda: ops.softmax_backward(x, x, -1), "1", False),
-        ("FUSED_SOFTMAX_STAGED=0", lambda: fused_ops.softmax(x), "0", False),
+        ("softmax.staged=0", lambda: fused_ops.softmax(x), "0", False),
     ]
     for name, call, staged, want in cases:
-        monkeypatch.setenv("FUSED_SOFTMAX_STAGED", staged)
+        knobs(f"softmax.staged={staged}")
         names = kernels(call)
         assert names, name
         assert any("softmax_fwd_staged" in n for n in names) == want, (name, names)
@@ -307,14 +307,14 @@ def test_cuda_staged_dispatch(monkeypatch):
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [262144, 300000, 524288])
-def test_cuda_wide_clusters(dtype, length, monkeypatch):
+def test_cuda_wide_clusters(dtype, length, knobs):
     # Rows past 8 blocks of 4 vectors per thread on the 16-byte path (sm_90): clusters of 8
     # vectors per thread, staged (float32 262144 in 16 blocks; bf16 / fp16 262144 in 8,
     # 300000 in 10, 524288 in 16), else the split path (float32 300000 and 524288). 40
     # rows: float32 262144 has 7 clusters of 16 at once, so each walks 5-6 rows through
     # its single backward slot. The forward of these rows goes to softmax_fwd_staged unless
-    # FUSED_SOFTMAX_STAGED=0 (except float32 300000 / 524288): the general forward here.
-    monkeypatch.setenv("FUSED_SOFTMAX_STAGED", "0")
+    # softmax.staged=0 (except float32 300000 / 524288): the general forward here.
+    knobs("softmax.staged=0")
     spread = torch.rand(40, 1, device="cuda") * 6 + 0.5
     x = (torch.randn(40, length, device="cuda") * spread).to(dtype)
     for log in (False, True):
@@ -479,7 +479,7 @@ def test_causal(device, shape, dtype, scale):
 
 @pytest.mark.parametrize("device,length", per_device([33], [33, 2048, 16384]))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_causal_special_values_as_torch(device, length, dtype, monkeypatch):
+def test_causal_special_values_as_torch(device, length, dtype, knobs):
     # A query whose unmasked keys hold a NaN or a +inf, or only -inf, gives a row of NaN,
     # its masked keys too (torch: masked_fill with -inf, then softmax), forward and
     # backward. On CUDA 16-bit rows of 2048 / 16384 take kernels that skip the vectors past
@@ -495,10 +495,10 @@ def test_causal_special_values_as_torch(device, length, dtype, monkeypatch):
     mask = reference.causal_mask(64, length, device).expand(x.shape)
     native = torch.softmax(x.float().masked_fill(mask, -INF) * 0.5, -1)
     # On CUDA both forward kernels of 16-bit causal rows: softmax_causal_fwd, and with
-    # FUSED_SOFTMAX_CAUSAL=0 softmax_kernel's causal variant.
+    # softmax.causal=0 softmax_kernel's causal variant.
     for env in ("1", "0") if device == "cuda" else ("1",):
-        monkeypatch.setenv("FUSED_SOFTMAX_CAUSAL", env)
-        y = check_forward(x, scale=0.5, causal=True, msg=f"FUSED_SOFTMAX_CAUSAL={env}")
+        knobs(f"softmax.causal={env}")
+        y = check_forward(x, scale=0.5, causal=True, msg=f"softmax.causal={env}")
         torch.testing.assert_close(y.isnan(), native.isnan())
         assert y.isnan().all(-1).sum() == 5   # the five rows above, whole
         assert (y[~y.isnan().all(-1, keepdim=True).expand_as(y) & mask] == 0).all()
@@ -509,10 +509,10 @@ def test_causal_special_values_as_torch(device, length, dtype, monkeypatch):
 
 
 @CUDA
-def test_cuda_causal_dispatch(monkeypatch):
+def test_cuda_causal_dispatch(knobs):
     # Which launches take which causal kernel (a dispatch slip would fall back silently:
     # every result would still be right). softmax_causal_fwd: the forward of 16-bit causal
-    # rows on the 16-byte path of 257 to 16384 columns, unless FUSED_SOFTMAX_CAUSAL=0.
+    # rows on the 16-byte path of 257 to 16384 columns, unless softmax.causal=0.
     # softmax_kernel's causal variant (CAUSAL = true: a row's vectors past its causal limit
     # skip the forward's math and their outputs'): 16-bit rows with a causal mask in blocks
     # of up to 512 threads, the backward, and the forward rows the first does not take;
@@ -530,7 +530,7 @@ def test_cuda_causal_dispatch(monkeypatch):
     x = torch.randn(2, 4, 64, 2048, device="cuda", dtype=torch.bfloat16)
     cases = [
         ("bf16 causal", lambda: fused_ops.softmax(x, causal=True), "1", {"causal_fwd"}),
-        ("bf16 causal, FUSED_SOFTMAX_CAUSAL=0", lambda: fused_ops.softmax(x, causal=True), "0",
+        ("bf16 causal, softmax.causal=0", lambda: fused_ops.softmax(x, causal=True), "0",
          {"true"}),
         ("fp16 causal 16384", lambda: fused_ops.softmax(x.half().view(1, 1, 64, 16384),
                                                         causal=True), "1", {"causal_fwd"}),
@@ -546,7 +546,7 @@ def test_cuda_causal_dispatch(monkeypatch):
         ("bf16 unmasked", lambda: fused_ops.softmax(x), "1", {"false"}),
     ]
     for name, call, env, want in cases:
-        monkeypatch.setenv("FUSED_SOFTMAX_CAUSAL", env)
+        knobs(f"softmax.causal={env}")
         assert kernels(call) == want, name
 
 
@@ -557,16 +557,16 @@ def test_cuda_causal_dispatch(monkeypatch):
                                    (3, 1, 129, 264), (2, 3, 300, 264), (1, 3, 100, 1000),
                                    (1, 2, 77, 4096), (1, 1, 64, 20000), (1, 1, 3, 70000),
                                    (2, 1, 257, 40000)])
-def test_cuda_causal_large(dtype, shape, causal_fwd, monkeypatch):
+def test_cuda_causal_large(dtype, shape, causal_fwd, knobs):
     # Attention scores at the benchmarked row length. 16-bit rows of 264 to 16384 columns
     # take softmax_causal_fwd forward (a row group of 32 to 1024 threads; 387 rows of 264:
     # the last 128-thread block part idle; queries past the keys, Lq > Lk: whole rows),
-    # with FUSED_SOFTMAX_CAUSAL=0 softmax_kernel's causal variant in blocks of 128 / 256 /
+    # with softmax.causal=0 softmax_kernel's causal variant in blocks of 128 / 256 /
     # 512 threads, which also takes the backward; float32 rows the plain kernel; rows long
     # enough to take clusters or 1024-thread blocks (the last: more rows than clusters,
     # whole blocks past the causal limit); split rows only where clusters do not run
     # (before sm_90).
-    monkeypatch.setenv("FUSED_SOFTMAX_CAUSAL", causal_fwd)
+    knobs(f"softmax.causal={causal_fwd}")
     x = torch.randn(shape, device="cuda").to(dtype) * 3
     y = check_forward(x, scale=1 / 8, causal=True)
     check_backward(y, scale=1 / 8, causal=True)

@@ -10,37 +10,28 @@ Minimum bytes (s = element size):
 
 Extra implementations:
   "portable": the fused op forced onto the portable mma.sync kernel
-              (FUSED_OPS_MATMUL_KERNEL=portable), to report its % of cuBLAS on Hopper; in the
+              (the override matmul.kernel=portable), to report its % of cuBLAS on Hopper; in the
               fwd+bwd pass only the forward is forced (backward runs outside the call).
   "cublaslt": torch._addmm_activation(bias, x, w.t(), use_gelu=True), cuBLASLt's own
               bias + GeLU(tanh) epilogue.
 """
-import os
-
 import torch
 import torch.nn.functional as F
 
 import fused_ops
 from benchmarks.harness import Case
 from fused_ops import reference
+from fused_ops.overrides import overrides
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 16384, 4096),
           (16384, 4096, 16384)]
 QUICK = [(8192, 8192, 8192)]
-_ENV = "FUSED_OPS_MATMUL_KERNEL"
 
 
 def _portable(fn):
     def run(**inputs):
-        old = os.environ.get(_ENV)
-        os.environ[_ENV] = "portable"
-        try:
+        with overrides("matmul.kernel=portable"):
             return fn(**inputs)
-        finally:
-            if old is None:
-                del os.environ[_ENV]
-            else:
-                os.environ[_ENV] = old
     return run
 
 

@@ -6,12 +6,13 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
+
+#include "common/overrides.h"
 
 namespace fused {
 
@@ -63,20 +64,6 @@ inline unsigned elementwise_grid(int64_t work_items, int threads, int blocks_per
   int64_t want = ceil_div(std::max<int64_t>(work_items, 1), threads);
   int64_t cap = static_cast<int64_t>(num_sms()) * blocks_per_sm;
   return static_cast<unsigned>(std::min(want, cap));
-}
-
-// Whether the environment variable `name` switches a kernel variant off ("0..."): the
-// FUSED_* knobs that send rows to another kernel, for comparisons and tests.
-inline bool env_switched_off(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr && e[0] == '0';
-}
-
-// The integer in the environment variable `name`, or `fallback` where it is unset: the FUSED_*
-// knobs that pick a launch shape for comparisons (each caller checks its own range).
-inline int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  return e != nullptr && e[0] != '\0' ? std::atoi(e) : fallback;
 }
 
 // Lets `kernel` launch with `bytes` of dynamic shared memory: past the default 48 KB (which
@@ -157,10 +144,10 @@ bool runs_sm90_code(Kernel kernel) {
 // finishes, instead of after, which takes the launch gap (~1-2 us a kernel on an H200) out
 // of a chain of kernels. Such a kernel must call grid_dependency_wait() before its first
 // global memory access: that waits for the previous kernel to complete and its writes to
-// be visible (a no-op when the kernel was launched normally). FUSED_PDL=0 turns it off.
+// be visible (a no-op when the kernel was launched normally). The override pdl=0 turns it
+// off (common/overrides.h).
 inline bool pdl_enabled() {
-  static const bool off = env_switched_off("FUSED_PDL");
-  return !off && at::cuda::getCurrentDeviceProperties()->major >= 9;
+  return overrides().pdl && at::cuda::getCurrentDeviceProperties()->major >= 9;
 }
 
 __device__ __forceinline__ void grid_dependency_wait() {

@@ -1,6 +1,7 @@
 // matmul / linear on CPU: the fallback and what CI exercises. The products go through
 // at::matmul in float (double for float64), so half types accumulate in float as on the GPU;
-// bias and activation are plain loops over the result.
+// bias and activation are plain loops over the result. Checks and the op entry points are
+// shared with the CUDA kernels (common/matmul.h).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -9,7 +10,7 @@
 #include <torch/library.h>
 
 #include "common/dispatch.h"
-#include "common/matmul_checks.h"
+#include "common/matmul.h"
 
 namespace fused {
 namespace {
@@ -32,7 +33,6 @@ A act_grad(A z, LinearAct act) {
 }
 
 at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b) {
-  check_matmul_args(a, b, "fused::matmul");
   const auto acc = acc_dtype(a.scalar_type());
   return at::matmul(a.to(acc), b.to(acc)).to(a.scalar_type()).contiguous();
 }
@@ -65,31 +65,9 @@ std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Te
   return {y, zo};
 }
 
-at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& w,
-                      const std::optional<at::Tensor>& bias,
-                      std::optional<c10::string_view> activation) {
-  const char* op = "fused::linear";
-  check_linear_args(x, w, bias, op);
-  const LinearAct act = parse_linear_activation(activation, op);
-  return std::get<0>(linear_impl(x, w, bias, act, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_fwd_cpu(const at::Tensor& x, const at::Tensor& w,
-                                                  const std::optional<at::Tensor>& bias,
-                                                  c10::string_view activation) {
-  const char* op = "fused::linear_fwd";
-  check_linear_args(x, w, bias, op);
-  const LinearAct act = parse_required_activation(activation, op);
-  return linear_impl(x, w, bias, act, true);
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_act_backward_cpu(const at::Tensor& grad_out,
-                                                           const at::Tensor& preact,
-                                                           c10::string_view activation,
-                                                           bool bias_grad) {
-  const char* op = "fused::linear_act_backward";
-  check_act_backward_args(grad_out, preact, op);
-  const LinearAct act = parse_required_activation(activation, op);
+std::tuple<at::Tensor, at::Tensor> act_backward_cpu(const at::Tensor& grad_out,
+                                                    const at::Tensor& preact, LinearAct act,
+                                                    bool bias_grad) {
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
   const int64_t N = z.size(-1);
@@ -127,10 +105,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cpu(const at::Tensor& gra
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("matmul", &matmul_cpu);
-  m.impl("linear", &linear_cpu);
-  m.impl("linear_fwd", &linear_fwd_cpu);
-  m.impl("linear_act_backward", &linear_act_backward_cpu);
+  FUSED_REGISTER_MATMUL_OPS(m, matmul_cpu, linear_impl, act_backward_cpu);
 }
 
 }  // namespace fused

@@ -1,4 +1,5 @@
-// matmul / linear on CUDA.
+// matmul / linear on CUDA (checks and the op entry points shared with the CPU kernels:
+// common/matmul.h).
 //
 // bf16/fp16: hand-written tensor-core GEMMs with the bias + GeLU epilogue fused:
 //   - the Hopper kernel (matmul_sm90.cu: wgmma + TMA, warp-specialised, persistent) on
@@ -6,10 +7,10 @@
 //   - the portable kernel (matmul_portable.cuh: mma.sync + cp.async) everywhere else,
 //     compiled in its own translation units, one per element type
 //     (matmul_portable_{bf16,f16}.cu), which the build runs in parallel.
-//   FUSED_OPS_MATMUL_KERNEL=portable forces the portable kernel (benchmarks report its % of
-//   cuBLAS); "auto" (the default) takes the Hopper kernel where it applies; "hopper" does the
-//   same but fails when no Hopper kernel is available at all (the tests use it to make sure
-//   the Hopper kernel is what they check on an H100/H200).
+//   The override matmul.kernel=portable (common/overrides.h) forces the portable kernel
+//   (benchmarks report its % of cuBLAS); "auto" (the default) takes the Hopper kernel where
+//   it applies; "hopper" does the same but fails when no Hopper kernel is available at all
+//   (the tests use it to make sure the Hopper kernel is what they check on an H100/H200).
 // float32: cuBLAS through at::mm / at::matmul, which uses TF32 exactly when torch allows it
 //   (torch.backends.cuda.matmul.allow_tf32), then one elementwise pass for bias + activation.
 //   The hand kernels are 16-bit only.
@@ -31,12 +32,10 @@
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "common/dispatch.h"
 #include "common/launch.cuh"
-#include "common/matmul_checks.h"
+#include "common/matmul.h"
+#include "common/overrides.h"
 #include "common/vec.cuh"
 #include "cuda/matmul_portable.h"
 #include "cuda/matmul_sm90.h"
@@ -46,38 +45,16 @@ namespace {
 
 using matmul::GemmProblem;
 
-enum class KernelChoice { kAuto, kPortable, kHopper };
-
-KernelChoice kernel_choice() {
-  const char* v = std::getenv("FUSED_OPS_MATMUL_KERNEL");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return KernelChoice::kAuto;
-  if (std::strcmp(v, "portable") == 0) return KernelChoice::kPortable;
-  if (std::strcmp(v, "hopper") == 0) return KernelChoice::kHopper;
-  TORCH_CHECK(false, "FUSED_OPS_MATMUL_KERNEL must be 'auto', 'portable' or 'hopper', but is '",
-              v, "'");
-}
-
-// Tile-rows per group of the tile order (matmul_common.cuh: tile_coords). Read on every call so
-// one process can compare values (benchmarks/dev/gemm_group.py).
-int tile_group_m() {
-  const char* v = std::getenv("FUSED_OPS_MATMUL_GROUP_M");
-  if (v == nullptr || *v == '\0') return matmul::kGroupM;
-  char* end = nullptr;
-  const long g = std::strtol(v, &end, 10);
-  TORCH_CHECK(*end == '\0' && g >= 1 && g <= 1024,
-              "FUSED_OPS_MATMUL_GROUP_M must be an integer from 1 to 1024, but is '", v, "'");
-  return static_cast<int>(g);
-}
-
 void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
   if (p.M == 0 || p.N == 0 || p.batch == 0) return;
   cudaStream_t stream = current_stream();
-  const KernelChoice choice = kernel_choice();
-  if (choice != KernelChoice::kPortable) {
+  using Choice = Overrides::MatmulKernel;
+  const Choice choice = overrides().matmul_kernel;
+  if (choice != Choice::kPortable) {
     const auto r = matmul::launch_sm90_gemm(p, dtype, stream);
     if (r == matmul::Sm90Result::kLaunched) return;
-    TORCH_CHECK(r != matmul::Sm90Result::kUnavailable || choice != KernelChoice::kHopper,
-                "fused::matmul: FUSED_OPS_MATMUL_KERNEL=hopper, but the Hopper kernel is not "
+    TORCH_CHECK(r != matmul::Sm90Result::kUnavailable || choice != Choice::kHopper,
+                "fused::matmul: the override matmul.kernel=hopper is set, but the Hopper kernel is not "
                 "available here (it needs a compute capability 9.0 GPU with room for its shared "
                 "memory pipeline and a build with sm_90a, e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
   }
@@ -173,7 +150,7 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
   p.K = static_cast<int>(K);
   p.batch = static_cast<int>(batch);
   p.act = static_cast<int>(act);
-  p.group_m = tile_group_m();
+  p.group_m = overrides().matmul_group_m;
   p.a_kmajor = A.row_major;   // A [M, K] row-major: K contiguous
   p.b_kmajor = !B.row_major;  // B [K, N] column-major: K contiguous
   run_gemm(p, a3.scalar_type());
@@ -215,8 +192,8 @@ __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict
 #pragma unroll
   for (int e = 0; e < VEC; ++e) s[e] = 0.f;
   // Unrolled, and guarded rather than left by a break, so that the loads of four rows are
-  // in flight together (one row at a time left the pass latency-bound: KERNEL_LOG matmul
-  // v8).
+  // in flight together (one row at a time left the pass latency-bound:
+  // docs/design/matmul.md#tried-not-kept).
 #pragma unroll 4
   for (int r = threadIdx.y; r < kRowsPerBlock; r += 8) {
     const int64_t row = row0 + r;
@@ -268,7 +245,6 @@ __global__ void act_bias_finish_kernel(const float* __restrict__ partial, T* __r
 // Ops.
 
 at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
-  check_matmul_args(a, b, "fused::matmul");
   c10::cuda::CUDAGuard guard(a.device());
   if (a.scalar_type() == at::kFloat) return at::matmul(a, b).contiguous();
   at::Tensor a3 = a.dim() == 2 ? a.unsqueeze(0) : a;
@@ -326,31 +302,10 @@ std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Te
   return {y, z};
 }
 
-at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w,
-                       const std::optional<at::Tensor>& bias,
-                       std::optional<c10::string_view> activation) {
-  const char* op = "fused::linear";
-  check_linear_args(x, w, bias, op);
-  const LinearAct act = parse_linear_activation(activation, op);
-  return std::get<0>(linear_impl(x, w, bias, act, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_fwd_cuda(const at::Tensor& x, const at::Tensor& w,
-                                                   const std::optional<at::Tensor>& bias,
-                                                   c10::string_view activation) {
-  const char* op = "fused::linear_fwd";
-  check_linear_args(x, w, bias, op);
-  const LinearAct act = parse_required_activation(activation, op);
-  return linear_impl(x, w, bias, act, true);
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& grad_out,
-                                                            const at::Tensor& preact,
-                                                            c10::string_view activation,
-                                                            bool bias_grad) {
+std::tuple<at::Tensor, at::Tensor> act_backward_cuda(const at::Tensor& grad_out,
+                                                     const at::Tensor& preact, LinearAct act,
+                                                     bool bias_grad) {
   const char* op = "fused::linear_act_backward";
-  check_act_backward_args(grad_out, preact, op);
-  const LinearAct act = parse_required_activation(activation, op);
   c10::cuda::CUDAGuard guard(preact.device());
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
@@ -399,10 +354,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_cuda(const at::Tensor& gr
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  m.impl("matmul", &matmul_cuda);
-  m.impl("linear", &linear_cuda);
-  m.impl("linear_fwd", &linear_fwd_cuda);
-  m.impl("linear_act_backward", &linear_act_backward_cuda);
+  FUSED_REGISTER_MATMUL_OPS(m, matmul_cuda, linear_impl, act_backward_cuda);
 }
 
 }  // namespace fused

@@ -74,8 +74,8 @@ __device__ __forceinline__ float act_for(float z) {
 
 // ACT of two outputs (v0, v1), in place. Both GeLUs on 16-bit T take their paired forms, one
 // reciprocal for the two (gelu_math.h gelu_tanh_fast_pair / gelu_erf_fast_pair: 1.5 MUFU an
-// element instead of 2, the epilogue's bound; KERNEL_LOG matmul v15, v17); everything else
-// act_for on each.
+// element instead of 2, the epilogue's bound; docs/design/matmul.md#tried-not-kept);
+// everything else act_for on each.
 template <typename T, int ACT>
 __device__ __forceinline__ void act_pair_for(float& v0, float& v1) {
   if constexpr (ACT == kActGeluTanh && sizeof(T) == 2) {
@@ -143,9 +143,7 @@ __device__ __forceinline__ void epilogue_pair(const GemmProblem& p, int64_t row_
 
 // Tile order shared by both kernels: tiles are walked in groups of group_m tile-rows, column
 // by column within a group, so consecutive tiles (run at the same time) share A rows and B
-// columns in L2. kGroupM is the default (FUSED_OPS_MATMUL_GROUP_M overrides it; KERNEL_LOG
-// matmul v11).
-constexpr int kGroupM = 8;
+// columns in L2. group_m is the override matmul.group_m (default 8: common/overrides.h).
 
 __host__ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n,
                                                      int group_m, int& tm, int& tn) {

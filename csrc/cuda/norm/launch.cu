@@ -1,0 +1,212 @@
+// layer_norm, rms_norm and their fused residual forms (add_layer_norm, add_rms_norm) on CUDA:
+// the entry points. Checks, output allocation and the op entry points are shared with the CPU
+// kernels (common/norm.h); here a problem's plan (plan.h) is made and walked, each step by its
+// family's launcher (families.h). The backward kernels, column_sum and the forwards are
+// launched early (programmatic dependent launch, common/launch.cuh): each waits for its
+// predecessor first.
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAMacros.h>
+#include <torch/library.h>
+
+#include <mutex>
+
+#include "common/dispatch.h"
+#include "cuda/norm/bwd_common.cuh"
+#include "cuda/norm/families.h"
+
+namespace fused {
+namespace norm {
+
+bool sm90_code_runs();  // partials.cu
+
+namespace {
+
+// The current device's properties a plan reads, queried once a device.
+const GpuProps& gpu_props() {
+  static std::once_flag once[C10_COMPILE_TIME_MAX_GPUS];
+  static GpuProps props[C10_COMPILE_TIME_MAX_GPUS];
+  const int d = c10::cuda::current_device();
+  std::call_once(once[d], [d] {
+    const cudaDeviceProp* dp = at::cuda::getCurrentDeviceProperties();
+    props[d] = GpuProps{dp->major, dp->minor, dp->multiProcessorCount, sm90_code_runs()};
+  });
+  return props[d];
+}
+
+// A 16-byte-vector path is legal when every row starts aligned: cols a multiple of the
+// vector width (the plan checks) and each base pointer aligned to its vector size, VEC
+// elements of its type (nullptr: absent).
+template <int VEC, typename P>
+bool vec_ok(const P* p) {
+  return p == nullptr || is_aligned(p, VEC * static_cast<int>(sizeof(P)));
+}
+
+template <typename T, typename W, typename R, int VEC>
+bool forward_step(const FwdParams<T, W, R>& p, const Step& s) {
+  switch (s.kernel) {
+    case Kernel::kFwdFixed:
+      if constexpr (VEC > 1 && sizeof(T) == 2 && std::is_same_v<T, W> && std::is_same_v<T, R>) {
+        fwd_fixed<T>(p, s);
+        return true;
+      }
+      break;
+    case Kernel::kFwdWideFixed:
+    case Kernel::kFwdRegs:
+      return fwd_regs<T, W, R, VEC>(p, s);
+    case Kernel::kFwdLong:
+      fwd_long<T, W, R, VEC>(p, s);
+      return true;
+    default:
+      break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "norm plan: ", kernel_name(s.kernel), " in a forward plan for ",
+                        "these dtypes");
+}
+
+template <typename T, typename W, typename R, int VEC>
+bool backward_step(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s) {
+  constexpr bool kSame = VEC > 1 && std::is_same_v<T, W> && std::is_same_v<T, R>;
+  switch (s.kernel) {
+    case Kernel::kBwdWarp:
+      if constexpr (kSame && sizeof(T) == 2) return bwd_warp<T>(p, nb, s);
+      break;
+    case Kernel::kBwdBulk:
+      if constexpr (kSame && sizeof(T) == 2) return bwd_bulk<T>(p, nb, s);
+      break;
+    case Kernel::kBwdFixed:
+      if constexpr (kSame) return bwd_fixed<T>(p, nb, s);
+      break;
+    case Kernel::kBwdRegs:
+      return bwd_regs<T, W, R, VEC>(p, nb, s);
+    case Kernel::kBwdCluster:
+      return bwd_cluster<T, W, R, VEC>(p, nb, s);
+    case Kernel::kBwdTwoPass:
+      bwd_two_pass<T, W, R, VEC>(p, nb, s);
+      return true;
+    default:
+      break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "norm plan: ", kernel_name(s.kernel), " in a backward plan for ",
+                        "these dtypes");
+}
+
+// The plan's steps in order until one launches (each but the last may be refused by the
+// device); every step of a plan has the same vector width.
+template <typename T, typename W, typename R, typename Run>
+void walk(const Plan& plan, Run&& run) {
+  constexpr int V = kVecElems<T>;
+  for (int i = 0; i < plan.n; ++i) {
+    const bool launched = plan.steps[i].vec == V ? run(std::integral_constant<int, V>{}, plan.steps[i])
+                                                 : run(std::integral_constant<int, 1>{}, plan.steps[i]);
+    if (launched) return;
+  }
+  TORCH_INTERNAL_ASSERT(false, "norm plan: every step refused:\n", describe(plan));
+}
+
+// Calls fn(Tag<T>, Tag<W>, Tag<R>) for x's dtype t, the parameters' dtype w and the rows'
+// dtype r (each of w, r is t or float32).
+template <typename Fn>
+void dispatch_norm_types(at::ScalarType t, at::ScalarType w, at::ScalarType r, Fn&& fn) {
+  FUSED_DISPATCH_CUDA(t, "fused::norm", [&] {
+    using T = scalar_t;
+    if constexpr (std::is_same_v<T, float>) {
+      fn(Tag<T>{}, Tag<T>{}, Tag<T>{});
+    } else {
+      const bool wf = w == at::kFloat, rf = r == at::kFloat;
+      if (!wf && !rf) fn(Tag<T>{}, Tag<T>{}, Tag<T>{});
+      if (wf && !rf) fn(Tag<T>{}, Tag<float>{}, Tag<T>{});
+      if (!wf && rf) fn(Tag<T>{}, Tag<T>{}, Tag<float>{});
+      if (wf && rf) fn(Tag<T>{}, Tag<float>{}, Tag<float>{});
+    }
+  });
+}
+
+template <typename P>
+const P* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<P>() : nullptr;
+}
+
+void forward_cuda(NormForward& nf) {
+  c10::cuda::CUDAGuard guard(nf.x.device());
+  const at::ScalarType wt = nf.weight.defined() ? nf.weight.scalar_type()
+                            : nf.bias.defined() ? nf.bias.scalar_type()
+                                                : nf.x.scalar_type();
+  const at::ScalarType rt = nf.sum.defined() ? nf.sum.scalar_type() : nf.x.scalar_type();
+  dispatch_norm_types(nf.x.scalar_type(), wt, rt, [&](auto tt, auto tw, auto tr) {
+    using T = typename decltype(tt)::type;
+    using W = typename decltype(tw)::type;
+    using R = typename decltype(tr)::type;
+    FwdParams<T, W, R> p;
+    p.x = nf.x.const_data_ptr<T>();
+    p.residual = ptr_or_null<R>(nf.residual);
+    p.weight = ptr_or_null<W>(nf.weight);
+    p.bias = ptr_or_null<W>(nf.bias);
+    p.y = nf.y.mutable_data_ptr<T>();
+    p.sum = nf.sum.defined() ? nf.sum.mutable_data_ptr<R>() : nullptr;
+    p.mean = nf.layer ? nf.mean.mutable_data_ptr<float>() : nullptr;
+    p.rstd = nf.rstd.mutable_data_ptr<float>();
+    p.rows = nf.rows;
+    p.cols = static_cast<int>(nf.cols);
+    p.eps = static_cast<float>(nf.eps);
+    p.layer = nf.layer;
+    Problem pr;
+    pr.rows = nf.rows;
+    pr.cols = nf.cols;
+    pr.x = nf.x.scalar_type();
+    pr.w = wt;
+    pr.r = rt;
+    pr.layer = nf.layer;
+    pr.residual = p.residual != nullptr;
+    constexpr int V = kVecElems<T>;
+    pr.aligned = vec_ok<V>(p.x) && vec_ok<V>(p.residual) && vec_ok<V>(p.weight) &&
+                 vec_ok<V>(p.bias) && vec_ok<V>(p.y) && vec_ok<V>(p.sum);
+    walk<T, W, R>(plan_forward(pr, gpu_props(), overrides()), [&](auto vec, const Step& s) {
+      return forward_step<T, W, R, decltype(vec)::value>(p, s);
+    });
+  });
+}
+
+void backward_cuda(NormBackward& nb) {
+  c10::cuda::CUDAGuard guard(nb.x.device());
+  const at::ScalarType wt = nb.weight.defined() ? nb.weight.scalar_type() : nb.dy.scalar_type();
+  dispatch_norm_types(nb.dy.scalar_type(), wt, nb.x.scalar_type(), [&](auto tt, auto tw, auto tr) {
+    using T = typename decltype(tt)::type;
+    using W = typename decltype(tw)::type;
+    using R = typename decltype(tr)::type;
+    BwdParams<T, W, R> p;
+    p.dy = nb.dy.const_data_ptr<T>();
+    p.x = nb.x.const_data_ptr<R>();
+    p.dsum = ptr_or_null<R>(nb.dsum);
+    p.mean = nb.layer ? nb.mean.const_data_ptr<float>() : nullptr;
+    p.rstd = nb.rstd.const_data_ptr<float>();
+    p.weight = ptr_or_null<W>(nb.weight);
+    p.dx = nb.dx.mutable_data_ptr<R>();
+    p.dw_part = p.db_part = nullptr;
+    p.rows = nb.rows;
+    p.cols = static_cast<int>(nb.cols);
+    Problem pr;
+    pr.rows = nb.rows;
+    pr.cols = nb.cols;
+    pr.x = nb.dy.scalar_type();
+    pr.w = wt;
+    pr.r = nb.x.scalar_type();
+    pr.layer = nb.layer;
+    pr.dsum = p.dsum != nullptr;
+    pr.grads = param_grads(nb);
+    constexpr int V = kVecElems<T>;
+    pr.aligned = vec_ok<V>(p.dy) && vec_ok<V>(p.x) && vec_ok<V>(p.dsum) && vec_ok<V>(p.weight) &&
+                 vec_ok<V>(p.dx);
+    walk<T, W, R>(plan_backward(pr, gpu_props(), overrides()), [&](auto vec, const Step& s) {
+      return backward_step<T, W, R, decltype(vec)::value>(p, nb, s);
+    });
+  });
+}
+
+}  // namespace
+}  // namespace norm
+
+TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  FUSED_REGISTER_NORM_OPS(m, norm::forward_cuda, norm::backward_cuda);
+}
+
+}  // namespace fused
