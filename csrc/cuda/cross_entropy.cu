@@ -317,20 +317,16 @@ xent_bwd_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x,
 // Threads per row: 256 on long rows (4+ blocks an SM, 64 KB of loads in flight per SM, so
 // a block between rows costs a quarter of the SM's traffic, not half), 64 on short ones.
 int block_for(int64_t row_bytes) {
-  static const bool wide = env_int("FUSED_XENT_BLOCK", 0) == 512;  // for comparisons
-  if (wide && row_bytes > 4 * 1024) return 512;
   if (row_bytes > 4 * 1024) return 256;
   return 64;
 }
 
 // The fused-gradient forward reads each row twice; the second read hits L2 only while the
 // rows in flight (blocks an SM x SMs x row bytes) fit there: 512-thread blocks, 2 an SM
-// (26 MB of 50257-wide bf16 rows on 132 SMs). FUSED_XENT_GRAD_BLOCK=256 / 1024 (4 / 1 an
-// SM) for comparisons.
+// (26 MB of 50257-wide bf16 rows on 132 SMs).
 int grad_block_for(int64_t row_bytes) {
-  static const int knob = env_int("FUSED_XENT_GRAD_BLOCK", 512);
   if (row_bytes <= 4 * 1024) return 64;
-  return knob == 256 || knob == 1024 ? knob : 512;
+  return 512;
 }
 
 template <typename F>
