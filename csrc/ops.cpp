@@ -66,9 +66,14 @@ TORCH_LIBRARY(fused, m) {
   m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True, int chunk_size=0, bool[3] grad_mask=[False, False, False]) -> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
 }
 
-// A Python module with no functions: importing fused_ops._C runs the static registrations
-// above and in every kernel file.
+namespace fused {
+extern PyMethodDef fast_call_methods[];  // fast_calls.cpp
+}
+
+// Importing fused_ops._C runs the static registrations above and in every kernel file; the
+// module's functions are the direct entry points of fast_calls.cpp.
 extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1,
+                                      fused::fast_call_methods};
   return PyModule_Create(&module);
 }

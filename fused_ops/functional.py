@@ -3,12 +3,16 @@
 Swap `F.gelu` for `fused_ops.gelu` and nothing else changes. Each function is a thin call
 of its registered op (torch.ops.fused.<name>): argument checks, autograd and autocast all
 happen in C++, so a call costs about what the native op's Python binding costs. In eager
-mode the call goes straight to the op's C++ entry (OpOverload._op, the function
-OpOverload.__call__ itself calls), which saves a Python frame per call; under torch.compile
-(which traces OpOverloads, not that entry) it goes through torch.ops.fused.<name>.
+mode the call goes straight to C++: for the ops whose calls are cheapest natively (gelu, the
+norms, softmax) through the direct entry points of csrc/fast_calls.cpp (plain tensors only;
+anything else comes back NotImplemented and takes the next path), otherwise through the
+op's C++ entry (OpOverload._op, the function OpOverload.__call__ itself calls). Under
+torch.compile (which traces OpOverloads) the call goes through torch.ops.fused.<name>.
 """
 import torch
 from torch.compiler import is_compiling as _compiling
+
+from . import _C
 
 __all__ = [
     "gelu",
@@ -66,9 +70,10 @@ def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     if _compiling():
         return _gelu(input, approximate=approximate)
     try:
-        if approximate == "none":
-            return _gelu_c(input)
-        return _gelu_c(input, approximate=approximate)
+        y = _C.gelu(input, approximate)
+        if y is NotImplemented:  # a subclass, a torch function mode, an odd argument
+            y = _gelu_c(input, approximate=approximate)
+        return y
     except RuntimeError as e:
         raise _type_error(e, "gelu") from None
 
@@ -83,7 +88,10 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None,
     try:
         if _compiling():
             return _layer_norm(input, list(_shape(normalized_shape)), weight, bias, eps)[0]
-        return _layer_norm_c(input, _shape(normalized_shape), weight, bias, eps)[0]
+        y = _C.layer_norm(input, _shape(normalized_shape), weight, bias, eps)
+        if y is NotImplemented:
+            y = _layer_norm_c(input, _shape(normalized_shape), weight, bias, eps)[0]
+        return y
     except RuntimeError as e:
         raise _type_error(e, "layer_norm") from None
 
@@ -93,7 +101,10 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight=None, eps=None) -> to
     try:
         if _compiling():
             return _rms_norm(input, list(_shape(normalized_shape)), weight, eps)[0]
-        return _rms_norm_c(input, _shape(normalized_shape), weight, eps)[0]
+        y = _C.rms_norm(input, _shape(normalized_shape), weight, eps)
+        if y is NotImplemented:
+            y = _rms_norm_c(input, _shape(normalized_shape), weight, eps)[0]
+        return y
     except RuntimeError as e:
         raise _type_error(e, "rms_norm") from None
 
@@ -138,7 +149,9 @@ def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
         return _softmax(input, dim, scale=scale, causal=causal)
     try:
         if scale == 1.0 and not causal:
-            return _softmax_c(input, dim)
+            y = _C.softmax(input, dim)
+            if y is not NotImplemented:
+                return y
         return _softmax_c(input, dim, scale=scale, causal=causal)
     except RuntimeError as e:
         raise _type_error(e, "softmax") from None
@@ -149,8 +162,11 @@ def log_softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
     """log_softmax along dim, as torch.nn.functional.log_softmax (default dim: the last)."""
     if dtype is not None:
         input = input.to(dtype)
+    if _compiling():
+        return _log_softmax(input, dim)
     try:
-        return (_log_softmax if _compiling() else _log_softmax_c)(input, dim)
+        y = _C.log_softmax(input, dim)
+        return _log_softmax_c(input, dim) if y is NotImplemented else y
     except RuntimeError as e:
         raise _type_error(e, "log_softmax") from None
 

@@ -1,6 +1,7 @@
 """Drop-in modules: same constructor arguments, parameters and state dicts as their torch.nn
-twins (extra arguments keyword-only). Each forward calls its registered op directly (no
-extra Python layer on the hot path) and scripts with torch.jit.script where the twin does.
+twins (extra arguments keyword-only). Each forward calls its functional form (the fastest
+entry in eager mode) or, under torch.jit.script (which compiles only that branch), its
+registered op; they script wherever the twin does.
 """
 from typing import Optional
 
@@ -24,23 +25,30 @@ class GELU(torch.nn.GELU):
     """torch.nn.GELU on the fused kernel."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return torch.ops.fused.gelu(input, approximate=self.approximate)
+        if torch.jit.is_scripting():
+            return torch.ops.fused.gelu(input, approximate=self.approximate)
+        return functional.gelu(input, self.approximate)
 
 
 class LayerNorm(torch.nn.LayerNorm):
     """torch.nn.LayerNorm on the fused kernel (same arguments, parameters, state dict)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return torch.ops.fused.layer_norm(input, list(self.normalized_shape), self.weight,
-                                          self.bias, self.eps)[0]
+        if torch.jit.is_scripting():
+            return torch.ops.fused.layer_norm(input, list(self.normalized_shape), self.weight,
+                                              self.bias, self.eps)[0]
+        return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias,
+                                     self.eps)
 
 
 class RMSNorm(torch.nn.RMSNorm):
     """torch.nn.RMSNorm on the fused kernel (same arguments, parameters, state dict)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.fused.rms_norm(x, list(self.normalized_shape), self.weight,
-                                        self.eps)[0]
+        if torch.jit.is_scripting():
+            return torch.ops.fused.rms_norm(x, list(self.normalized_shape), self.weight,
+                                            self.eps)[0]
+        return functional.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
 def _legacy_softmax_dim(ndim: int) -> int:
@@ -57,7 +65,9 @@ class Softmax(torch.nn.Softmax):
         dim = self.dim
         if dim is None:
             dim = _legacy_softmax_dim(input.dim())
-        return torch.ops.fused.softmax(input, dim)
+        if torch.jit.is_scripting():
+            return torch.ops.fused.softmax(input, dim)
+        return functional.softmax(input, dim)
 
 
 class LogSoftmax(torch.nn.LogSoftmax):
@@ -67,7 +77,9 @@ class LogSoftmax(torch.nn.LogSoftmax):
         dim = self.dim
         if dim is None:
             dim = _legacy_softmax_dim(input.dim())
-        return torch.ops.fused.log_softmax(input, dim)
+        if torch.jit.is_scripting():
+            return torch.ops.fused.log_softmax(input, dim)
+        return functional.log_softmax(input, dim)
 
 
 class Dropout(torch.nn.Dropout):
