@@ -3,8 +3,9 @@
 Prints the fused_ops version and location; the torch, CUDA toolkit and C++ compiler it was
 built with (recorded by setup.py in fused_ops/_build_info.py) beside the torch running now;
 the GPU architectures compiled in; the current GPU and which kernels it gets (the Hopper
-paths or the portable ones); and the overrides in force (FUSED_OPS_OVERRIDES and the FUSED_*
-environment variables the kernels read).
+paths or the portable ones); the overrides in force (fused_ops.overrides: FUSED_OPS_OVERRIDES
+or the last spec set), one key a line; and any other FUSED_* environment variable that is set,
+marked where the kernels no longer read it.
 """
 import os
 import platform
@@ -15,6 +16,7 @@ import torch
 
 import fused_ops
 from fused_ops import _build_info
+from fused_ops import overrides as _overrides
 
 
 def parse_arch_list(arch_list):
@@ -51,8 +53,31 @@ def code_for(capability, archs):
     return None
 
 
-def kernels_for(capability, archs, env=os.environ):
-    """What the ops run on a GPU of `capability` with this build: lines of text."""
+def parse_spec(spec):
+    """An overrides spec ("matmul.kernel=portable,pdl=0") as {key: value}, a key given twice
+    taking its last value as in the extension's parser. Keys and values are not checked here:
+    the extension does that (spec_in_force reports its error)."""
+    out = {}
+    for item in (spec or "").split(","):
+        key, eq, value = item.partition("=")
+        if eq and key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def spec_in_force(env=os.environ):
+    """(spec, error): the overrides spec in force, as the extension holds it (FUSED_OPS_OVERRIDES
+    read at the first use, or the last spec set through fused_ops.overrides), and None; or,
+    where the extension rejects FUSED_OPS_OVERRIDES, the variable as set and the error."""
+    try:
+        return _overrides.current(), None
+    except RuntimeError as e:
+        return env.get("FUSED_OPS_OVERRIDES", ""), str(e).strip().splitlines()[0]
+
+
+def kernels_for(capability, archs, spec=""):
+    """What the ops run on a GPU of `capability` with this build under the overrides `spec`:
+    lines of text."""
     code = code_for(capability, archs)
     if code is None:
         return [f"no kernels for this GPU: the build has {', '.join(arch_names(archs)) or 'none'} "
@@ -62,18 +87,28 @@ def kernels_for(capability, archs, env=os.environ):
     hopper_sass = kind == "sass" and a >= 9
     hopper_gemm = capability == (9, 0) and any(
         (x, y, s) == (9, 0, "a") for x, y, s, _ in archs)
-    choice = env.get("FUSED_OPS_MATMUL_KERNEL", "auto") or "auto"
+    keys = parse_spec(spec)
+    choice = keys.get("matmul.kernel", "auto")
     if hopper_gemm and choice != "portable":
         lines.append("matmul / linear (bf16, fp16): Hopper kernel (wgmma + TMA, sm_90a) where "
                      "the operands suit TMA, else the portable mma.sync kernel")
     else:
-        why = ("FUSED_OPS_MATMUL_KERNEL=portable" if hopper_gemm else
+        why = ("override matmul.kernel=portable" if hopper_gemm else
                "needs a compute capability 9.0 GPU" if capability != (9, 0) else
                "the build has no sm_90a code")
-        lines.append(f"matmul / linear (bf16, fp16): portable mma.sync kernel (Hopper kernel: {why})")
+        if choice == "hopper":
+            lines.append("matmul / linear (bf16, fp16): none, the calls fail: the override "
+                         f"matmul.kernel=hopper asks for the Hopper kernel ({why})")
+        else:
+            lines.append("matmul / linear (bf16, fp16): portable mma.sync kernel "
+                         f"(Hopper kernel: {why})")
     if hopper_sass:
-        lines.append("softmax, norms, dropout: sm_90 paths (thread-block clusters for long rows, "
-                     "programmatic dependent launch)")
+        clusters = ("thread-block clusters for long rows" +
+                    (" (softmax's off: override softmax.cluster=0)"
+                     if keys.get("softmax.cluster") == "0" else ""))
+        pdl = ("programmatic dependent launch" if keys.get("pdl") != "0" else
+               "no programmatic dependent launch: override pdl=0")
+        lines.append(f"softmax, norms, dropout: sm_90 paths ({clusters}, {pdl})")
     else:
         lines.append("softmax, norms, dropout: portable paths (no clusters / early launch: "
                      + ("not sm_90 code" if capability[0] >= 9 else "needs sm_90") + ")")
@@ -83,12 +118,16 @@ def kernels_for(capability, archs, env=os.environ):
 # FUSED_* variables that are read by the build (setup.py) or the test runner, not the kernels.
 NOT_OVERRIDES = {"FUSED_OPS_CUDA", "FUSED_OPS_BUILD_CHECKS", "FUSED_OPS_MEMCHECK"}
 
+# The variables FUSED_OPS_OVERRIDES replaced: set, they change nothing.
+RETIRED_PREFIXES = ("FUSED_NORM_", "FUSED_SOFTMAX_", "FUSED_OPS_MATMUL_", "FUSED_PDL")
 
-def overrides(env=os.environ):
-    """The FUSED_OPS_OVERRIDES knob and every other FUSED_* variable the kernels read that
-    is set, as sorted (name, value) pairs."""
-    return sorted((k, v) for k, v in env.items()
-                  if k.startswith("FUSED_") and k not in NOT_OVERRIDES)
+
+def other_fused_vars(env=os.environ):
+    """Every FUSED_* variable that is set other than FUSED_OPS_OVERRIDES and the build's, as
+    sorted (name, value, retired) triples; retired: a variable the kernels no longer read."""
+    return sorted((k, v, k.startswith(RETIRED_PREFIXES)) for k, v in env.items()
+                  if k.startswith("FUSED_") and k not in NOT_OVERRIDES
+                  and k != "FUSED_OPS_OVERRIDES")
 
 
 def report():
@@ -115,6 +154,7 @@ def report():
     out.append(f"  torch          {torch.__version__}"
                + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "")
                + ("" if torch.__version__ == b.TORCH_VERSION else "  <- differs from the build"))
+    spec, error = spec_in_force()
     if not torch.cuda.is_available():
         out.append("  GPU            none visible to torch: the ops run their CPU kernels")
     else:
@@ -124,13 +164,24 @@ def report():
         out.append(f"  GPU {i}          {p.name}, compute capability {p.major}.{p.minor}, "
                    f"{p.multi_processor_count} SMs")
         if b.WITH_CUDA:
-            out += [f"    {line}" for line in kernels_for(cap, archs)]
+            out += [f"    {line}" for line in kernels_for(cap, archs, "" if error else spec)]
         else:
             out.append("    the build has no CUDA kernels: CUDA tensors are not supported")
     out.append("")
-    found = overrides()
-    out.append("Overrides:" + ("" if found else " none (FUSED_OPS_OVERRIDES and FUSED_* unset)"))
-    out += [f"  {k}={v}" for k, v in found]
+    if error:
+        out.append(f"Overrides: FUSED_OPS_OVERRIDES='{spec}' is rejected (the first op call "
+                   f"raises): {error}")
+    elif not parse_spec(spec):
+        out.append("Overrides: none (every default; FUSED_OPS_OVERRIDES or "
+                   "fused_ops.overrides sets them)")
+    else:
+        out.append(f"Overrides: {spec}")
+        out += [f"  {k}={v}" for k, v in parse_spec(spec).items()]
+    others = other_fused_vars()
+    if others:
+        out.append("Other FUSED_* variables set:")
+        out += [f"  {k}={v}" + ("  (not read any more: FUSED_OPS_OVERRIDES replaced it)"
+                                if retired else "") for k, v, retired in others]
     return out
 
 

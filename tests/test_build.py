@@ -138,13 +138,42 @@ def test_info_runs_and_reports_the_build(tmp_path):
     assert f"torch          {torch.__version__}" in out
     assert "C++ compiler" in out
     assert ("not built (CPU kernels only)" in out) != fused_ops.WITH_CUDA
-    assert "Overrides: none" in out
-    env["FUSED_OPS_OVERRIDES"] = "matmul=portable"
-    env["FUSED_OPS_CUDA"] = "0"  # a build switch, not an override
-    out = subprocess.run([sys.executable, "-m", "fused_ops.info"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120).stdout
-    assert "  FUSED_OPS_OVERRIDES=matmul=portable" in out
+    assert "Overrides: none" in out and "Other FUSED_* variables" not in out
+
+    def info_with(**set_env):
+        r = subprocess.run([sys.executable, "-m", "fused_ops.info"], cwd=ROOT,
+                           env=dict(env, **set_env), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    # The spec the extension holds, one key a line; a retired variable is named as unread.
+    out = info_with(FUSED_OPS_OVERRIDES="matmul.kernel=portable, pdl=0", FUSED_NORM_FIXED="0",
+                    FUSED_OPS_CUDA="0")  # FUSED_OPS_CUDA: a build switch, not an override
+    assert "Overrides: matmul.kernel=portable, pdl=0\n  matmul.kernel=portable\n  pdl=0\n" in out
+    assert "  FUSED_NORM_FIXED=0  (not read any more" in out
     assert "FUSED_OPS_CUDA" not in out
+    # A spec the extension rejects is reported with its error, not listed as in force.
+    out = info_with(FUSED_OPS_OVERRIDES="matmul=portable")
+    assert "FUSED_OPS_OVERRIDES='matmul=portable' is rejected" in out
+    assert "unknown key 'matmul'" in out and "\n  matmul=portable" not in out
+
+
+def test_info_reads_the_overrides_in_force():
+    from fused_ops.overrides import overrides
+    base = info.spec_in_force()
+    assert base[1] is None
+    with overrides("softmax.cluster=0,matmul.kernel=portable"):
+        spec, error = info.spec_in_force()
+        assert error is None
+        assert info.parse_spec(spec)["matmul.kernel"] == "portable"
+        assert info.parse_spec(spec)["softmax.cluster"] == "0"
+    assert info.spec_in_force() == base
+
+
+def test_parse_spec():
+    assert info.parse_spec("") == {}
+    assert info.parse_spec(" pdl = 0 ,, matmul.kernel=hopper,pdl=1") == {
+        "pdl": "1", "matmul.kernel": "hopper"}  # the last value of a key wins
 
 
 def test_build_info_records_the_toolchain():
@@ -172,15 +201,23 @@ def test_code_a_gpu_runs(cap, archs, want):
 
 
 def test_kernels_a_gpu_gets():
-    hopper = " ".join(info.kernels_for((9, 0), DEFAULT, env={}))
+    hopper = " ".join(info.kernels_for((9, 0), DEFAULT))
     assert "Hopper kernel (wgmma + TMA" in hopper and "sm_90 paths" in hopper
-    forced = " ".join(info.kernels_for((9, 0), DEFAULT, env={"FUSED_OPS_MATMUL_KERNEL": "portable"}))
-    assert "portable mma.sync kernel (Hopper kernel: FUSED_OPS_MATMUL_KERNEL=portable)" in forced
-    ampere = " ".join(info.kernels_for((8, 0), DEFAULT, env={}))
+    assert "override" not in hopper
+    forced = " ".join(info.kernels_for((9, 0), DEFAULT, "matmul.kernel=portable"))
+    assert "portable mma.sync kernel (Hopper kernel: override matmul.kernel=portable)" in forced
+    # The last value of a key wins, as in the extension's parser.
+    back = " ".join(info.kernels_for((9, 0), DEFAULT, "matmul.kernel=portable,matmul.kernel=auto"))
+    assert "Hopper kernel (wgmma + TMA" in back
+    knobs = " ".join(info.kernels_for((9, 0), DEFAULT, "softmax.cluster=0,pdl=0"))
+    assert "override softmax.cluster=0" in knobs and "override pdl=0" in knobs
+    ampere = " ".join(info.kernels_for((8, 0), DEFAULT))
     assert "portable mma.sync" in ampere and "needs a compute capability 9.0 GPU" in ampere
-    no_90a = " ".join(info.kernels_for((9, 0), info.parse_arch_list("8.0+PTX"), env={}))
+    failing = " ".join(info.kernels_for((8, 0), DEFAULT, "matmul.kernel=hopper"))
+    assert "the calls fail" in failing and "needs a compute capability 9.0 GPU" in failing
+    no_90a = " ".join(info.kernels_for((9, 0), info.parse_arch_list("8.0+PTX")))
     assert "the build has no sm_90a code" in no_90a and "PTX compute_80" in no_90a
-    assert "no kernels for this GPU" in info.kernels_for((7, 5), DEFAULT, env={})[0]
+    assert "no kernels for this GPU" in info.kernels_for((7, 5), DEFAULT)[0]
 
 
 # ---- the source tree shadowing an installed build ------------------------------------------

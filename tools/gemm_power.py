@@ -6,8 +6,8 @@ board's 700 W limit when run back to back.)
     python tools/gemm_power.py [--seconds S] [--constant] [--cases a,b] [MxNxK ...]
 
 --constant: operands of one value each (linear_cases); --cases: a comma-separated subset
-of the case names. With FUSED_OPS_MATMUL_KERNEL=portable, "fused mm" is the portable
-kernel (on random data it is power-bound, on constant data not).
+of the case names. With FUSED_OPS_OVERRIDES=matmul.kernel=portable, "fused mm" is the
+portable kernel (on random data it is power-bound, on constant data not).
 
 Each case is timed once, then enqueued as event-timed batches of 8 calls filling about S
 seconds (default 2) with a single synchronize at the end (the GPU never waits for the

@@ -2,8 +2,8 @@
 // every peer's shared memory with st.async, and each block waits on its own mbarrier until
 // all its peers' values have landed. No cluster barrier per exchange: barrier.cluster's
 // release (MEMBAR.ALL.GPU in SASS) waits for the thread's outstanding global loads, which
-// would stall a prefetched next row (benchmarks/dev/softmax_long_sweep.cu: 4096x32768
-// bf16 softmax 73% -> 90% of copy with the prefetch kept in flight).
+// would stall a prefetched next row (4096x32768 bf16 softmax: 73% -> 90% of copy with the
+// prefetch kept in flight, in a standalone sweep; docs/design/softmax.md#tried-not-kept).
 //
 // Device functions for sm_90 code only: callers compile them under __CUDA_ARCH__ >= 900.
 #pragma once

@@ -1,7 +1,7 @@
 // 2^x and 1/x on the special-function unit (MUFU, ~2 ulp of float; results below 2^-126
 // flush to zero): for kernels whose 16-bit outputs (8 / 11 bits) cannot show the
 // difference from libdevice, and which the libdevice forms would make instruction-bound
-// (gelu, softmax; benchmarks/KERNEL_LOG.md).
+// (gelu, softmax; docs/design/gelu.md#tried-not-kept).
 #pragma once
 
 #if defined(__CUDACC__)

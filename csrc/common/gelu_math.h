@@ -54,14 +54,14 @@ FUSED_HD float gelu_grad(float x) {
 // Fast forms for 16-bit outputs. A bf16/fp16 result carries 8/11 bits, so hardware
 // exp/reciprocal (MUFU, ~2 ulp of float) lose nothing visible, and they cut the per-element
 // instruction count enough that gelu on 16-bit data stays memory-bound (libdevice erff costs
-// ~25 instructions per element; see benchmarks/KERNEL_LOG.md). exp2_approx / rcp_approx:
+// ~25 instructions per element; docs/design/gelu.md#tried-not-kept). exp2_approx / rcp_approx:
 // common/fast_math.cuh.
 
 constexpr float kHalfLog2e = 0.72134752044448170368f;      // log2(e) / 2
 constexpr float kInv2Sqrt2 = 0.35355339059327376220f;      // 1 / (2 sqrt 2)
 
 // 1 / d0 and 1 / d1 through one reciprocal (1/d0 = d1 / (d0 d1)): the paired GeLU forms of
-// the GEMM epilogue, whose bound is the special-function unit (KERNEL_LOG matmul v15, v17).
+// the GEMM epilogue, whose bound is the special-function unit (docs/design/matmul.md#design).
 // The callers keep d0 d1 finite and above the flush-to-zero range, and NaN-free, so neither
 // result depends on the other's input beyond rounding.
 __device__ __forceinline__ void rcp_pair(float d0, float d1, float& inv0, float& inv1) {
@@ -96,7 +96,7 @@ __device__ __forceinline__ float half_erfc_fast(float x) {
   return half_erfc_from_t(x, rcp_approx(fmaf(fabsf(x), kInv2Sqrt2, 1.0f)));
 }
 
-// The erf GeLU for two elements at once, for the GEMM epilogue (KERNEL_LOG matmul v17): one
+// The erf GeLU for two elements at once, for the GEMM epilogue (docs/design/matmul.md#design): one
 // reciprocal for the pair, 1.5 MUFU an element instead of 2. |x| is clamped to 64 inside
 // a = 1 + |x| / (2 sqrt 2): h has underflowed to 0 long before (2^(-x^2 log2(e) / 2)), a0 a1
 // stays below 600, and a NaN x (fminf gives 64) stays out of its partner's reciprocal.
@@ -119,13 +119,13 @@ constexpr float kTanhD1 = kTanhD0 * 3.0f * kGeluCoeff;
 // add, rcp. The constants are folded by hand (nvcc keeps the source's order of float
 // operations), and ex2 / rcp are the .ftz forms, whose non-ftz library forms wrap each MUFU
 // in range fix-ups: ~9 instructions an element for the forward instead of ~20, leaving the
-// two MUFU as the bound (KERNEL_LOG matmul v9). x << 0: 2^(...) overflows to inf and s is 0.
+// two MUFU as the bound. x << 0: 2^(...) overflows to inf and s is 0.
 __device__ __forceinline__ float tanh_sigmoid_2u(float x, float x2) {
   return rcp_approx(1.0f + exp2_approx(x * fmaf(x2, kTanhE1, kTanhE0)));
 }
 
 // The tanh form for two elements at once, for the GEMM epilogue, where the special-function
-// unit bounds the epilogue (KERNEL_LOG matmul v9, v15): 1.5 MUFU an element instead of 2, by one
+// unit bounds the epilogue (docs/design/matmul.md#design): 1.5 MUFU an element instead of 2, by one
 // reciprocal shared between the pair (1/d0 = d1 / (d0 d1)). With t = x (kTanhE0 + kTanhE1 x^2)
 // (= -2u log2 e) and e = 2^-|t| in (0, 1]: sigmoid(2u) = 1 / (1 + 2^t) = (t > 0 ? e : 1) / d,
 // d = 1 + e in (1, 2], so d0 d1 lies in (1, 4]: no overflow, no flushed reciprocal, and the

@@ -18,7 +18,7 @@
 //                     column) partial sums of dx; bias_grad_finish sums the chunks in a fixed
 //                     order (two stages, no atomics: deterministic).
 // Bytes: dropout fwd/bwd 2 * n * sizeof(T); bias_dropout_add fwd 3 * n * sizeof(T) (+ bias),
-// bwd 2 * n * sizeof(T) (+ the small partial-sum buffer). See benchmarks/KERNEL_LOG.md.
+// bwd 2 * n * sizeof(T) (+ partial sums); docs/design/dropout.md#roofline-and-standing.
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/PhiloxUtils.cuh>
 #include <ATen/ops/empty.h>
@@ -46,9 +46,9 @@ namespace fused {
 namespace {
 
 // Elementwise launch shape: 128 threads x 2 groups (one 16-byte vector per input each), the
-// best shape of the H200 sweep of the shared elementwise kernel (KERNEL_LOG, GeLU v3). v2's
+// best shape of the H200 sweep of the shared elementwise kernel (docs/design/gelu.md#design).
 // 4 groups shared the per-thread prologue over more elements but measured 3-5 points slower
-// at 128-256 MB (KERNEL_LOG, dropout v3: longer-lived blocks, a ragged last wave).
+// at 128-256 MB (docs/design/dropout.md#tried-not-kept: longer-lived blocks, a ragged last wave).
 constexpr int kThreads = 128;
 constexpr int kGroupsPerThread = 2;
 

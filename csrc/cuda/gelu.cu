@@ -1,6 +1,6 @@
 // gelu on CUDA: one pass over memory, forward and backward.
 // Bytes: forward reads x and writes y (2 * numel * sizeof(T)); backward reads dy and x and
-// writes dx (3 * numel * sizeof(T)). See benchmarks/KERNEL_LOG.md for the roofline.
+// writes dx (3 * numel * sizeof(T)). Roofline: docs/design/gelu.md#roofline-and-standing.
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 

@@ -120,7 +120,7 @@ struct PortableConfig {
 // no bounds checks but the mn_ok bit. A chunk copied as 0 bytes is zero-filled and reads no
 // memory (PTX: src-size is the number of bytes read from src), so its source address may
 // lie outside the matrix; compute-sanitizer memcheck on the edge shapes agrees
-// (benchmarks/dev/portable_notes.md).
+// (docs/design/matmul.md#tried-not-kept).
 template <typename T, int ROWS, int COLS, int PITCH, int THREADS, bool KMAJOR>
 struct TileLoader {
   static constexpr int CPR = COLS / 8;  // chunks per row

@@ -22,7 +22,7 @@ namespace portable_detail {
 //         the throughput shape; each k16 step a warp issues 32 mma for 8 ldmatrix.x4 (a 2:1
 //         math to smem ratio). BK = 64 rather than 32 (4 stages): half the barriers per mma
 //         and whole 128-byte lines per K-major row copy; +4-9% at 8192^3 on an H200
-//         (benchmarks/dev/portable_notes.md) despite ptxas spilling at 255 registers
+//         (docs/design/matmul.md#tried-not-kept) despite ptxas spilling at 255 registers
 //         (688-1304 bytes of spill loads, nearly all in the prologue and epilogue).
 //   Small  64 x 128 x 32, 4 warps of 32 x 64, 4 stages (60 KB smem): for problems that make
 //         fewer Big tiles than there are SMs (e.g. 1000 x 1000), where filling the GPU

@@ -597,7 +597,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
     return Sm90Result::kNotApplicable;  // TMA refused these strides
   }
   // The epilogue stores through TMA where both outputs allow it (Z only when the backward
-  // pass wants it), else with the threads' own stores (KERNEL_LOG matmul v19).
+  // pass wants it), else with the threads' own stores.
   CUtensorMap map_c{}, map_z{};
   const bool tma_store = make_out_map(&map_c, p.c, p.M, p.N, p.batch, dtype) &&
                          (p.z == nullptr || make_out_map(&map_z, p.z, p.M, p.N, p.batch, dtype));
