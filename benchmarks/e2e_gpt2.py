@@ -72,7 +72,7 @@ def import_transformers():
         print(f"cannot import transformers ({e}): install it, e.g. from the wheels in .whl/ "
               f"with `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` and "
               f"PYTHONPATH=/tmp/site", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     return transformers
 
 

@@ -14,7 +14,7 @@ import torch
 
 def _built_copy_elsewhere():
     """Another fused_ops folder on sys.path that holds a built extension, or None."""
-    here = _os.path.realpath(__path__[0])
+    here = _os.path.realpath(__path__[0])  # noqa: F405  (the package's own __path__)
     for entry in _sys.path:
         folder = _os.path.realpath(_os.path.join(entry or _os.getcwd(), "fused_ops"))
         if folder != here and _glob.glob(_os.path.join(folder, "_C.*")):

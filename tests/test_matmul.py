@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import CUDA, DEVICES, DTYPES, TOL, input_views, knobs  # noqa: F401
+from utils import CUDA, DEVICES, DTYPES, TOL, input_views
 
 ACTS = [None, "gelu", "gelu_tanh"]
 KERNELS = ["auto", "portable"]

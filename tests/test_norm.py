@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import fused_ops
 from fused_ops import reference
 from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, assert_graph_replay_matches_eager,
-                   cuda_kernel_names, input_views, knobs, offset_copy, overrides,  # noqa: F401
+                   cuda_kernel_names, input_views, offset_copy, overrides,
                    poison_next_alloc)
 
 ops = torch.ops.fused

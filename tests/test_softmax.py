@@ -7,7 +7,7 @@ import torch
 import fused_ops
 from fused_ops import reference
 from utils import (CUDA, DEVICES, DTYPES, assert_close, assert_graph_replay_matches_eager,
-                   cuda_kernel_names, input_views, knobs, poison_next_alloc)  # noqa: F401
+                   cuda_kernel_names, input_views, poison_next_alloc)
 
 ops = torch.ops.fused
 INF = float("inf")

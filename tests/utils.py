@@ -4,7 +4,6 @@ import os
 import pytest
 import torch
 
-import fused_ops.overrides as _overrides
 from fused_ops.overrides import overrides  # noqa: F401  (`with overrides("norm.fixed=0"):`)
 
 CUDA = pytest.mark.cuda
@@ -17,22 +16,6 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # CUPTI) works, the allocator keeps no statistics (torch.cuda.memory_allocated), and
 # poison_next_alloc has no cached block to leave behind.
 MEMCHECK = os.environ.get("FUSED_OPS_MEMCHECK") == "1"
-
-
-@pytest.fixture
-def knobs():
-    """A test's kernel overrides (fused_ops.overrides): knobs("norm.fixed=0") applies a spec on
-    top of the one in force for the rest of the test (a key given again takes its new value);
-    the spec the test started with comes back after it. Import it into a test module to use it
-    as a fixture."""
-    base = _overrides.current()
-
-    def apply(spec):
-        now = _overrides.current()
-        _overrides.set_spec(f"{now},{spec}" if now and spec else now or spec)
-
-    yield apply
-    _overrides.set_spec(base)
 
 
 def skip_under_memcheck(what):
