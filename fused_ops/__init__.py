@@ -46,10 +46,9 @@ if _build_info.TORCH_VERSION != torch.__version__:
         "pip install --no-build-isolation --force-reinstall --no-deps ."
     )
 
-from . import _C  # noqa: E402,F401  (registers the ops)
-from . import _impl  # noqa: E402,F401  (fake kernels, vmap rules)
-from . import nn  # noqa: E402
-from . import overrides  # noqa: E402,F401  (fused_ops.overrides: the kernel knobs)
+# _C registers the ops (and must come first); _impl their fake kernels and vmap rules;
+# overrides is the kernel knobs' module.
+from . import _C, _impl, nn, overrides  # noqa: E402,F401
 from .functional import *  # noqa: E402,F401,F403
 from .functional import __all__ as _functional_all  # noqa: E402
 

@@ -35,13 +35,15 @@ void bwd_two_pass(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s);
 // X(T, W, R, VEC) for every (x, parameters, rows) dtype combination and vector width a
 // launcher of all types is built for: float32 everything, or 16-bit x with parameters and
 // rows each in x's dtype or float32; the 16-byte path (VEC = 16 / sizeof(x)) and the
-// scalar one.
+// scalar one. (clang-format is not idempotent on these lists: kept as written.)
+// clang-format off
 #define FUSED_NORM_FOR_16BIT(X, T)                                                  \
   X(T, T, T, 8) X(T, T, T, 1) X(T, float, T, 8) X(T, float, T, 1) X(T, T, float, 8) \
   X(T, T, float, 1) X(T, float, float, 8) X(T, float, float, 1)
 #define FUSED_NORM_FOR_TYPES(X)                       \
   X(float, float, float, 4) X(float, float, float, 1) \
   FUSED_NORM_FOR_16BIT(X, c10::Half) FUSED_NORM_FOR_16BIT(X, c10::BFloat16)
+// clang-format on
 
 }  // namespace norm
 }  // namespace fused
