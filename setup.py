@@ -10,6 +10,7 @@ run (FUSED_OPS_BUILD_CHECKS=0 skips them):
   - setuptools: able to write a wheel (70.1 or later, or the `wheel` package);
   - the C++ compiler: links the C++ runtime that torch runs with (check_compiler).
 """
+
 import glob
 import importlib.metadata
 import json
@@ -60,8 +61,9 @@ def outside_build_env():
         print(json.dumps({"torch": v.group(1) if v else None, "torch_dir": d,
                           "wheels": st >= [70, 1] or u.find_spec("wheel") is not None}))"""
     try:
-        out = subprocess.run([sys.executable, "-E", "-c", code], capture_output=True,
-                             text=True, timeout=60).stdout
+        out = subprocess.run(
+            [sys.executable, "-E", "-c", code], capture_output=True, text=True, timeout=60
+        ).stdout
         return json.loads(out)
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
@@ -87,21 +89,29 @@ def import_torch():
     prefix = "" if outside.get("wheels", True) else tools_first()
     if torch is None:
         if not outside.get("torch"):
-            stop(f"no torch in {sys.executable}; fused_ops builds against {want}. Install it "
-                 f"first: {tools_first()}{INSTALL}")
-        stop(f"this build cannot see torch {outside['torch']} ({outside['torch_dir']}): pip "
-             f"builds in an isolated environment unless told not to, and the extension must be "
-             f"compiled against the torch it will run with (fused_ops builds against {want}). "
-             f"Run: {prefix}{INSTALL}")
+            stop(
+                f"no torch in {sys.executable}; fused_ops builds against {want}. Install it "
+                f"first: {tools_first()}{INSTALL}"
+            )
+        stop(
+            f"this build cannot see torch {outside['torch']} ({outside['torch_dir']}): pip "
+            f"builds in an isolated environment unless told not to, and the extension must be "
+            f"compiled against the torch it will run with (fused_ops builds against {want}). "
+            f"Run: {prefix}{INSTALL}"
+        )
     found = f"torch {torch.__version__} ({os.path.dirname(torch.__file__)})"
     if not torch.__version__.startswith(SUPPORTED_TORCH + "."):
-        stop(f"found {found}, but fused_ops builds against {want} only. Run: "
-             f"{tools_first()}{INSTALL}")
+        stop(
+            f"found {found}, but fused_ops builds against {want} only. Run: "
+            f"{tools_first()}{INSTALL}"
+        )
     if outside.get("torch") and outside["torch"] != torch.__version__:
-        stop(f"the build environment has {found}, but this Python runs torch "
-             f"{outside['torch']} ({outside['torch_dir']}); the extension must be compiled "
-             f"against the torch it will run with. Run: {prefix}{INSTALL}   (a torch put first on "
-             f"PYTHONPATH on purpose: FUSED_OPS_BUILD_CHECKS=0)")
+        stop(
+            f"the build environment has {found}, but this Python runs torch "
+            f"{outside['torch']} ({outside['torch_dir']}); the extension must be compiled "
+            f"against the torch it will run with. Run: {prefix}{INSTALL}   (a torch put first on "
+            f"PYTHONPATH on purpose: FUSED_OPS_BUILD_CHECKS=0)"
+        )
     return torch
 
 
@@ -109,15 +119,18 @@ def check_wheel_support():
     """A wheel (pip install, pip wheel, python -m build) needs setuptools 70.1 or later, or
     the `wheel` package: older setuptools fails with "invalid command 'bdist_wheel'"."""
     import setuptools
+
     version = tuple(int(p) for p in re.findall(r"\d+", setuptools.__version__)[:2])
     if version >= (70, 1):
         return
     try:
         import wheel  # noqa: F401
     except ImportError:
-        stop(f"setuptools {setuptools.__version__} cannot build a wheel without the `wheel` "
-             f"package (setuptools 70.1 can). Run: {tools_first()}{INSTALL}   (torch in the "
-             f"same command keeps setuptools within the versions torch accepts)")
+        stop(
+            f"setuptools {setuptools.__version__} cannot build a wheel without the `wheel` "
+            f"package (setuptools 70.1 can). Run: {tools_first()}{INSTALL}   (torch in the "
+            f"same command keeps setuptools within the versions torch accepts)"
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -186,26 +199,35 @@ def runtime_problem(cxx, loaded, loaded_max):
         src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
         with open(src, "w") as f:
             f.write(PROBE)
-        r = subprocess.run([exe, "-shared", "-fPIC", "-O1", src, "-o", lib],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [exe, "-shared", "-fPIC", "-O1", src, "-o", lib], capture_output=True, text=True
+        )
         if r.returncode != 0:
             return f"`{cxx}` cannot build a C++ shared library: {r.stderr.strip()[-300:]}"
-        dyn = subprocess.run([readelf, "-d", "-V", "-W", lib], capture_output=True,
-                             text=True).stdout
+        dyn = subprocess.run(
+            [readelf, "-d", "-V", "-W", lib], capture_output=True, text=True
+        ).stdout
     if "[libstdc++.so.6]" not in dyn:
-        return (f"`{cxx}` ({exe}) links libstdc++ statically into the library, so the extension "
-                f"would carry a C++ runtime of its own beside the one torch loaded ({loaded})")
+        return (
+            f"`{cxx}` ({exe}) links libstdc++ statically into the library, so the extension "
+            f"would carry a C++ runtime of its own beside the one torch loaded ({loaded})"
+        )
     needed = glibcxx_max(dyn)
-    own = subprocess.run([exe, "-print-file-name=libstdc++.so.6"], capture_output=True,
-                         text=True).stdout.strip()
+    own = subprocess.run(
+        [exe, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True
+    ).stdout.strip()
     own_max = glibcxx_provided(own) if os.path.isabs(own) and os.path.exists(own) else None
     if own_max and os.path.realpath(own) != loaded:
         if own_max > loaded_max:
-            return (f"`{cxx}` ({exe}) links {os.path.realpath(own)} ({fmt(own_max)}), newer than "
-                    f"the libstdc++ torch runs with ({loaded}, {fmt(loaded_max)})")
+            return (
+                f"`{cxx}` ({exe}) links {os.path.realpath(own)} ({fmt(own_max)}), newer than "
+                f"the libstdc++ torch runs with ({loaded}, {fmt(loaded_max)})"
+            )
     if needed and needed > loaded_max:
-        return (f"a library built by `{cxx}` ({exe}) needs {fmt(needed)}, but the libstdc++ torch "
-                f"runs with ({loaded}) has at most {fmt(loaded_max)}")
+        return (
+            f"a library built by `{cxx}` ({exe}) needs {fmt(needed)}, but the libstdc++ torch "
+            f"runs with ({loaded}) has at most {fmt(loaded_max)}"
+        )
     return None
 
 
@@ -240,15 +262,21 @@ def check_compiler():
             break
         problems.append(problem)
     else:
-        how = ("set CXX and CC to a compiler that links it dynamically and is no newer, "
-               "e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc" if chosen else
-               "install the system g++ (the one torch's libstdc++ comes with) or set CXX and CC")
-        stop(f"no C++ compiler here links the C++ runtime torch uses ({loaded}); the first "
-             f"error an op raises would crash the process. {'; '.join(problems)}. Fix: {how} "
-             f"(FUSED_OPS_BUILD_CHECKS=0 builds anyway)")
+        how = (
+            "set CXX and CC to a compiler that links it dynamically and is no newer, "
+            "e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc"
+            if chosen
+            else "install the system g++ (the one torch's libstdc++ comes with) or set CXX and CC"
+        )
+        stop(
+            f"no C++ compiler here links the C++ runtime torch uses ({loaded}); the first "
+            f"error an op raises would crash the process. {'; '.join(problems)}. Fix: {how} "
+            f"(FUSED_OPS_BUILD_CHECKS=0 builds anyway)"
+        )
     if problems:
-        print(f"fused_ops: building with {cxx} instead of the default: {problems[0]}",
-              file=sys.stderr)
+        print(
+            f"fused_ops: building with {cxx} instead of the default: {problems[0]}", file=sys.stderr
+        )
     os.environ["CXX"] = cxx
     if "CC" not in os.environ:
         cc = c_compiler_for(cxx)
@@ -257,6 +285,7 @@ def check_compiler():
 
 
 # ---------------------------------------------------------------------------------------
+
 
 def want_cuda(torch, cpp_extension):
     flag = os.environ.get("FUSED_OPS_CUDA")
@@ -278,8 +307,11 @@ def write_build_info(torch, cpp_extension, with_cuda):
     # Read at import (an extension built against one torch must not load under another) and
     # by `python -m fused_ops.info`.
     cxx = os.environ.get("CXX", "c++")
-    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc") if (
-        with_cuda and cpp_extension.CUDA_HOME) else None
+    nvcc = (
+        os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+        if (with_cuda and cpp_extension.CUDA_HOME)
+        else None
+    )
     info = {
         "VERSION": VERSION,
         "TORCH_VERSION": torch.__version__,
@@ -304,16 +336,18 @@ def extension(torch, cpp_extension):
     # csrc/*.cpp: the schemas, the overrides and the debug ops; cuda/<op>/plan.cpp: the dispatch
     # tables, plain C++ that the CPU build compiles too (tests/test_plan.py checks them there);
     # autograd/*.cpp: autograd and autocast of every op.
-    sources = (sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
-               + sorted(glob.glob("csrc/cuda/*/plan.cpp"))
-               + sorted(glob.glob("csrc/autograd/*.cpp")))
+    sources = (
+        sorted(glob.glob("csrc/*.cpp"))
+        + sorted(glob.glob("csrc/cpu/*.cpp"))
+        + sorted(glob.glob("csrc/cuda/*/plan.cpp"))
+        + sorted(glob.glob("csrc/autograd/*.cpp"))
+    )
     cxx = ["-O3", "-std=c++17"]
     args = {"cxx": cxx}
     macros = []
     if with_cuda:
         sources += sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True))
-        args["nvcc"] = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo",
-                        "-DNDEBUG"]
+        args["nvcc"] = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-DNDEBUG"]
         macros.append(("FUSED_OPS_WITH_CUDA", None))
         ext = cpp_extension.CUDAExtension
     else:
@@ -337,6 +371,7 @@ def main():
     if CHECKS:
         check_compiler()
     from torch.utils import cpp_extension
+
     setup(
         name="fused_ops",
         version=VERSION,

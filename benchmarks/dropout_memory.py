@@ -8,6 +8,7 @@ saved tensors), the part of it beyond the output (what backward keeps), and the 
 forward+backward above the inputs. The benchmark harness records the same held bytes per
 measurement (fwd_held_bytes in the results JSON).
 """
+
 import argparse
 import os
 import sys
@@ -53,15 +54,20 @@ def main():
         "native": lambda t: F.dropout(t, P),
         "compile": torch.compile(lambda t: reference.dropout(t, P)),
     }
-    print(f"dropout p={P}, shape {tuple(args.shape)}, {args.dtype}: "
-          f"output {out_bytes / 2**20:.1f} MiB")
-    print(f"{'impl':<8} {'held after fwd MiB':>19} {'saved for bwd MiB':>18} "
-          f"{'peak fwd+bwd MiB':>17}")
+    print(
+        f"dropout p={P}, shape {tuple(args.shape)}, {args.dtype}: "
+        f"output {out_bytes / 2**20:.1f} MiB"
+    )
+    print(
+        f"{'impl':<8} {'held after fwd MiB':>19} {'saved for bwd MiB':>18} {'peak fwd+bwd MiB':>17}"
+    )
     for name, fn in impls.items():
         held_and_peak(fn, x)  # warm-up (compiles)
         held, peak = held_and_peak(fn, x)
-        print(f"{name:<8} {held / 2**20:>19.2f} {(held - out_bytes) / 2**20:>18.2f} "
-              f"{peak / 2**20:>17.2f}")
+        print(
+            f"{name:<8} {held / 2**20:>19.2f} {(held - out_bytes) / 2**20:>18.2f} "
+            f"{peak / 2**20:>17.2f}"
+        )
 
 
 if __name__ == "__main__":

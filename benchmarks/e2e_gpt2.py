@@ -38,6 +38,7 @@ Records (JSON, --out) follow /work/shared/DESIGN.md: {"op": "e2e_train", "model"
 "gpt2-124M", "impl": ..., "tokens_per_s": ..., ...}, with x_vs_eager (tokens/s over the
 eager run of the same batch; compiled runs over eager+compile) on each.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,9 +70,12 @@ def import_transformers():
     try:
         import transformers
     except ImportError as e:
-        print(f"cannot import transformers ({e}): install it, e.g. from the wheels in .whl/ "
-              f"with `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` and "
-              f"PYTHONPATH=/tmp/site", file=sys.stderr)
+        print(
+            f"cannot import transformers ({e}): install it, e.g. from the wheels in .whl/ "
+            f"with `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` and "
+            f"PYTHONPATH=/tmp/site",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
     return transformers
 
@@ -80,6 +84,7 @@ def gpt2_config(tiny: bool):
     """GPT2Config() (124M), or the --tiny one: 2 layers, hidden 128, 4 heads, 64 positions
     and a 512-token vocabulary (a CPU check in seconds)."""
     from transformers import GPT2Config
+
     if tiny:
         return GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=64, vocab_size=512)
     return GPT2Config()
@@ -89,6 +94,7 @@ def build_model(config, device, dtype, seed=0):
     """GPT2LMHeadModel from the configuration, SDPA attention, in train mode on device and
     dtype; the same weights for the same seed."""
     from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     if model.config._attn_implementation != "sdpa":
@@ -99,9 +105,12 @@ def build_model(config, device, dtype, seed=0):
 def gelu_tanh_types() -> tuple:
     """The module classes HF uses for GPT-2's "gelu_new" activation (the tanh GeLU)."""
     from transformers import activations
-    return tuple(getattr(activations, n) for n in ("NewGELUActivation", "GELUTanh",
-                                                   "PytorchGELUTanh")
-                 if hasattr(activations, n))
+
+    return tuple(
+        getattr(activations, n)
+        for n in ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh")
+        if hasattr(activations, n)
+    )
 
 
 def swap_modules(model: torch.nn.Module, gelu_types: tuple) -> Counter:
@@ -111,16 +120,20 @@ def swap_modules(model: torch.nn.Module, gelu_types: tuple) -> Counter:
     (same p). Subclasses of those are left alone: they may compute something else.
     Returns how many of each were swapped."""
     import fused_ops.nn as fnn
+
     counts = Counter()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.LayerNorm:
                 ref = child.weight if child.weight is not None else None
-                new = fnn.LayerNorm(child.normalized_shape, eps=child.eps,
-                                    elementwise_affine=child.elementwise_affine,
-                                    bias=child.bias is not None,
-                                    device=ref.device if ref is not None else None,
-                                    dtype=ref.dtype if ref is not None else None)
+                new = fnn.LayerNorm(
+                    child.normalized_shape,
+                    eps=child.eps,
+                    elementwise_affine=child.elementwise_affine,
+                    bias=child.bias is not None,
+                    device=ref.device if ref is not None else None,
+                    dtype=ref.dtype if ref is not None else None,
+                )
                 new.load_state_dict(child.state_dict())
                 kind = "LayerNorm"
             elif type(child) in gelu_types:
@@ -166,17 +179,37 @@ PRECISIONS = {
 def run_one(impl, batch, seq, args, config, device, precision, env) -> dict:
     """One (impl, batch) measurement on a fresh model and optimizer; errors are recorded."""
     dtype, amp, described = PRECISIONS[precision]
-    autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp is not None \
+    autocast = (
+        (lambda: torch.autocast(device.type, dtype=amp))
+        if amp is not None
         else contextlib.nullcontext
-    rec = {"op": "e2e_train", "model": "gpt2-tiny" if args.tiny else "gpt2-124M",
-           "impl": impl, "batch": batch, "seq": seq, "shape": [batch, seq],
-           "tokens_per_step": batch * seq, "dtype": str(dtype).replace("torch.", ""),
-           "precision": described,
-           "optimizer": "AdamW(lr=1e-4, foreach)", "attn": "sdpa", "tokens_per_s": None,
-           "wall_ms_per_step": None, "gpu_kernel_ms_per_step": None,
-           "kernels_per_step": None, "profiled_wall_ms_per_step": None,
-           "peak_mem_bytes": None, "loss_eval0": None, "loss_last": None, "swapped": {},
-           "steps": args.steps, "warmup": args.warmup, "error": None, **env}
+    )
+    rec = {
+        "op": "e2e_train",
+        "model": "gpt2-tiny" if args.tiny else "gpt2-124M",
+        "impl": impl,
+        "batch": batch,
+        "seq": seq,
+        "shape": [batch, seq],
+        "tokens_per_step": batch * seq,
+        "dtype": str(dtype).replace("torch.", ""),
+        "precision": described,
+        "optimizer": "AdamW(lr=1e-4, foreach)",
+        "attn": "sdpa",
+        "tokens_per_s": None,
+        "wall_ms_per_step": None,
+        "gpu_kernel_ms_per_step": None,
+        "kernels_per_step": None,
+        "profiled_wall_ms_per_step": None,
+        "peak_mem_bytes": None,
+        "loss_eval0": None,
+        "loss_last": None,
+        "swapped": {},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "error": None,
+        **env,
+    }
     model = opt = fwd = step = None
     try:
         model = build_model(config, device, dtype, seed=args.seed)
@@ -248,8 +281,13 @@ def add_ratios(records: list) -> None:
     runs: over eager+compile); loss_eval0_diff: loss_eval0 minus that run's."""
     by = {(r["batch"], r.get("repeat", 0), r["impl"]): r for r in records}
     for r in records:
-        base = by.get((r["batch"], r.get("repeat", 0),
-                       "eager+compile" if r["impl"].endswith("+compile") else "eager"))
+        base = by.get(
+            (
+                r["batch"],
+                r.get("repeat", 0),
+                "eager+compile" if r["impl"].endswith("+compile") else "eager",
+            )
+        )
         ok = base and base.get("tokens_per_s") and r.get("tokens_per_s")
         r["x_vs_eager"] = r["tokens_per_s"] / base["tokens_per_s"] if ok else None
         ok = base and base.get("loss_eval0") is not None and r.get("loss_eval0") is not None
@@ -261,48 +299,94 @@ def _f(v, fmt):
 
 
 def table(records: list) -> str:
-    header = ["batch", "impl", "tokens/s", "× eager", "wall ms/step", "GPU kernel ms/step",
-              "kernels/step", "profiled wall ms/step", "peak GiB", "eval loss", "error"]
-    lines = ["| " + " | ".join(header) + " |",
-             "|---|---|" + "---:|" * (len(header) - 3) + "---|"]
+    header = [
+        "batch",
+        "impl",
+        "tokens/s",
+        "× eager",
+        "wall ms/step",
+        "GPU kernel ms/step",
+        "kernels/step",
+        "profiled wall ms/step",
+        "peak GiB",
+        "eval loss",
+        "error",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 3) + "---|"]
     for r in records:
         mem = r.get("peak_mem_bytes")
-        lines.append("| " + " | ".join([
-            f"{r['batch']}x{r['seq']}", r["impl"], _f(r.get("tokens_per_s"), ",.0f"),
-            _f(r.get("x_vs_eager"), ".3f"), _f(r.get("wall_ms_per_step"), ".2f"),
-            _f(r.get("gpu_kernel_ms_per_step"), ".2f"), _f(r.get("kernels_per_step"), ".0f"),
-            _f(r.get("profiled_wall_ms_per_step"), ".2f"),
-            _f(mem / 2**30 if mem is not None else None, ".2f"),
-            _f(r.get("loss_eval0"), ".4f"), (r.get("error") or "").replace("|", "/")]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"{r['batch']}x{r['seq']}",
+                    r["impl"],
+                    _f(r.get("tokens_per_s"), ",.0f"),
+                    _f(r.get("x_vs_eager"), ".3f"),
+                    _f(r.get("wall_ms_per_step"), ".2f"),
+                    _f(r.get("gpu_kernel_ms_per_step"), ".2f"),
+                    _f(r.get("kernels_per_step"), ".0f"),
+                    _f(r.get("profiled_wall_ms_per_step"), ".2f"),
+                    _f(mem / 2**30 if mem is not None else None, ".2f"),
+                    _f(r.get("loss_eval0"), ".4f"),
+                    (r.get("error") or "").replace("|", "/"),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--impls", default="eager,fused",
-                   help=f"comma-separated, of {', '.join(IMPLS)} (default eager,fused)")
-    p.add_argument("--compile", action="store_true",
-                   help="also the +compile form of each impl given")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--impls",
+        default="eager,fused",
+        help=f"comma-separated, of {', '.join(IMPLS)} (default eager,fused)",
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="also the +compile form of each impl given"
+    )
     p.add_argument("--batches", default="8,1", help="batch sizes (default 8,1)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024; "
-                   "--tiny: 64)")
+    p.add_argument(
+        "--seq", type=int, default=None, help="sequence length (default 1024; --tiny: 64)"
+    )
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run the whole list of (batch, impl) this many times, in the same "
-                        "order, each a record (default 1): the spread between repeats is "
-                        "the run-to-run noise")
-    p.add_argument("--warmup", type=int, default=3,
-                   help="untimed steps first (default 3; +compile runs get 2 more)")
-    p.add_argument("--profile-steps", type=int, default=3,
-                   help="steps under torch.profiler for the GPU kernel time (default 3; "
-                        "0: none)")
-    p.add_argument("--tiny", action="store_true",
-                   help="2 layers, hidden 128, seq 64, vocabulary 512: a quick check")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the whole list of (batch, impl) this many times, in the same "
+        "order, each a record (default 1): the spread between repeats is "
+        "the run-to-run noise",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed steps first (default 3; +compile runs get 2 more)",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=3,
+        help="steps under torch.profiler for the GPU kernel time (default 3; 0: none)",
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="2 layers, hidden 128, seq 64, vocabulary 512: a quick check",
+    )
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
-    p.add_argument("--precision", default="bf16", choices=list(PRECISIONS),
-                   help="bf16: bf16 weights (and AdamW states), no autocast (default); "
-                        "autocast: fp32 weights, the forward under bf16 autocast; fp32")
+    p.add_argument(
+        "--precision",
+        default="bf16",
+        choices=list(PRECISIONS),
+        help="bf16: bf16 weights (and AdamW states), no autocast (default); "
+        "autocast: fp32 weights, the forward under bf16 autocast; fp32",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out/e2e_gpt2.json", help="JSON output path")
     return p.parse_args(argv)
@@ -318,10 +402,12 @@ def main(argv=None) -> int:
         batches = [int(b) for b in args.batches.split(",") if b.strip()]
     except ValueError:
         batches = []
-    if (bad or not impls or not batches or min(batches) < 1 or args.steps < 1
-            or args.repeat < 1):
-        print(f"error: --impls takes {', '.join(IMPLS)}; --batches positive integers; "
-              f"--steps and --repeat at least 1", file=sys.stderr)
+    if bad or not impls or not batches or min(batches) < 1 or args.steps < 1 or args.repeat < 1:
+        print(
+            f"error: --impls takes {', '.join(IMPLS)}; --batches positive integers; "
+            f"--steps and --repeat at least 1",
+            file=sys.stderr,
+        )
         return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -329,19 +415,24 @@ def main(argv=None) -> int:
         return 2
     transformers = import_transformers()
     import fused_ops  # noqa: F401 - registers the ops
+
     if device.type == "cuda" and not fused_ops.WITH_CUDA:
         print("fused_ops was built without its CUDA kernels", file=sys.stderr)
         return 2
     config = gpt2_config(args.tiny)
     seq = args.seq or (64 if args.tiny else 1024)
     if seq > config.n_positions:
-        print(f"error: --seq {seq} is longer than the model's {config.n_positions} positions",
-              file=sys.stderr)
+        print(
+            f"error: --seq {seq} is longer than the model's {config.n_positions} positions",
+            file=sys.stderr,
+        )
         return 2
-    env = {"device": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                      else "cpu"),
-           "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
-           "python": platform.python_version()}
+    env = {
+        "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
     records = []
     for repeat in range(args.repeat):
         for batch in batches:
@@ -353,20 +444,40 @@ def main(argv=None) -> int:
                 rec = run_one(impl, batch, seq, sub, config, device, args.precision, env)
                 records.append(dict(rec, repeat=repeat))
     add_ratios(records)
-    header = {**env, "config": {k: getattr(config, k) for k in (
-        "n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "activation_function",
-        "resid_pdrop", "embd_pdrop", "attn_pdrop")},
+    header = {
+        **env,
+        "config": {
+            k: getattr(config, k)
+            for k in (
+                "n_layer",
+                "n_embd",
+                "n_head",
+                "n_positions",
+                "vocab_size",
+                "activation_function",
+                "resid_pdrop",
+                "embd_pdrop",
+                "attn_pdrop",
+            )
+        },
         "params": sum(math.prod(s) for s in _param_shapes(config)),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:]}
-    print(f"GPT-2 ({header['params'] / 1e6:.1f}M parameters) training step, "
-          f"{env['device']}, torch {env['torch']}, transformers {env['transformers']}; "
-          f"{records[0]['precision']}, SDPA attention, AdamW.\n")
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+    }
+    print(
+        f"GPT-2 ({header['params'] / 1e6:.1f}M parameters) training step, "
+        f"{env['device']}, torch {env['torch']}, transformers {env['transformers']}; "
+        f"{records[0]['precision']}, SDPA attention, AdamW.\n"
+    )
     print(table(records))
     for r in records:
         d = r.get("loss_eval0_diff")
         if d is not None and abs(d) > 0.05:
-            print(f"warning: {r['impl']} batch {r['batch']}: eval loss differs from eager's "
-                  f"by {d:+.4f} (same weights: the swap changed the model?)", file=sys.stderr)
+            print(
+                f"warning: {r['impl']} batch {r['batch']}: eval loss differs from eager's "
+                f"by {d:+.4f} (same weights: the swap changed the model?)",
+                file=sys.stderr,
+            )
     report.write_json(args.out, header, records)
     print(f"\nwrote {args.out}", file=sys.stderr)
     return 1 if any(r["error"] for r in records) else 0
@@ -375,6 +486,7 @@ def main(argv=None) -> int:
 def _param_shapes(config):
     """The parameter shapes of the model (built on the meta device: no memory)."""
     from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return [p.shape for p in model.parameters()]

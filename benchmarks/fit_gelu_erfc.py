@@ -6,6 +6,7 @@ cheap route to near-minimax. The kernel uses Q(t) = log2(e) P(t) - 1 (base-2 exp
 factor 1/2 of Phi folded in). Prints Q's coefficients and the relative error of Phi computed
 in float32 the way the kernel does.  Run: python benchmarks/fit_gelu_erfc.py
 """
+
 import math
 
 import numpy as np
@@ -31,7 +32,7 @@ def fit():
 
 def check(q):
     x = np.linspace(-14, 8, 2_000_001).astype(np.float32)
-    t = (np.float32(1) / (np.float32(1) + np.abs(x) * np.float32(0.5 / math.sqrt(2))))
+    t = np.float32(1) / (np.float32(1) + np.abs(x) * np.float32(0.5 / math.sqrt(2)))
     acc = np.float32(q[-1])
     for k in range(len(q) - 2, -1, -1):
         acc = (acc * t + np.float32(q[k])).astype(np.float32)

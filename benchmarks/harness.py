@@ -33,6 +33,7 @@ Two figures per record, and the tables say which they show:
     whose next op reads what the previous one wrote.
   - host_us (from the warm-up) is the host time to enqueue one flush + step alone.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -52,10 +53,16 @@ PASSES = ("fwd", "fwd+bwd", "bwd")
 DEFAULT_PASSES = ("fwd", "fwd+bwd")
 # Short and long dtype names accepted on the command line; records use the long name.
 DTYPE_NAMES = {
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "fp64": torch.float64, "float64": torch.float64,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp64": torch.float64,
+    "float64": torch.float64,
 }
 # Column order of the implementations; "compile" is added by the harness.
 IMPL_ORDER = ("fused", "native", "unfused", "compile")
@@ -103,8 +110,9 @@ class Case:
     def __post_init__(self):
         for name in ("shapes", "make_inputs", "impls", "bytes"):
             if getattr(self, name) is None:
-                raise TypeError(f"Case(op={self.op!r}, variant={self.variant!r}): "
-                                f"'{name}' is required")
+                raise TypeError(
+                    f"Case(op={self.op!r}, variant={self.variant!r}): '{name}' is required"
+                )
         self.shapes = [tuple(s) for s in self.shapes]
         self.quick_shapes = [tuple(s) for s in (self.quick_shapes or self.shapes[:1])]
         if self.dtypes is None:
@@ -136,6 +144,7 @@ class Case:
 # Discovery and command-line parsing (pure Python: unit-tested without a GPU)
 # ---------------------------------------------------------------------------------------
 
+
 def discover_cases(package: str = "benchmarks.cases", warn=None) -> list:
     """Import every module of `package` and collect their CASES lists, in module order.
 
@@ -152,8 +161,10 @@ def discover_cases(package: str = "benchmarks.cases", warn=None) -> list:
         try:
             mod = importlib.import_module(f"{package}.{info.name}")
         except Exception as e:  # noqa: BLE001 - report and go on with the other files
-            warn(f"warning: skipping benchmarks/cases/{info.name}.py: "
-                 f"{type(e).__name__}: {e}".splitlines()[0])
+            warn(
+                f"warning: skipping benchmarks/cases/{info.name}.py: "
+                f"{type(e).__name__}: {e}".splitlines()[0]
+            )
             continue
         for case in getattr(mod, "CASES", []):
             case.module = info.name
@@ -204,6 +215,7 @@ def sanitize_name(name: str) -> str:
 @dataclass
 class Plan:
     """What one run measures: one entry per (case, shape, dtype, pass)."""
+
     case: Case
     shape: tuple
     dtype: torch.dtype
@@ -211,8 +223,7 @@ class Plan:
     impls: list
 
 
-def select(cases, ops=None, shapes=None, dtypes=None, passes=None, impls=None,
-           quick=False) -> list:
+def select(cases, ops=None, shapes=None, dtypes=None, passes=None, impls=None, quick=False) -> list:
     """Expand the cases into measurement groups, filtered by the command-line options.
 
     ops:    names matched against the case's op, its op/variant label, or its file name.
@@ -241,8 +252,7 @@ def select(cases, ops=None, shapes=None, dtypes=None, passes=None, impls=None,
                 for pass_ in case.passes:
                     if passes and pass_ not in passes:
                         continue
-                    measured = [n for n in names
-                                if pass_ == "fwd" or n not in case.fwd_only]
+                    measured = [n for n in names if pass_ == "fwd" or n not in case.fwd_only]
                     plans.append(Plan(case, tuple(shape), dtype, pass_, measured))
     return plans
 
@@ -250,6 +260,7 @@ def select(cases, ops=None, shapes=None, dtypes=None, passes=None, impls=None,
 # ---------------------------------------------------------------------------------------
 # Building the timed step
 # ---------------------------------------------------------------------------------------
+
 
 def as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
@@ -306,20 +317,24 @@ def make_step(fn, inputs, pass_, grad_names=(), seed=1):
     leaves = [inputs[n] for n in grad_names if inputs[n].requires_grad]
     with _donation(pass_):  # a compiled fn compiles on this first call
         outs = as_tuple(fn(**inputs))
-    diff = [i for i, o in enumerate(outs)
-            if isinstance(o, torch.Tensor) and o.requires_grad]
+    diff = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
     if not diff or not leaves:
         raise RuntimeError(f"{pass_}: no differentiable output or no input requiring grad")
     gen = torch.Generator(device=outs[diff[0]].device).manual_seed(seed)
-    grads = [torch.randn(outs[i].shape, generator=gen, device=outs[i].device,
-                         dtype=torch.float32).to(outs[i].dtype) for i in diff]
+    grads = [
+        torch.randn(outs[i].shape, generator=gen, device=outs[i].device, dtype=torch.float32).to(
+            outs[i].dtype
+        )
+        for i in diff
+    ]
     if pass_ == "bwd":
         kept = [outs[i] for i in diff]
 
         def backward():
             with _donation(pass_):
-                return torch.autograd.grad(kept, leaves, grads, retain_graph=True,
-                                           allow_unused=True)
+                return torch.autograd.grad(
+                    kept, leaves, grads, retain_graph=True, allow_unused=True
+                )
 
         return backward
     del outs
@@ -335,18 +350,17 @@ def make_step(fn, inputs, pass_, grad_names=(), seed=1):
 # Timing
 # ---------------------------------------------------------------------------------------
 
+
 class Timer:
     """Times a step with CUDA events, flushing the L2 cache before every repetition."""
 
-    def __init__(self, device="cuda", budget_ms=100.0, min_reps=10, max_reps=2000,
-                 warmup_ms=25.0):
+    def __init__(self, device="cuda", budget_ms=100.0, min_reps=10, max_reps=2000, warmup_ms=25.0):
         self.device = torch.device(device)
         props = torch.cuda.get_device_properties(self.device)
         # Writing twice the L2 size evicts everything the previous repetition left there.
         l2 = getattr(props, "L2_cache_size", 0) or 64 * 2**20
         self.flush_bytes = max(2 * l2, 32 * 2**20)
-        self.flush_buf = torch.empty(self.flush_bytes // 4, dtype=torch.int32,
-                                     device=self.device)
+        self.flush_buf = torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=self.device)
         self.budget_ms, self.min_reps, self.max_reps = budget_ms, min_reps, max_reps
         self.warmup_ms = warmup_ms
 
@@ -429,8 +443,13 @@ class Timer:
     @staticmethod
     def summary(times, host_us) -> dict:
         """Median/min/max in microseconds of the repetition times, and their count."""
-        return {"median_us": statistics.median(times), "min_us": min(times),
-                "max_us": max(times), "reps": len(times), "host_us": host_us}
+        return {
+            "median_us": statistics.median(times),
+            "min_us": min(times),
+            "max_us": max(times),
+            "reps": len(times),
+            "host_us": host_us,
+        }
 
     def measure(self, step) -> dict:
         """Warm up, estimate one repetition, then time enough repetitions for the budget.
@@ -479,8 +498,12 @@ def measure_ceilings(timer: Timer, copy_bytes: int = 2**30, mm_n: int = 8192) ->
     mm_tflops = 2 * mm_n**3 / (t["median_us"] * 1e-6) / 1e12
     del a, b
     torch.cuda.empty_cache()
-    return {"copy_gbps": copy_gbps, "copy_bytes": 2 * (copy_bytes // 4) * 4,
-            "mm_tflops": mm_tflops, "mm_shape": [mm_n, mm_n, mm_n]}
+    return {
+        "copy_gbps": copy_gbps,
+        "copy_bytes": 2 * (copy_bytes // 4) * 4,
+        "mm_tflops": mm_tflops,
+        "mm_shape": [mm_n, mm_n, mm_n],
+    }
 
 
 def rates(case: Case, shape, dtype, pass_, median_us, ceilings) -> dict:
@@ -519,12 +542,22 @@ def interleave(reps: dict, rounds: int) -> list:
     if not names:
         return []
     share = {n: max(1, -(-reps[n] // rounds)) for n in names}
-    return [[(n, share[n]) for n in names[r % len(names):] + names[:r % len(names)]]
-            for r in range(rounds)]
+    return [
+        [(n, share[n]) for n in names[r % len(names) :] + names[: r % len(names)]]
+        for r in range(rounds)
+    ]
 
 
-def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
-             device="cuda", rounds: int = 1, wall: bool = True) -> list:
+def run_plan(
+    plan: Plan,
+    timer: Timer,
+    ceilings: dict,
+    env: dict,
+    on_impl=None,
+    device="cuda",
+    rounds: int = 1,
+    wall: bool = True,
+) -> list:
     """Measure every implementation of one (case, shape, dtype, pass) group.
 
     rounds=1 measures the implementations one after another, each warmed up and then timed
@@ -548,14 +581,30 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
         inputs = make_inputs(case, shape, dtype, pass_, device)
     except Exception as e:  # noqa: BLE001
         input_error = f"make_inputs failed: {_short_error(e)}"
-    records = {impl: {
-        "op": case.op, "variant": case.variant, "pass": pass_, "shape": list(shape),
-        "dtype": dtype_name(dtype), "impl": impl, "median_us": None, "min_us": None,
-        "reps": None, "rounds": rounds, "wall_us": None, "wall_min_us": None,
-        "wall_calls": None, "peak_mem_bytes": None, "fwd_held_bytes": None,
-        "error": None, **env,
-        "ceiling_copy_gbps": ceilings.get("copy_gbps"),
-        "ceiling_mm_tflops": ceilings.get("mm_tflops")} for impl in plan.impls}
+    records = {
+        impl: {
+            "op": case.op,
+            "variant": case.variant,
+            "pass": pass_,
+            "shape": list(shape),
+            "dtype": dtype_name(dtype),
+            "impl": impl,
+            "median_us": None,
+            "min_us": None,
+            "reps": None,
+            "rounds": rounds,
+            "wall_us": None,
+            "wall_min_us": None,
+            "wall_calls": None,
+            "peak_mem_bytes": None,
+            "fwd_held_bytes": None,
+            "error": None,
+            **env,
+            "ceiling_copy_gbps": ceilings.get("copy_gbps"),
+            "ceiling_mm_tflops": ceilings.get("mm_tflops"),
+        }
+        for impl in plan.impls
+    }
 
     def measure_group(group):
         live = {}  # impl -> (fn, step, warm-up result), until it fails
@@ -575,8 +624,7 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
             except Exception as e:  # noqa: BLE001 - record it and measure the rest
                 records[impl]["error"] = _short_error(e)
         times = {impl: [] for impl in live}
-        for round_ in interleave({impl: w["reps"] for impl, (_, _, w) in live.items()},
-                                 rounds):
+        for round_ in interleave({impl: w["reps"] for impl, (_, _, w) in live.items()}, rounds):
             for impl, n in round_:
                 if impl not in live:
                     continue  # failed in an earlier round
@@ -587,15 +635,22 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
                     records[impl]["error"] = _short_error(e)
                     del live[impl]
         if wall:
-            walls = measure_wall({impl: (step, max(statistics.median(times[impl]),
-                                                   warm["host_us"]))
-                                  for impl, (_, step, warm) in live.items()})
+            walls = measure_wall(
+                {
+                    impl: (step, max(statistics.median(times[impl]), warm["host_us"]))
+                    for impl, (_, step, warm) in live.items()
+                }
+            )
         for impl, (fn, step, warm) in live.items():
             rec = records[impl]
             try:
                 t = timer.summary(times[impl], warm["host_us"])
-                rec.update(median_us=t["median_us"], min_us=t["min_us"], reps=t["reps"],
-                           host_us=t["host_us"])
+                rec.update(
+                    median_us=t["median_us"],
+                    min_us=t["min_us"],
+                    reps=t["reps"],
+                    host_us=t["host_us"],
+                )
                 if wall:
                     rec.update(walls[impl])
                 rec["peak_mem_bytes"] = timer.peak_memory(step)
@@ -609,8 +664,7 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
         a failure is recorded as the record's error (its GPU figures are kept)."""
         calls = {impl: timer.wall_calls(est) for impl, (_, est) in steps.items()}
         per_call = {impl: [] for impl in steps}
-        for round_ in interleave({impl: timer.WALL_BATCHES for impl in steps},
-                                 timer.WALL_BATCHES):
+        for round_ in interleave({impl: timer.WALL_BATCHES for impl in steps}, timer.WALL_BATCHES):
             for impl, _ in round_:
                 if impl not in per_call:
                     continue  # failed in an earlier batch
@@ -619,9 +673,16 @@ def run_plan(plan: Plan, timer: Timer, ceilings: dict, env: dict, on_impl=None,
                 except Exception as e:  # noqa: BLE001
                     records[impl]["error"] = f"wall clock: {_short_error(e)}"
                     del per_call[impl]
-        return {impl: {"wall_us": statistics.median(v), "wall_min_us": min(v),
-                       "wall_calls": calls[impl] * len(v)} if impl in per_call else {}
-                for impl, v in ((i, per_call.get(i, [])) for i in steps)}
+        return {
+            impl: {
+                "wall_us": statistics.median(v),
+                "wall_min_us": min(v),
+                "wall_calls": calls[impl] * len(v),
+            }
+            if impl in per_call
+            else {}
+            for impl, v in ((i, per_call.get(i, [])) for i in steps)
+        }
 
     groups = [list(plan.impls)] if rounds > 1 else [[impl] for impl in plan.impls]
     for group in groups:
@@ -651,9 +712,14 @@ def add_speedups(records: list) -> None:
 
 def environment() -> dict:
     import platform
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__.split("+")[0],
-            "torch_full": torch.__version__, "cuda": torch.version.cuda,
-            "python": platform.python_version()}
+
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__.split("+")[0],
+        "torch_full": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
 
 
 def configure_compile() -> None:
@@ -682,8 +748,10 @@ class Progress:
         frac = self.done / self.total
         filled = int(round(frac * self.width))
         elapsed = time.perf_counter() - self.t0
-        line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:5.0f}s  {label}")
+        line = (
+            f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+            f"{elapsed:5.0f}s  {label}"
+        )
         if self.tty:
             self.stream.write("\r\033[K" + line[:160])
             self.stream.flush()
@@ -723,16 +791,41 @@ def import_fused_ops() -> None:
         print(f"cannot import fused_ops: {str(e).splitlines()[0]}", file=sys.stderr)
         raise SystemExit(2) from None
     if not fused_ops.WITH_CUDA:
-        print("fused_ops was built without its CUDA kernels (no CUDA toolkit at build "
-              "time): rebuild with `make build` where nvcc is installed", file=sys.stderr)
+        print(
+            "fused_ops was built without its CUDA kernels (no CUDA toolkit at build "
+            "time): rebuild with `make build` where nvcc is installed",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
 
 
 __all__ = [
-    "Case", "Plan", "Timer", "PASSES", "DECODE_SHAPES", "pass_bytes", "discover_cases",
-    "parse_shape", "parse_shapes", "parse_dtypes", "dtype_name", "shape_str", "sanitize_name",
+    "Case",
+    "Plan",
+    "Timer",
+    "PASSES",
+    "DECODE_SHAPES",
+    "pass_bytes",
+    "discover_cases",
+    "parse_shape",
+    "parse_shapes",
+    "parse_dtypes",
+    "dtype_name",
+    "shape_str",
+    "sanitize_name",
     "select",
-    "make_inputs", "make_step", "make_compiled", "measure_ceilings", "rates", "interleave",
-    "run_plan", "environment", "configure_compile", "Progress", "total_measurements",
-    "require_cuda", "import_fused_ops", "add_speedups",
+    "make_inputs",
+    "make_step",
+    "make_compiled",
+    "measure_ceilings",
+    "rates",
+    "interleave",
+    "run_plan",
+    "environment",
+    "configure_compile",
+    "Progress",
+    "total_measurements",
+    "require_cuda",
+    "import_fused_ops",
+    "add_speedups",
 ]

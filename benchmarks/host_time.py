@@ -34,6 +34,7 @@ Output: a markdown table on stdout (op | pass | fused µs | native µs | ratio |
 records as JSON (--out; one record per op, pass and implementation, in the DESIGN.md
 format with host_us), and --md for the table as a file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,6 +73,7 @@ class Entry:
     impls:       {"fused": fn(**inputs), "native": fn(**inputs)}
     grad_inputs: names of the inputs that require grad in the fwd+bwd pass
     """
+
     name: str
     make_inputs: Callable
     impls: dict
@@ -84,18 +86,25 @@ class Entry:
 def _case_entry(case, shape_of) -> Entry:
     """An Entry from a benchmark case: its fused and native implementations and inputs,
     at the tiny shape shape_of(rows, width) gives for the case."""
+
     def make(rows, width, dtype, device):
         return dict(case.make_inputs(shape_of(rows, width), dtype, device))
 
     # A case timed forward only in the benchmark (matmul) names no grad inputs: here its
     # fwd+bwd differentiates every floating-point input.
     grads = case.grad_inputs or tuple(
-        n for n, t in case.make_inputs(shape_of(2, 8), torch.float32, "cpu").items()
-        if isinstance(t, torch.Tensor) and t.is_floating_point())
-    return Entry(name=case.label, make_inputs=make,
-                 impls={"fused": case.impls["fused"], "native": case.impls["native"]},
-                 grad_inputs=grads, module=getattr(case, "module", ""),
-                 extra={"shape_of": shape_of})
+        n
+        for n, t in case.make_inputs(shape_of(2, 8), torch.float32, "cpu").items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    )
+    return Entry(
+        name=case.label,
+        make_inputs=make,
+        impls={"fused": case.impls["fused"], "native": case.impls["native"]},
+        grad_inputs=grads,
+        module=getattr(case, "module", ""),
+        extra={"shape_of": shape_of},
+    )
 
 
 def _tiny_shape(case):
@@ -116,13 +125,16 @@ def extra_entries(fused_ops) -> list:
     """Rows the benchmark cases do not have: linear without an activation, and the
     fused_ops.nn modules against their torch.nn twins (what a swapped model calls)."""
     import fused_ops.nn as fnn
+
     nn = torch.nn
     p = 0.1
 
     def linear_inputs(rows, width, dtype, device):
-        return {"x": _randn((rows, width), dtype, device),
-                "w": _randn((width, width), dtype, device, width ** -0.5),
-                "b": _randn((width,), dtype, device)}
+        return {
+            "x": _randn((rows, width), dtype, device),
+            "w": _randn((width, width), dtype, device, width**-0.5),
+            "b": _randn((width,), dtype, device),
+        }
 
     def x_only(rows, width, dtype, device):
         return {"x": _randn((rows, width), dtype, device)}
@@ -144,30 +156,48 @@ def extra_entries(fused_ops) -> list:
                 inputs[pname] = param
             return inputs
 
-        return Entry(name=name, make_inputs=make, grad_inputs=("x", *params),
-                     impls={"fused": lambda x, _modules, **_: _modules[0](x),
-                            "native": lambda x, _modules, **_: _modules[1](x)})
+        return Entry(
+            name=name,
+            make_inputs=make,
+            grad_inputs=("x", *params),
+            impls={
+                "fused": lambda x, _modules, **_: _modules[0](x),
+                "native": lambda x, _modules, **_: _modules[1](x),
+            },
+        )
 
     return [
-        Entry(name="linear", make_inputs=linear_inputs, grad_inputs=("x", "w", "b"),
-              module="matmul",
-              impls={"fused": lambda x, w, b: fused_ops.linear(x, w, b),
-                     "native": lambda x, w, b: F.linear(x, w, b)}),
+        Entry(
+            name="linear",
+            make_inputs=linear_inputs,
+            grad_inputs=("x", "w", "b"),
+            module="matmul",
+            impls={
+                "fused": lambda x, w, b: fused_ops.linear(x, w, b),
+                "native": lambda x, w, b: F.linear(x, w, b),
+            },
+        ),
         module_entry("nn.LayerNorm", fnn.LayerNorm, nn.LayerNorm, ("weight", "bias")),
         module_entry("nn.RMSNorm", fnn.RMSNorm, nn.RMSNorm, ("weight",)),
-        module_entry("nn.GELU/tanh", lambda w: fnn.GELU(approximate="tanh"),
-                     lambda w: nn.GELU(approximate="tanh")),
+        module_entry(
+            "nn.GELU/tanh",
+            lambda w: fnn.GELU(approximate="tanh"),
+            lambda w: nn.GELU(approximate="tanh"),
+        ),
         module_entry("nn.Dropout", lambda w: fnn.Dropout(p), lambda w: nn.Dropout(p)),
-        module_entry("nn.Linear/gelu_tanh",
-                     lambda w: fnn.Linear(w, w, activation="gelu_tanh"),
-                     lambda w: torch.nn.Sequential(torch.nn.Linear(w, w),
-                                                   torch.nn.GELU(approximate="tanh")),
-                     ("weight", "bias"), native_owner="0"),
+        module_entry(
+            "nn.Linear/gelu_tanh",
+            lambda w: fnn.Linear(w, w, activation="gelu_tanh"),
+            lambda w: torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.GELU(approximate="tanh")),
+            ("weight", "bias"),
+            native_owner="0",
+        ),
     ]
 
 
 def all_entries() -> list:
     import fused_ops
+
     entries = [_case_entry(c, _tiny_shape(c)) for c in harness.discover_cases()]
     return entries + extra_entries(fused_ops)
 
@@ -179,14 +209,16 @@ def select(entries, ops=None) -> list:
     want = set(ops)
     out = [e for e in entries if {e.name, e.name.split("/")[0], e.module} & want]
     if not out:
-        raise ValueError(f"no op matches {sorted(want)}; known: "
-                         f"{', '.join(e.name for e in entries)}")
+        raise ValueError(
+            f"no op matches {sorted(want)}; known: {', '.join(e.name for e in entries)}"
+        )
     return out
 
 
 # ---------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------
+
 
 class HostTimer:
     """Times single calls on the host. On CUDA each batch runs behind a spin kernel that
@@ -240,34 +272,48 @@ def measure_pair(steps: dict, timer: HostTimer, calls: int, warmup: int = 50) ->
         torch.cuda.synchronize(timer.device)
     # The first spin sized on the warm-up calls, as HostTimer.batch sizes the later ones
     # (anew for each op: a long one's spin would slow the short ones' batches).
-    timer.spin_us = 3 * (BATCH * statistics.median(warm) + 100) if warm \
-        else HostTimer.FIRST_SPIN_US
+    timer.spin_us = 3 * (BATCH * statistics.median(warm) + 100) if warm else HostTimer.FIRST_SPIN_US
     gc.collect()
     names = list(steps)
     out = {n: [] for n in names}
     rounds = -(-calls // BATCH)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             out[name] += timer.batch(steps[name], min(BATCH, calls - len(out[name])))
     return out
 
 
 def _summary(times) -> dict:
     q = statistics.quantiles(times, n=10) if len(times) >= 10 else [min(times), max(times)]
-    return {"host_us": statistics.median(times), "host_mean_us": statistics.fmean(times),
-            "host_min_us": min(times),
-            "host_p10_us": q[0], "host_p90_us": q[-1], "calls": len(times)}
+    return {
+        "host_us": statistics.median(times),
+        "host_mean_us": statistics.fmean(times),
+        "host_min_us": min(times),
+        "host_p10_us": q[0],
+        "host_p90_us": q[-1],
+        "calls": len(times),
+    }
 
 
-def run_entry(entry: Entry, pass_: str, rows: int, width: int, dtype, device, timer,
-              calls: int, env: dict) -> list:
+def run_entry(
+    entry: Entry, pass_: str, rows: int, width: int, dtype, device, timer, calls: int, env: dict
+) -> list:
     """The fused and native records of one entry and pass (an error is recorded, not
     raised)."""
-    shape = list(entry.extra["shape_of"](rows, width)) if "shape_of" in entry.extra \
-        else [rows, width]
-    base = {"op": entry.name.split("/")[0], "variant": entry.name.partition("/")[2],
-            "bench": "host_time", "pass": pass_, "shape": shape,
-            "dtype": harness.dtype_name(dtype), "host_us": None, "error": None, **env}
+    shape = (
+        list(entry.extra["shape_of"](rows, width)) if "shape_of" in entry.extra else [rows, width]
+    )
+    base = {
+        "op": entry.name.split("/")[0],
+        "variant": entry.name.partition("/")[2],
+        "bench": "host_time",
+        "pass": pass_,
+        "shape": shape,
+        "dtype": harness.dtype_name(dtype),
+        "host_us": None,
+        "error": None,
+        **env,
+    }
     records = {impl: dict(base, impl=impl) for impl in ("fused", "native")}
     steps = {}
     try:
@@ -280,8 +326,7 @@ def run_entry(entry: Entry, pass_: str, rows: int, width: int, dtype, device, ti
                 else:
                     inputs[n] = inputs[n].detach().requires_grad_(True)
         for impl in records:
-            steps[impl] = harness.make_step(entry.impls[impl], inputs, pass_,
-                                            entry.grad_inputs)
+            steps[impl] = harness.make_step(entry.impls[impl], inputs, pass_, entry.grad_inputs)
         times = measure_pair(steps, timer, calls)
     except Exception as e:  # noqa: BLE001 - record it and go on with the other rows
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -300,13 +345,17 @@ def add_ratio(fused: dict, native: dict) -> None:
     target = TARGETS.get(fused["pass"])
     ok = fused.get("host_us") and native.get("host_us")
     ratio = fused["host_us"] / native["host_us"] if ok else None
-    fused.update(host_ratio_vs_native=ratio, target=target,
-                 meets_target=None if ratio is None or target is None else ratio <= target)
+    fused.update(
+        host_ratio_vs_native=ratio,
+        target=target,
+        meets_target=None if ratio is None or target is None else ratio <= target,
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------
+
 
 def _label(rec) -> str:
     return f"{rec['op']}/{rec['variant']}" if rec.get("variant") else rec["op"]
@@ -322,14 +371,23 @@ def table(records: list) -> str:
         f, n = by.get("fused", {}), by.get("native", {})
         ratio = f.get("host_ratio_vs_native")
         meets = f.get("meets_target")
-        rows.append([label, pass_, _us(f.get("host_us")), _us(n.get("host_us")),
-                     "–" if ratio is None else f"{ratio:.2f}",
-                     f"≤ {TARGETS[pass_]:.1f}" if pass_ in TARGETS else "–",
-                     "err: " + f["error"].replace("|", "/") if f.get("error")
-                     else "–" if meets is None else ("yes" if meets else "**no**")])
+        rows.append(
+            [
+                label,
+                pass_,
+                _us(f.get("host_us")),
+                _us(n.get("host_us")),
+                "–" if ratio is None else f"{ratio:.2f}",
+                f"≤ {TARGETS[pass_]:.1f}" if pass_ in TARGETS else "–",
+                "err: " + f["error"].replace("|", "/")
+                if f.get("error")
+                else "–"
+                if meets is None
+                else ("yes" if meets else "**no**"),
+            ]
+        )
     header = ["op", "pass", "fused µs", "native µs", "ratio", "target", "meets"]
-    lines = ["| " + " | ".join(header) + " |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---:|---:|---:|---:|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -347,27 +405,38 @@ def summary_line(records: list) -> str:
 
 
 def header_text(header: dict) -> str:
-    return (f"Host time per call, {header['device']} ({header['method']}); torch "
-            f"{header['torch']}; shape {header['rows']}x{header['width']} "
-            f"{header['dtype']}; median of {header['calls']} calls per cell. "
-            f"Targets: fused / native ≤ 1.0 (fwd), ≤ 1.1 (fwd+bwd).")
+    return (
+        f"Host time per call, {header['device']} ({header['method']}); torch "
+        f"{header['torch']}; shape {header['rows']}x{header['width']} "
+        f"{header['dtype']}; median of {header['calls']} calls per cell. "
+        f"Targets: fused / native ≤ 1.0 (fwd), ≤ 1.1 (fwd+bwd)."
+    )
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--shape", default="16x256", help="rows x width (default 16x256)")
-    p.add_argument("--ops", help="comma-separated names (layer_norm, gelu/tanh, nn.LayerNorm, "
-                                 "a case file such as norm); default: all")
+    p.add_argument(
+        "--ops",
+        help="comma-separated names (layer_norm, gelu/tanh, nn.LayerNorm, "
+        "a case file such as norm); default: all",
+    )
     p.add_argument("--passes", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both")
-    p.add_argument("--calls", type=int, default=2000,
-                   help="timed calls per implementation and pass (default 2000)")
+    p.add_argument(
+        "--calls",
+        type=int,
+        default=2000,
+        help="timed calls per implementation and pass (default 2000)",
+    )
     p.add_argument("--out", default="bench_out/host_time.json", help="JSON output path")
     p.add_argument("--md", help="also write the markdown table to this path")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 1 when a row misses its target or fails")
+    p.add_argument(
+        "--strict", action="store_true", help="exit 1 when a row misses its target or fails"
+    )
     return p.parse_args(argv)
 
 
@@ -392,23 +461,32 @@ def main(argv=None) -> int:
         harness.import_fused_ops()
     else:
         import fused_ops  # noqa: F401 - registers the ops (CPU kernels)
+
         # One intra-op thread: tiny tensors gain nothing from more, and a thread pool
         # waiting on cores that other processes hold would be timed as the op's.
         torch.set_num_threads(1)
-    dtype = dtypes[0] if dtypes else (torch.bfloat16 if device.type == "cuda"
-                                      else torch.float32)
+    dtype = dtypes[0] if dtypes else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     try:
-        entries = select(all_entries(), [s.strip() for s in args.ops.split(",")]
-                         if args.ops else None)
+        entries = select(
+            all_entries(), [s.strip() for s in args.ops.split(",")] if args.ops else None
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    env = {"device": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                      else f"cpu ({platform.processor() or platform.machine()})"),
-           "torch": torch.__version__.split("+")[0]}
-    method = ("GPU held busy by a spin kernel per batch of calls" if device.type == "cuda"
-              else "CPU tensors, CPU kernels included")
+    env = {
+        "device": (
+            torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"cpu ({platform.processor() or platform.machine()})"
+        ),
+        "torch": torch.__version__.split("+")[0],
+    }
+    method = (
+        "GPU held busy by a spin kernel per batch of calls"
+        if device.type == "cuda"
+        else "CPU tensors, CPU kernels included"
+    )
     timer = HostTimer(device)
     records = []
     for entry in entries:
@@ -416,26 +494,38 @@ def main(argv=None) -> int:
             if pass_ not in entry.passes:
                 continue
             print(f"  {entry.name} {pass_}", file=sys.stderr)
-            records += run_entry(entry, pass_, rows, width, dtype, device, timer,
-                                 args.calls, env)
-    header = {**env, "method": method, "rows": rows, "width": width,
-              "dtype": harness.dtype_name(dtype), "calls": args.calls,
-              "gpu_idle_batches": timer.gpu_idle_batches, "argv": sys.argv[1:],
-              "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "python": platform.python_version()}
+            records += run_entry(entry, pass_, rows, width, dtype, device, timer, args.calls, env)
+    header = {
+        **env,
+        "method": method,
+        "rows": rows,
+        "width": width,
+        "dtype": harness.dtype_name(dtype),
+        "calls": args.calls,
+        "gpu_idle_batches": timer.gpu_idle_batches,
+        "argv": sys.argv[1:],
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+    }
     text = "\n".join([header_text(header), "", table(records), "", summary_line(records)])
     print(text)
     if timer.gpu_idle_batches:
-        print(f"note: in {timer.gpu_idle_batches} batches the GPU went idle before the host "
-              f"finished (the spin was lengthened after each)", file=sys.stderr)
+        print(
+            f"note: in {timer.gpu_idle_batches} batches the GPU went idle before the host "
+            f"finished (the spin was lengthened after each)",
+            file=sys.stderr,
+        )
     report.write_json(args.out, header, records)
     if args.md:
         os.makedirs(os.path.dirname(os.path.abspath(args.md)), exist_ok=True)
         with open(args.md, "w") as f:
             f.write(f"# Host time per call: fused_ops vs native\n\n{text}\n")
     print(f"wrote {args.out}" + (f" and {args.md}" if args.md else ""), file=sys.stderr)
-    bad = [r for r in records if r["impl"] == "fused"
-           and (r.get("error") or r.get("meets_target") is False)]
+    bad = [
+        r
+        for r in records
+        if r["impl"] == "fused" and (r.get("error") or r.get("meets_target") is False)
+    ]
     return 1 if args.strict and bad else 0
 
 

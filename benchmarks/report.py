@@ -3,6 +3,7 @@
 Pure Python on lists of records (dicts in the DESIGN.md format), so a saved JSON can be
 re-rendered anywhere: `python benchmarks/run.py --report benchmarks/results/<gpu>.json`.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,10 @@ def _has_wall(records: list) -> bool:
 
 
 def _table(header: list, rows: list) -> str:
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if i < 5 else "---:" for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i < 5 else "---:" for i in range(len(header))) + "|",
+    ]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -98,56 +101,101 @@ def pivot_table(records: list) -> str:
     rows = []
     for (op, variant, pass_, shape, dtype), by_impl in group_records(records).items():
         fused = by_impl.get("fused")
-        row = [op, variant or "–", pass_, _shape_str(shape), SHORT_DTYPE.get(dtype, dtype),
-               _fmt(fused.get("median_us"), 1) if fused else "–", _rate(fused)]
+        row = [
+            op,
+            variant or "–",
+            pass_,
+            _shape_str(shape),
+            SHORT_DTYPE.get(dtype, dtype),
+            _fmt(fused.get("median_us"), 1) if fused else "–",
+            _rate(fused),
+        ]
         row += [_pct(by_impl.get(impl)) for impl in impls]
         row += [_speedup(fused, "native"), _speedup(fused, "compile")]
         if wall:
             native = by_impl.get("native")
-            row += [_fmt(fused.get("wall_us"), 1) if fused else "–",
-                    _fmt(native.get("wall_us"), 1) if native else "–",
-                    _speedup(fused, "native", "_wall"), _speedup(fused, "compile", "_wall")]
+            row += [
+                _fmt(fused.get("wall_us"), 1) if fused else "–",
+                _fmt(native.get("wall_us"), 1) if native else "–",
+                _speedup(fused, "native", "_wall"),
+                _speedup(fused, "compile", "_wall"),
+            ]
         rows.append(row)
     return _table(header, rows)
 
 
 def long_table(records: list) -> str:
     """Every record on its own row (what the JSON holds, for reading)."""
-    header = ["op", "variant", "pass", "shape", "dtype", "impl", "median µs", "GB/s",
-              "TFLOP/s", "% of peak", "× native", "× compile", "wall µs", "wall × native",
-              "host µs", "peak MiB", "error"]
+    header = [
+        "op",
+        "variant",
+        "pass",
+        "shape",
+        "dtype",
+        "impl",
+        "median µs",
+        "GB/s",
+        "TFLOP/s",
+        "% of peak",
+        "× native",
+        "× compile",
+        "wall µs",
+        "wall × native",
+        "host µs",
+        "peak MiB",
+        "error",
+    ]
     rows = []
     for r in records:
         mem = r.get("peak_mem_bytes")
-        rows.append([
-            r["op"], r.get("variant") or "–", r["pass"], _shape_str(r["shape"]),
-            SHORT_DTYPE.get(r["dtype"], r["dtype"]), r["impl"], _fmt(r.get("median_us"), 1),
-            _fmt(r.get("gbps"), 0), _fmt(r.get("tflops"), 1), _fmt(r.get("pct_of_peak"), 1),
-            _speedup(r, "native"), _speedup(r, "compile"), _fmt(r.get("wall_us"), 1),
-            _speedup(r, "native", "_wall"), _fmt(r.get("host_us"), 1),
-            _fmt(mem / 2**20 if mem is not None else None, 1),
-            (r.get("error") or "").replace("|", "/"),
-        ])
+        rows.append(
+            [
+                r["op"],
+                r.get("variant") or "–",
+                r["pass"],
+                _shape_str(r["shape"]),
+                SHORT_DTYPE.get(r["dtype"], r["dtype"]),
+                r["impl"],
+                _fmt(r.get("median_us"), 1),
+                _fmt(r.get("gbps"), 0),
+                _fmt(r.get("tflops"), 1),
+                _fmt(r.get("pct_of_peak"), 1),
+                _speedup(r, "native"),
+                _speedup(r, "compile"),
+                _fmt(r.get("wall_us"), 1),
+                _speedup(r, "native", "_wall"),
+                _fmt(r.get("host_us"), 1),
+                _fmt(mem / 2**20 if mem is not None else None, 1),
+                (r.get("error") or "").replace("|", "/"),
+            ]
+        )
     return _table(header, rows)
 
 
 def header_text(header: dict) -> str:
     """Device, versions and the run's ceilings, as a few markdown lines."""
-    parts = [f"Device: {header.get('device', '?')}; torch {header.get('torch', '?')}"
-             f" (CUDA {header.get('cuda', '?')})."]
+    parts = [
+        f"Device: {header.get('device', '?')}; torch {header.get('torch', '?')}"
+        f" (CUDA {header.get('cuda', '?')})."
+    ]
     c = header.get("ceilings") or {}
     if c:
         parts.append(
             f"Ceilings measured at the start of the run: device-to-device copy "
             f"{_fmt(c.get('copy_gbps'), 0)} GB/s (bytes read + written), bf16 torch.mm "
             f"{'x'.join(str(d) for d in c.get('mm_shape', []))} "
-            f"{_fmt(c.get('mm_tflops'), 0)} TFLOP/s.")
-    parts.append("`%` = achieved / ceiling × 100 (GB/s vs the copy, TFLOP/s vs the mm); "
-                 "`fused × X` = X's median time / fused median time (> 1: fused is faster).")
-    parts.append("`µs`, `%`, `fused × X`: GPU time (host launch overhead hidden behind a "
-                 "spin kernel, L2 flushed before each repetition). `wall µs`, `wall × X`: "
-                 "wall-clock time per call of back-to-back calls, no spin kernel, no flush "
-                 "(what a user waits for; on small shapes the host time).")
+            f"{_fmt(c.get('mm_tflops'), 0)} TFLOP/s."
+        )
+    parts.append(
+        "`%` = achieved / ceiling × 100 (GB/s vs the copy, TFLOP/s vs the mm); "
+        "`fused × X` = X's median time / fused median time (> 1: fused is faster)."
+    )
+    parts.append(
+        "`µs`, `%`, `fused × X`: GPU time (host launch overhead hidden behind a "
+        "spin kernel, L2 flushed before each repetition). `wall µs`, `wall × X`: "
+        "wall-clock time per call of back-to-back calls, no spin kernel, no flush "
+        "(what a user waits for; on small shapes the host time)."
+    )
     return "\n".join(parts)
 
 
@@ -157,8 +205,10 @@ def errors_text(records: list) -> str:
         return ""
     lines = ["Failed measurements:"]
     for r in errs:
-        lines.append(f"- {r['op']} {r.get('variant') or ''} {r['pass']} "
-                     f"{_shape_str(r['shape'])} {r['dtype']} {r['impl']}: {r['error']}")
+        lines.append(
+            f"- {r['op']} {r.get('variant') or ''} {r['pass']} "
+            f"{_shape_str(r['shape'])} {r['dtype']} {r['impl']}: {r['error']}"
+        )
     return "\n".join(lines)
 
 
@@ -212,6 +262,7 @@ def write_plots(header: dict, records: list, out_dir: str) -> list:
     (none when matplotlib is missing)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -230,9 +281,14 @@ def write_plots(header: dict, records: list, out_dir: str) -> list:
             ax.plot([xs[s] for s, _ in pts], [v for _, v in pts], marker="o", label=impl)
         ceiling = ceilings.get("mm_tflops" if is_flops else "copy_gbps")
         if ceiling:
-            ax.axhline(ceiling, linestyle="--", color="gray",
-                       label=f"bf16 mm ({ceiling:,.0f} TFLOP/s)" if is_flops
-                       else f"copy ({ceiling:,.0f} GB/s)")
+            ax.axhline(
+                ceiling,
+                linestyle="--",
+                color="gray",
+                label=f"bf16 mm ({ceiling:,.0f} TFLOP/s)"
+                if is_flops
+                else f"copy ({ceiling:,.0f} GB/s)",
+            )
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels([_shape_str(s) for s in shapes], rotation=20, fontsize=8)
         ax.set_xlabel("shape (sorted by row length)")

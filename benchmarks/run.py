@@ -16,6 +16,7 @@ benchmarks/harness.py). --no-wall skips the second.
 Writes to --out (default bench_out/): results.json, results.md and one PNG per
 op/variant/pass/dtype; prints the table on stdout and a progress bar on stderr.
 """
+
 import argparse
 import datetime
 import os
@@ -29,36 +30,63 @@ from benchmarks import harness, report  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ops", help="comma-separated op names (or case file names), e.g. gelu")
     p.add_argument("--dtypes", help="comma-separated: bf16,fp16,fp32")
-    p.add_argument("--shapes", help="comma-separated shapes replacing the cases' own, "
-                                    "e.g. 16384x4096,4096x32768 (applied to cases of the "
-                                    "same rank)")
-    p.add_argument("--passes", help="comma-separated: fwd,fwd+bwd,bwd (bwd: the backward "
-                   "alone; the norm and softmax cases time it)")
+    p.add_argument(
+        "--shapes",
+        help="comma-separated shapes replacing the cases' own, "
+        "e.g. 16384x4096,4096x32768 (applied to cases of the "
+        "same rank)",
+    )
+    p.add_argument(
+        "--passes",
+        help="comma-separated: fwd,fwd+bwd,bwd (bwd: the backward "
+        "alone; the norm and softmax cases time it)",
+    )
     p.add_argument("--impls", help="comma-separated: fused,native,unfused,compile,...")
-    p.add_argument("--quick", action="store_true",
-                   help="each case's quick_shapes, bf16 only, fewer repetitions")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="each case's quick_shapes, bf16 only, fewer repetitions",
+    )
     p.add_argument("--out", default="bench_out", help="output folder (default bench_out/)")
-    p.add_argument("--save-results", action="store_true",
-                   help="also write benchmarks/results/<gpu-name>.json")
-    p.add_argument("--results-name", help="file name (without .json) for --save-results; "
-                                          "default: the sanitized GPU name")
-    p.add_argument("--budget-ms", type=float, default=None,
-                   help="time spent on each measurement's repetitions (default 100, "
-                        "--quick 25)")
-    p.add_argument("--rounds", type=int, default=1, metavar="N",
-                   help="time the implementations of each row interleaved, in N rounds of "
-                        "1/N of their repetitions in a rotating order, so GPU clock drift "
-                        "does not favour the one timed first (default 1: one after another)")
-    p.add_argument("--no-wall", action="store_true",
-                   help="skip the wall-clock figure (wall_us: back-to-back calls, no spin "
-                        "kernel hiding the host, no L2 flush)")
+    p.add_argument(
+        "--save-results", action="store_true", help="also write benchmarks/results/<gpu-name>.json"
+    )
+    p.add_argument(
+        "--results-name",
+        help="file name (without .json) for --save-results; default: the sanitized GPU name",
+    )
+    p.add_argument(
+        "--budget-ms",
+        type=float,
+        default=None,
+        help="time spent on each measurement's repetitions (default 100, --quick 25)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="time the implementations of each row interleaved, in N rounds of "
+        "1/N of their repetitions in a rotating order, so GPU clock drift "
+        "does not favour the one timed first (default 1: one after another)",
+    )
+    p.add_argument(
+        "--no-wall",
+        action="store_true",
+        help="skip the wall-clock figure (wall_us: back-to-back calls, no spin "
+        "kernel hiding the host, no L2 flush)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--report", metavar="JSON",
-                   help="render the table and plots of a saved results JSON and exit")
+    p.add_argument(
+        "--report",
+        metavar="JSON",
+        help="render the table and plots of a saved results JSON and exit",
+    )
     return p.parse_args(argv)
 
 
@@ -109,8 +137,10 @@ def main(argv=None):
         return 2
     passes = split(args.passes)
     if passes and set(passes) - set(harness.PASSES):
-        print(f"error: unknown pass in {args.passes!r}: use {', '.join(harness.PASSES)}",
-              file=sys.stderr)
+        print(
+            f"error: unknown pass in {args.passes!r}: use {', '.join(harness.PASSES)}",
+            file=sys.stderr,
+        )
         return 2
 
     if args.report:
@@ -123,12 +153,22 @@ def main(argv=None):
     import torch
 
     cases = harness.discover_cases()
-    plans = harness.select(cases, ops=split(args.ops), shapes=shapes, dtypes=dtypes,
-                           passes=passes, impls=split(args.impls), quick=args.quick)
+    plans = harness.select(
+        cases,
+        ops=split(args.ops),
+        shapes=shapes,
+        dtypes=dtypes,
+        passes=passes,
+        impls=split(args.impls),
+        quick=args.quick,
+    )
     if not plans:
         known = sorted({c.op for c in cases})
-        print(f"error: nothing to measure for these options (ops with cases: "
-              f"{', '.join(known) or 'none'})", file=sys.stderr)
+        print(
+            f"error: nothing to measure for these options (ops with cases: "
+            f"{', '.join(known) or 'none'})",
+            file=sys.stderr,
+        )
         return 2
 
     harness.configure_compile()
@@ -137,22 +177,37 @@ def main(argv=None):
     env = harness.environment()
     print(f"measuring ceilings on {env['device']} ...", file=sys.stderr)
     ceilings = harness.measure_ceilings(timer)
-    header = {**env, "ceilings": ceilings, "date": datetime.datetime.now().isoformat(
-        timespec="seconds"), "argv": sys.argv[1:], "budget_ms": budget,
-        "rounds": args.rounds, "l2_flush_bytes": timer.flush_bytes,
-        "wall_clock": not args.no_wall}
+    header = {
+        **env,
+        "ceilings": ceilings,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "budget_ms": budget,
+        "rounds": args.rounds,
+        "l2_flush_bytes": timer.flush_bytes,
+        "wall_clock": not args.no_wall,
+    }
 
     progress = harness.Progress(harness.total_measurements(plans))
     records = []
 
     def on_impl(plan, impl):
-        progress.step(f"{plan.case.label} {plan.pass_} {harness.shape_str(plan.shape)} "
-                      f"{harness.dtype_name(plan.dtype)} {impl}")
+        progress.step(
+            f"{plan.case.label} {plan.pass_} {harness.shape_str(plan.shape)} "
+            f"{harness.dtype_name(plan.dtype)} {impl}"
+        )
 
     try:
         for plan in plans:
-            records += harness.run_plan(plan, timer, ceilings, env, on_impl=on_impl,
-                                        rounds=args.rounds, wall=not args.no_wall)
+            records += harness.run_plan(
+                plan,
+                timer,
+                ceilings,
+                env,
+                on_impl=on_impl,
+                rounds=args.rounds,
+                wall=not args.no_wall,
+            )
             torch.cuda.empty_cache()
     except KeyboardInterrupt:
         print("\ninterrupted: reporting what was measured", file=sys.stderr)
@@ -166,9 +221,11 @@ def main(argv=None):
         path = os.path.join(ROOT, "benchmarks", "results", f"{name}.json")
         report.write_json(path, header, records)
         written.append(path)
-    print(f"\nwrote {', '.join(written[:3])}" + (f" and {len(written) - 3} more"
-                                                  if len(written) > 3 else ""),
-          file=sys.stderr)
+    print(
+        f"\nwrote {', '.join(written[:3])}"
+        + (f" and {len(written) - 3} more" if len(written) > 3 else ""),
+        file=sys.stderr,
+    )
     return 0
 
 

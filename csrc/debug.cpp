@@ -46,17 +46,28 @@ Options parse_options(const std::string& spec) {
     const std::string key = item.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
     try {
-      if (key == "rms") o.rms = true;
-      else if (key == "residual") o.residual = true;
-      else if (key == "dsum") o.dsum = true;
-      else if (key == "weight_fp32") o.weight_fp32 = true;
-      else if (key == "rows_fp32") o.rows_fp32 = true;
-      else if (key == "unaligned") o.unaligned = true;
-      else if (key == "grads") o.grads = std::stoll(value);
-      else if (key == "causal_q") o.causal_q = std::stoll(value);
-      else if (key == "scale") o.scale = std::stod(value);
-      else TORCH_CHECK(false, "fused::_plan: unknown option '", item, "' (options: rms, residual, "
-                       "dsum, weight_fp32, rows_fp32, unaligned, grads=N, causal_q=N, scale=X)");
+      if (key == "rms")
+        o.rms = true;
+      else if (key == "residual")
+        o.residual = true;
+      else if (key == "dsum")
+        o.dsum = true;
+      else if (key == "weight_fp32")
+        o.weight_fp32 = true;
+      else if (key == "rows_fp32")
+        o.rows_fp32 = true;
+      else if (key == "unaligned")
+        o.unaligned = true;
+      else if (key == "grads")
+        o.grads = std::stoll(value);
+      else if (key == "causal_q")
+        o.causal_q = std::stoll(value);
+      else if (key == "scale")
+        o.scale = std::stod(value);
+      else
+        TORCH_CHECK(false, "fused::_plan: unknown option '", item,
+                    "' (options: rms, residual, "
+                    "dsum, weight_fp32, rows_fp32, unaligned, grads=N, causal_q=N, scale=X)");
     } catch (const std::logic_error&) {  // stoll / stod: not a number
       TORCH_CHECK(false, "fused::_plan: option ", key, " needs a number, but got '", value, "'");
     }
@@ -68,8 +79,7 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
                     std::string options, int64_t sm, int64_t num_sms, bool sm90_code,
                     std::string overrides_spec) {
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-              "fused::_plan: the CUDA kernels take float32, float16 and bfloat16, but got ",
-              dtype);
+              "fused::_plan: the CUDA kernels take float32, float16 and bfloat16, but got ", dtype);
   TORCH_CHECK(rows >= 0 && cols >= 1, "fused::_plan: expected rows >= 0 and cols >= 1, but got ",
               rows, " and ", cols);
   const Options o = parse_options(options);
@@ -94,8 +104,10 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
     return norm::describe(op == "norm_fwd" ? norm::plan_forward(p, gpu, ov)
                                            : norm::plan_backward(p, gpu, ov));
   }
-  TORCH_CHECK(op == "softmax_fwd" || op == "softmax_bwd", "fused::_plan: op must be norm_fwd, "
-              "norm_bwd, softmax_fwd or softmax_bwd, but got '", op, "'");
+  TORCH_CHECK(op == "softmax_fwd" || op == "softmax_bwd",
+              "fused::_plan: op must be norm_fwd, "
+              "norm_bwd, softmax_fwd or softmax_bwd, but got '",
+              op, "'");
   softmax::Problem p;
   p.rows = rows;
   p.len = cols;
@@ -112,9 +124,10 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
 TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def("_set_overrides(str spec) -> str", &set_overrides_op);
   m.def("_overrides() -> str", &overrides_op);
-  m.def("_plan(str op, int rows, int cols, ScalarType dtype, str options='', int sm=90, "
-        "int num_sms=132, bool sm90_code=True, str overrides='') -> str",
-        &plan_op);
+  m.def(
+      "_plan(str op, int rows, int cols, ScalarType dtype, str options='', int sm=90, "
+      "int num_sms=132, bool sm90_code=True, str overrides='') -> str",
+      &plan_op);
 }
 
 }  // namespace fused

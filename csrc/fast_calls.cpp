@@ -10,11 +10,11 @@
 // NotImplemented, and the caller goes through torch.ops instead, which handles all of them.
 #include <Python.h>
 
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <ATen/PythonTorchFunctionTLS.h>
 
 #include <optional>
 #include <string_view>
@@ -183,9 +183,8 @@ PyObject* log_softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef fast_call_methods[] = {
     {"gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&gelu)), METH_FASTCALL,
      "gelu(x, approximate) -> y, or NotImplemented"},
-    {"layer_norm",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&layer_norm)), METH_FASTCALL,
-     "layer_norm(x, normalized_shape, weight, bias, eps) -> y, or NotImplemented"},
+    {"layer_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&layer_norm)),
+     METH_FASTCALL, "layer_norm(x, normalized_shape, weight, bias, eps) -> y, or NotImplemented"},
     {"rms_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&rms_norm)),
      METH_FASTCALL, "rms_norm(x, normalized_shape, weight, eps) -> y, or NotImplemented"},
     {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax)),

@@ -10,60 +10,127 @@ TORCH_LIBRARY(fused, m) {
   // gelu: y = x * Phi(x); approximate = "none" (erf) or "tanh", as torch.nn.functional.gelu.
   m.def("gelu(Tensor x, *, str approximate='none') -> Tensor");
   m.def("gelu_backward(Tensor grad_out, Tensor x, *, str approximate='none') -> Tensor");
-  // layer_norm: as F.layer_norm over the trailing normalized_shape dims; returns (y, mean, rstd), stats float32 (float64 for float64 x) of shape x.shape[:-len(normalized_shape)].
-  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)");
-  // layer_norm_backward: (dx, dweight, dbias) from saved mean/rstd; output_mask = [dweight, dbias] wanted (an unwanted one comes back empty).
-  m.def("layer_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  // layer_norm: as F.layer_norm over the trailing normalized_shape dims; returns (y, mean, rstd),
+  // stats float32 (float64 for float64 x) of shape x.shape[:-len(normalized_shape)].
+  m.def(
+      "layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float "
+      "eps=1e-05) -> (Tensor, Tensor, Tensor)");
+  // layer_norm_backward: (dx, dweight, dbias) from saved mean/rstd; output_mask = [dweight, dbias]
+  // wanted (an unwanted one comes back empty).
+  m.def(
+      "layer_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor mean, Tensor "
+      "rstd, Tensor? weight, Tensor? bias, bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
   // rms_norm: as F.rms_norm (eps=None: the dtype's machine epsilon); returns (y, rstd).
-  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)");
+  m.def(
+      "rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> "
+      "(Tensor, Tensor)");
   // rms_norm_backward: (dx, dweight); dweight is computed when weight_grad, else comes back empty.
-  m.def("rms_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight, bool weight_grad) -> (Tensor, Tensor)");
-  // add_layer_norm: s = x + residual (float32 if residual_in_fp32, else x's dtype), y = layer_norm(s) in x's dtype; returns (y, s, mean, rstd).
-  m.def("add_layer_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool residual_in_fp32=False) -> (Tensor, Tensor, Tensor, Tensor)");
-  // add_layer_norm_backward: (d_sum, dweight, dbias), d_sum = the gradient reaching s through y plus grad_sum, in s's dtype (= dx = d_residual).
-  m.def("add_layer_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[2] output_mask) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rms_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? "
+      "weight, bool weight_grad) -> (Tensor, Tensor)");
+  // add_layer_norm: s = x + residual (float32 if residual_in_fp32, else x's dtype), y =
+  // layer_norm(s) in x's dtype; returns (y, s, mean, rstd).
+  m.def(
+      "add_layer_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight=None, "
+      "Tensor? bias=None, float eps=1e-05, bool residual_in_fp32=False) -> (Tensor, Tensor, "
+      "Tensor, Tensor)");
+  // add_layer_norm_backward: (d_sum, dweight, dbias), d_sum = the gradient reaching s through y
+  // plus grad_sum, in s's dtype (= dx = d_residual).
+  m.def(
+      "add_layer_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] "
+      "normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[2] "
+      "output_mask) -> (Tensor, Tensor, Tensor)");
   // add_rms_norm: s = x + residual, y = rms_norm(s); returns (y, s, rstd).
-  m.def("add_rms_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight=None, float? eps=None, bool residual_in_fp32=False) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "add_rms_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight=None, float? "
+      "eps=None, bool residual_in_fp32=False) -> (Tensor, Tensor, Tensor)");
   // add_rms_norm_backward: (d_sum, dweight), as add_layer_norm_backward.
-  m.def("add_rms_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] normalized_shape, Tensor rstd, Tensor? weight, bool weight_grad) -> (Tensor, Tensor)");
-  // softmax: y = softmax(scale * x, dim); causal=True masks keys j > i over the last two dims (query i, key j).
+  m.def(
+      "add_rms_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] "
+      "normalized_shape, Tensor rstd, Tensor? weight, bool weight_grad) -> (Tensor, Tensor)");
+  // softmax: y = softmax(scale * x, dim); causal=True masks keys j > i over the last two dims
+  // (query i, key j).
   m.def("softmax(Tensor x, int dim=-1, *, float scale=1.0, bool causal=False) -> Tensor");
-  // softmax_backward: dx = scale * y * (dy - sum(dy * y, dim)), from the forward's output y; causal: masked y are 0, not read.
-  m.def("softmax_backward(Tensor grad_out, Tensor y, int dim=-1, *, float scale=1.0, bool causal=False) -> Tensor");
+  // softmax_backward: dx = scale * y * (dy - sum(dy * y, dim)), from the forward's output y;
+  // causal: masked y are 0, not read.
+  m.def(
+      "softmax_backward(Tensor grad_out, Tensor y, int dim=-1, *, float scale=1.0, bool "
+      "causal=False) -> Tensor");
   // log_softmax: y = x - max(x) - log(sum(exp(x - max(x)))) along dim.
   m.def("log_softmax(Tensor x, int dim=-1) -> Tensor");
   // log_softmax_backward: dx = dy - exp(y) * sum(dy, dim), from the forward's output y.
   m.def("log_softmax_backward(Tensor grad_out, Tensor y, int dim=-1) -> Tensor");
-  // dropout: y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from Philox; seed_offset (int64[2]) regenerates the mask.
-  m.def("dropout(Tensor x, float p, bool training, *, Generator? generator=None) -> (Tensor y, Tensor seed_offset)", {at::Tag::nondeterministic_seeded});
-  // dropout_: in place into x (no autograd; fused_ops.dropout(inplace=True) routes around it when grads are needed).
-  m.def("dropout_(Tensor(a!) x, float p, bool training, *, Generator? generator=None) -> Tensor seed_offset", {at::Tag::nondeterministic_seeded});
+  // dropout: y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from Philox; seed_offset (int64[2])
+  // regenerates the mask.
+  m.def(
+      "dropout(Tensor x, float p, bool training, *, Generator? generator=None) -> (Tensor y, "
+      "Tensor seed_offset)",
+      {at::Tag::nondeterministic_seeded});
+  // dropout_: in place into x (no autograd; fused_ops.dropout(inplace=True) routes around it when
+  // grads are needed).
+  m.def(
+      "dropout_(Tensor(a!) x, float p, bool training, *, Generator? generator=None) -> Tensor "
+      "seed_offset",
+      {at::Tag::nondeterministic_seeded});
   // dropout_backward: grad_x = keep * grad_out / (1 - p), the mask regenerated from seed_offset.
   m.def("dropout_backward(Tensor grad_out, Tensor seed_offset, float p) -> Tensor");
   // bias_dropout_add: out = residual + dropout(x + bias), bias of shape [x.size(-1)] or None.
-  m.def("bias_dropout_add(Tensor x, Tensor? bias, Tensor residual, float p, bool training, *, Generator? generator=None) -> (Tensor out, Tensor seed_offset)", {at::Tag::nondeterministic_seeded});
-  // bias_dropout_add_backward: grad_x = keep * grad_out / (1 - p), grad_bias = grad_x summed over rows.
-  m.def("bias_dropout_add_backward(Tensor grad_out, Tensor seed_offset, float p) -> (Tensor grad_x, Tensor grad_bias)");
+  m.def(
+      "bias_dropout_add(Tensor x, Tensor? bias, Tensor residual, float p, bool training, *, "
+      "Generator? generator=None) -> (Tensor out, Tensor seed_offset)",
+      {at::Tag::nondeterministic_seeded});
+  // bias_dropout_add_backward: grad_x = keep * grad_out / (1 - p), grad_bias = grad_x summed over
+  // rows.
+  m.def(
+      "bias_dropout_add_backward(Tensor grad_out, Tensor seed_offset, float p) -> (Tensor grad_x, "
+      "Tensor grad_bias)");
   // matmul: torch.matmul for 2-D and 3-D (batch-broadcast) operands, tensor-core kernel on CUDA.
   m.def("matmul(Tensor a, Tensor b) -> Tensor");
-  // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the epilogue.
+  // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the
+  // epilogue.
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor");
   // linear_fwd: linear for training, returns (y, preact) where preact = x @ weight.T + bias.
   m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
-  // linear_act_backward: (grad_preact = grad_out * act'(preact), its column sums (the bias grad, or [0])).
-  m.def("linear_act_backward(Tensor grad_out, Tensor preact, str activation, bool bias_grad) -> (Tensor, Tensor)");
-  // cross_entropy: per-row (loss, lse) over the last dim of logits, float32 (float64 for float64 logits), of target's shape; loss = (1 - ls) (lse - x_t) + ls (lse - mean x) + z_loss lse^2, 0 (and lse 0) where target == ignore_index. inplace_backward: the backward writes the gradient into the logits' storage.
-  m.def("cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool inplace_backward=False) -> (Tensor loss, Tensor lse)");
-  // cross_entropy_backward: dlogits = grad_loss ((1 + 2 z_loss lse) softmax - ls / V - (1 - ls) onehot(target)), 0 on ignored rows, in logits' dtype.
-  m.def("cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> Tensor");
+  // linear_act_backward: (grad_preact = grad_out * act'(preact), its column sums (the bias grad, or
+  // [0])).
+  m.def(
+      "linear_act_backward(Tensor grad_out, Tensor preact, str activation, bool bias_grad) -> "
+      "(Tensor, Tensor)");
+  // cross_entropy: per-row (loss, lse) over the last dim of logits, float32 (float64 for float64
+  // logits), of target's shape; loss = (1 - ls) (lse - x_t) + ls (lse - mean x) + z_loss lse^2, 0
+  // (and lse 0) where target == ignore_index. inplace_backward: the backward writes the gradient
+  // into the logits' storage.
+  m.def(
+      "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float "
+      "label_smoothing=0.0, float z_loss=0.0, bool inplace_backward=False) -> (Tensor loss, Tensor "
+      "lse)");
+  // cross_entropy_backward: dlogits = grad_loss ((1 + 2 z_loss lse) softmax - ls / V - (1 - ls)
+  // onehot(target)), 0 on ignored rows, in logits' dtype.
+  m.def(
+      "cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int "
+      "ignore_index, float label_smoothing, float z_loss) -> Tensor");
   // cross_entropy_backward_: the same gradient written over logits (which it consumes).
-  m.def("cross_entropy_backward_(Tensor grad_loss, Tensor(a!) logits, Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> ()");
-  // cross_entropy_with_grad: (loss, dlogits) in one kernel for a reduced loss: loss = the sum of the rows' losses (mean=True: over the non-ignored rows), dlogits = d loss / d logits (for a loss gradient of 1), in logits' dtype.
-  m.def("cross_entropy_with_grad(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True) -> (Tensor loss, Tensor grad)");
-  // cross_entropy_scale_: grad *= scale (one value) in place; scale == 1 (checked on the device) moves no data.
+  m.def(
+      "cross_entropy_backward_(Tensor grad_loss, Tensor(a!) logits, Tensor target, Tensor lse, int "
+      "ignore_index, float label_smoothing, float z_loss) -> ()");
+  // cross_entropy_with_grad: (loss, dlogits) in one kernel for a reduced loss: loss = the sum of
+  // the rows' losses (mean=True: over the non-ignored rows), dlogits = d loss / d logits (for a
+  // loss gradient of 1), in logits' dtype.
+  m.def(
+      "cross_entropy_with_grad(Tensor logits, Tensor target, int ignore_index=-100, float "
+      "label_smoothing=0.0, float z_loss=0.0, bool mean=True) -> (Tensor loss, Tensor grad)");
+  // cross_entropy_scale_: grad *= scale (one value) in place; scale == 1 (checked on the device)
+  // moves no data.
   m.def("cross_entropy_scale_(Tensor(a!) grad, Tensor scale) -> ()");
-  // linear_cross_entropy: cross_entropy(hidden @ weight.T + bias, target) reduced (mean over non-ignored rows, or sum), in chunks of chunk_size tokens (0: a default) so the full logits never exist; with grad_mask = [hidden, weight, bias] it also returns those gradients (for a loss gradient of 1; empty where not wanted).
-  m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True, int chunk_size=0, bool[3] grad_mask=[False, False, False]) -> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
+  // linear_cross_entropy: cross_entropy(hidden @ weight.T + bias, target) reduced (mean over
+  // non-ignored rows, or sum), in chunks of chunk_size tokens (0: a default) so the full logits
+  // never exist; with grad_mask = [hidden, weight, bias] it also returns those gradients (for a
+  // loss gradient of 1; empty where not wanted).
+  m.def(
+      "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, int "
+      "ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True, int "
+      "chunk_size=0, bool[3] grad_mask=[False, False, False]) -> (Tensor loss, Tensor grad_hidden, "
+      "Tensor grad_weight, Tensor grad_bias)");
 }
 
 namespace fused {

@@ -49,54 +49,54 @@ bool parse_auto_int(const std::string& v, int lo, int hi, int& out) {
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> table = {
-      {"norm.fixed", "0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_bool(v, o.norm_fixed);
-       }},
-      {"norm.stage", "0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_bool(v, o.norm_stage);
-       }},
-      {"norm.bwd_warp", "0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_bool(v, o.norm_bwd_warp);
-       }},
-      {"norm.bwd_pf", "auto, 0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_auto_int(v, 0, 1, o.norm_bwd_pf);
-       }},
-      {"norm.bwd_warps", "auto or an integer from 1 to 32", [](Overrides& o, const std::string& v) {
+      {"norm.fixed", "0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_bool(v, o.norm_fixed); }},
+      {"norm.stage", "0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_bool(v, o.norm_stage); }},
+      {"norm.bwd_warp", "0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_bool(v, o.norm_bwd_warp); }},
+      {"norm.bwd_pf", "auto, 0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_auto_int(v, 0, 1, o.norm_bwd_pf); }},
+      {"norm.bwd_warps", "auto or an integer from 1 to 32",
+       [](Overrides& o, const std::string& v) {
          return parse_auto_int(v, 1, 32, o.norm_bwd_warps);
        }},
-      {"norm.bwd_bulk", "0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_bool(v, o.norm_bwd_bulk);
-       }},
-      {"norm.bwd_bulk_stages", "auto, 2, 3 or 4", [](Overrides& o, const std::string& v) {
+      {"norm.bwd_bulk", "0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_bool(v, o.norm_bwd_bulk); }},
+      {"norm.bwd_bulk_stages", "auto, 2, 3 or 4",
+       [](Overrides& o, const std::string& v) {
          return parse_auto_int(v, 2, 4, o.norm_bwd_bulk_stages);
        }},
-      {"softmax.cluster", "0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_bool(v, o.softmax_cluster);
-       }},
-      {"softmax.max_cluster", "an integer from 2 to 16", [](Overrides& o, const std::string& v) {
+      {"softmax.cluster", "0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_bool(v, o.softmax_cluster); }},
+      {"softmax.max_cluster", "an integer from 2 to 16",
+       [](Overrides& o, const std::string& v) {
          return parse_int(v, 2, 16, o.softmax_max_cluster);
        }},
-      {"softmax.min_block", "32, 64 or 128", [](Overrides& o, const std::string& v) {
+      {"softmax.min_block", "32, 64 or 128",
+       [](Overrides& o, const std::string& v) {
          return (v == "32" || v == "64" || v == "128") &&
                 parse_int(v, 32, 128, o.softmax_min_block);
        }},
-      {"softmax.staged", "0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_bool(v, o.softmax_staged);
-       }},
-      {"softmax.causal", "0 or 1", [](Overrides& o, const std::string& v) {
-         return parse_bool(v, o.softmax_causal);
-       }},
-      {"matmul.kernel", "auto, portable or hopper", [](Overrides& o, const std::string& v) {
+      {"softmax.staged", "0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_bool(v, o.softmax_staged); }},
+      {"softmax.causal", "0 or 1",
+       [](Overrides& o, const std::string& v) { return parse_bool(v, o.softmax_causal); }},
+      {"matmul.kernel", "auto, portable or hopper",
+       [](Overrides& o, const std::string& v) {
          using K = Overrides::MatmulKernel;
-         if (v == "auto") o.matmul_kernel = K::kAuto;
-         else if (v == "portable") o.matmul_kernel = K::kPortable;
-         else if (v == "hopper") o.matmul_kernel = K::kHopper;
-         else return false;
+         if (v == "auto")
+           o.matmul_kernel = K::kAuto;
+         else if (v == "portable")
+           o.matmul_kernel = K::kPortable;
+         else if (v == "hopper")
+           o.matmul_kernel = K::kHopper;
+         else
+           return false;
          return true;
        }},
-      {"matmul.group_m", "an integer from 1 to 1024", [](Overrides& o, const std::string& v) {
-         return parse_int(v, 1, 1024, o.matmul_group_m);
-       }},
+      {"matmul.group_m", "an integer from 1 to 1024",
+       [](Overrides& o, const std::string& v) { return parse_int(v, 1, 1024, o.matmul_group_m); }},
       {"pdl", "0 or 1", [](Overrides& o, const std::string& v) { return parse_bool(v, o.pdl); }},
   };
   return table;

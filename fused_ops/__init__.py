@@ -4,6 +4,7 @@
 CPU/CUDA kernels, autograd and autocast with the dispatcher), then the fake kernels and vmap
 rules (fused_ops/_impl), then exposes the torch.nn.functional-style API.
 """
+
 import glob as _glob
 import os as _os
 import sys as _sys
@@ -30,11 +31,14 @@ if not _glob.glob(_os.path.join(__path__[0], "_C.*")):
     if _installed is None:
         raise ImportError(
             "fused_ops is not built: run `pip install --no-build-isolation .` "
-            "(or `make build` to build it in place) in the source tree")
+            "(or `make build` to build it in place) in the source tree"
+        )
     _warnings.warn(
         f"fused_ops: {__path__[0]} (the source tree) has no built extension; using the "
         f"installed fused_ops in {_installed}. Run Python from another folder to import it "
-        "directly, or build in place (`make build`) to use the source tree.", stacklevel=2)
+        "directly, or build in place (`make build`) to use the source tree.",
+        stacklevel=2,
+    )
     __path__[:] = [_installed]
 
 from . import _build_info  # noqa: E402

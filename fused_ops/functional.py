@@ -9,6 +9,7 @@ anything else comes back NotImplemented and takes the next path), otherwise thro
 op's C++ entry (OpOverload._op, the function OpOverload.__call__ itself calls). Under
 torch.compile (which traces OpOverloads) the call goes through torch.ops.fused.<name>.
 """
+
 import torch
 from torch.compiler import is_compiling as _compiling
 
@@ -82,8 +83,9 @@ def _shape(normalized_shape):
     return (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
 
 
-def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None,
-               eps: float = 1e-5) -> torch.Tensor:
+def layer_norm(
+    input: torch.Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5
+) -> torch.Tensor:
     """LayerNorm, as torch.nn.functional.layer_norm (weight/bias in input's dtype or float32)."""
     try:
         if _compiling():
@@ -109,21 +111,22 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight=None, eps=None) -> to
         raise _type_error(e, "rms_norm") from None
 
 
-def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
-                   residual_in_fp32=False):
+def add_layer_norm(
+    input, residual, normalized_shape, weight=None, bias=None, eps=1e-5, residual_in_fp32=False
+):
     """The pre-norm residual step in one kernel: s = input + residual, returns
     (layer_norm(s), s). s is float32 when residual_in_fp32, else input's dtype."""
     try:
         op = _add_layer_norm if _compiling() else _add_layer_norm_c
-        out = op(input, residual, list(_shape(normalized_shape)), weight, bias, eps,
-                 residual_in_fp32)
+        out = op(
+            input, residual, list(_shape(normalized_shape)), weight, bias, eps, residual_in_fp32
+        )
     except RuntimeError as e:
         raise _type_error(e, "add_layer_norm") from None
     return out[0], out[1]
 
 
-def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
-                 residual_in_fp32=False):
+def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, residual_in_fp32=False):
     """As add_layer_norm with rms_norm: returns (rms_norm(s), s), s = input + residual."""
     try:
         op = _add_rms_norm if _compiling() else _add_rms_norm_c
@@ -133,9 +136,15 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
     return out[0], out[1]
 
 
-def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
-            dtype: torch.dtype = None, *, scale: float = 1.0,
-            causal: bool = False) -> torch.Tensor:
+def softmax(
+    input: torch.Tensor,
+    dim: int = -1,
+    _stacklevel: int = 3,
+    dtype: torch.dtype = None,
+    *,
+    scale: float = 1.0,
+    causal: bool = False,
+) -> torch.Tensor:
     """softmax(scale * input) along dim, as torch.nn.functional.softmax (same positional
     arguments; default dim: the last; _stacklevel is accepted and unused).
 
@@ -157,8 +166,9 @@ def softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
         raise _type_error(e, "softmax") from None
 
 
-def log_softmax(input: torch.Tensor, dim: int = -1, _stacklevel: int = 3,
-                dtype: torch.dtype = None) -> torch.Tensor:
+def log_softmax(
+    input: torch.Tensor, dim: int = -1, _stacklevel: int = 3, dtype: torch.dtype = None
+) -> torch.Tensor:
     """log_softmax along dim, as torch.nn.functional.log_softmax (default dim: the last)."""
     if dtype is not None:
         input = input.to(dtype)
@@ -177,8 +187,14 @@ def _check_dropout_p(p: float) -> None:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
 
 
-def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,
-            *, generator: "torch.Generator | None" = None) -> torch.Tensor:
+def dropout(
+    input: torch.Tensor,
+    p: float = 0.5,
+    training: bool = True,
+    inplace: bool = False,
+    *,
+    generator: "torch.Generator | None" = None,
+) -> torch.Tensor:
     """Dropout, as torch.nn.functional.dropout, with a counter-based (Philox) mask that is
     never stored: backward regenerates it from a 16-byte seed/offset.
 
@@ -202,9 +218,15 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     return input
 
 
-def bias_dropout_add(x: torch.Tensor, bias: "torch.Tensor | None", residual: torch.Tensor,
-                     p: float = 0.5, training: bool = True, *,
-                     generator: "torch.Generator | None" = None) -> torch.Tensor:
+def bias_dropout_add(
+    x: torch.Tensor,
+    bias: "torch.Tensor | None",
+    residual: torch.Tensor,
+    p: float = 0.5,
+    training: bool = True,
+    *,
+    generator: "torch.Generator | None" = None,
+) -> torch.Tensor:
     """residual + dropout(x + bias, p, training) in one kernel (bias of shape [x.shape[-1]]
     or None); differentiable in x, bias and residual. Outside training (or p=0) it is the
     fused residual + x + bias, with no randomness drawn."""
@@ -230,21 +252,34 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
     When a gradient will be needed and there is an activation, the training op also returns
     the pre-activation, so backward does not recompute it.
     """
-    if activation is not None and torch.is_grad_enabled() and (
-        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if (
+        activation is not None
+        and torch.is_grad_enabled()
+        and (
+            input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        )
     ):
-        return (_linear_fwd if _compiling() else _linear_fwd_c)(input, weight, bias,
-                                                                activation)[0]
+        return (_linear_fwd if _compiling() else _linear_fwd_c)(input, weight, bias, activation)[0]
     try:
         return (_linear if _compiling() else _linear_c)(input, weight, bias, activation)
     except RuntimeError as e:
         raise _type_error(e, "linear") from None
 
 
-def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_average=None,
-                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
-                  label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                  inplace_backward: bool = False, precompute_grad: bool = False) -> torch.Tensor:
+def cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight=None,
+    size_average=None,
+    ignore_index: int = -100,
+    reduce=None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    *,
+    z_loss: float = 0.0,
+    inplace_backward: bool = False,
+    precompute_grad: bool = False,
+) -> torch.Tensor:
     """Cross-entropy over the LAST dim of `input` (logits [V], [N, V] or [B, T, V]; target of
     the leading shape or flat), as torch.nn.functional.cross_entropy with class indices:
     same ignore_index, reduction ('mean' over the non-ignored rows, 'sum', 'none') and
@@ -272,18 +307,27 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
     are not supported.
     """
     if weight is not None:
-        raise ValueError("fused_ops.cross_entropy: per-class weight is not supported; use "
-                         "torch.nn.functional.cross_entropy for weighted losses")
+        raise ValueError(
+            "fused_ops.cross_entropy: per-class weight is not supported; use "
+            "torch.nn.functional.cross_entropy for weighted losses"
+        )
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    if (precompute_grad and not inplace_backward and reduction != "none"
-            and torch.is_grad_enabled() and input.requires_grad):
-        return _ops.cross_entropy_with_grad(input, target, ignore_index, label_smoothing, z_loss,
-                                           reduction == "mean")[0]
-    loss, _ = _ops.cross_entropy(input, target, ignore_index, label_smoothing, z_loss,
-                                inplace_backward)
+    if (
+        precompute_grad
+        and not inplace_backward
+        and reduction != "none"
+        and torch.is_grad_enabled()
+        and input.requires_grad
+    ):
+        return _ops.cross_entropy_with_grad(
+            input, target, ignore_index, label_smoothing, z_loss, reduction == "mean"
+        )[0]
+    loss, _ = _ops.cross_entropy(
+        input, target, ignore_index, label_smoothing, z_loss, inplace_backward
+    )
     if reduction == "none":
         return loss if input.dim() > 1 or target.dim() == 0 else loss.reshape(())
     if reduction == "sum":
@@ -293,10 +337,18 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
     return loss.sum() / (target != ignore_index).sum()
 
 
-def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                         bias=None, ignore_index: int = -100, reduction: str = "mean",
-                         label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                         chunk_size: int = 0) -> torch.Tensor:
+def linear_cross_entropy(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias=None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    *,
+    z_loss: float = 0.0,
+    chunk_size: int = 0,
+) -> torch.Tensor:
     """cross_entropy(linear(input, weight, bias), target, ...) without the full logits: the LM
     head and the loss in chunks of chunk_size tokens (0: 1024), the gradients of input,
     weight and bias computed chunk by chunk in the forward (so the backward reads no
@@ -310,10 +362,29 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torc
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if reduction == "none":
-        return cross_entropy(_ops.linear(input, weight, bias), target, ignore_index=ignore_index,
-                             reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+        return cross_entropy(
+            _ops.linear(input, weight, bias),
+            target,
+            ignore_index=ignore_index,
+            reduction="none",
+            label_smoothing=label_smoothing,
+            z_loss=z_loss,
+        )
     grad = torch.is_grad_enabled()
-    mask = [grad and input.requires_grad, grad and weight.requires_grad,
-            grad and bias is not None and bias.requires_grad]
-    return _ops.linear_cross_entropy(input, weight, target, bias, ignore_index, label_smoothing,
-                                    z_loss, reduction == "mean", chunk_size, mask)[0]
+    mask = [
+        grad and input.requires_grad,
+        grad and weight.requires_grad,
+        grad and bias is not None and bias.requires_grad,
+    ]
+    return _ops.linear_cross_entropy(
+        input,
+        weight,
+        target,
+        bias,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        reduction == "mean",
+        chunk_size,
+        mask,
+    )[0]

@@ -3,6 +3,7 @@ twins (extra arguments keyword-only). Each forward calls its functional form (th
 entry in eager mode) or, under torch.jit.script (which compiles only that branch), its
 registered op; they script wherever the twin does.
 """
+
 from typing import Optional
 
 import torch
@@ -35,10 +36,10 @@ class LayerNorm(torch.nn.LayerNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():
-            return torch.ops.fused.layer_norm(input, list(self.normalized_shape), self.weight,
-                                              self.bias, self.eps)[0]
-        return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias,
-                                     self.eps)
+            return torch.ops.fused.layer_norm(
+                input, list(self.normalized_shape), self.weight, self.bias, self.eps
+            )[0]
+        return functional.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -46,8 +47,9 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():
-            return torch.ops.fused.rms_norm(x, list(self.normalized_shape), self.weight,
-                                            self.eps)[0]
+            return torch.ops.fused.rms_norm(x, list(self.normalized_shape), self.weight, self.eps)[
+                0
+            ]
         return functional.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
@@ -104,19 +106,34 @@ class Linear(torch.nn.Linear):
 
     activation: Optional[str]
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype=None, *, activation: Optional[str] = None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        activation: Optional[str] = None,
+    ):
         if activation not in (None, "gelu", "gelu_tanh"):
             raise ValueError(
-                f"activation must be None, 'gelu' or 'gelu_tanh', but got {activation!r}")
+                f"activation must be None, 'gelu' or 'gelu_tanh', but got {activation!r}"
+            )
         super().__init__(in_features, out_features, bias, device, dtype)
         self.activation = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         act = self.activation
-        if act is not None and torch.is_grad_enabled() and (
-                input.requires_grad or self.weight.requires_grad
-                or (self.bias is not None and self.bias.requires_grad)):
+        if (
+            act is not None
+            and torch.is_grad_enabled()
+            and (
+                input.requires_grad
+                or self.weight.requires_grad
+                or (self.bias is not None and self.bias.requires_grad)
+            )
+        ):
             # The training op keeps the pre-activation for the backward.
             return torch.ops.fused.linear_fwd(input, self.weight, self.bias, act)[0]
         return torch.ops.fused.linear(input, self.weight, self.bias, act)
@@ -130,8 +147,18 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     """torch.nn.CrossEntropyLoss (class-index targets, classes in the LAST dim of the
     input) on the fused kernel; z_loss and inplace_backward as fused_ops.cross_entropy."""
 
-    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                 reduction="mean", label_smoothing=0.0, *, z_loss=0.0, inplace_backward=False):
+    def __init__(
+        self,
+        weight=None,
+        size_average=None,
+        ignore_index=-100,
+        reduce=None,
+        reduction="mean",
+        label_smoothing=0.0,
+        *,
+        z_loss=0.0,
+        inplace_backward=False,
+    ):
         if weight is not None:
             raise ValueError("fused_ops.nn.CrossEntropyLoss: per-class weight is not supported")
         super().__init__(None, size_average, ignore_index, reduce, reduction, label_smoothing)
@@ -139,6 +166,12 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         self.inplace_backward = inplace_backward
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return functional.cross_entropy(input, target, ignore_index=self.ignore_index,
-                               reduction=self.reduction, label_smoothing=self.label_smoothing,
-                               z_loss=self.z_loss, inplace_backward=self.inplace_backward)
+        return functional.cross_entropy(
+            input,
+            target,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss,
+            inplace_backward=self.inplace_backward,
+        )

@@ -11,6 +11,7 @@ process starts with (read once, at the first op call); ``overrides(...)`` change
     with overrides("matmul.kernel=portable"):
         y = fused_ops.linear(x, w)
 """
+
 import contextlib
 
 import torch

@@ -4,6 +4,7 @@ Tests compare the fused ops against these (in float64), and the benchmark times 
 the "unfused" implementation and, through torch.compile, as the "compile" one. Each is
 written the way a user would write it without a fused kernel: one PyTorch op per step.
 """
+
 import math
 
 import torch
@@ -45,8 +46,9 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return y.to(x.dtype)
 
 
-def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
-                   residual_in_fp32=False):
+def add_layer_norm(
+    x, residual, normalized_shape, weight=None, bias=None, eps=1e-5, residual_in_fp32=False
+):
     s = x.float() + residual.float() if residual_in_fp32 else x + residual.to(x.dtype)
     return layer_norm(s, normalized_shape, weight, bias, eps).to(x.dtype), s
 
@@ -56,13 +58,16 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, residual_
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     return rms_norm(s, normalized_shape, weight, eps).to(x.dtype), s
+
+
 def causal_mask(lq: int, lk: int, device=None) -> torch.Tensor:
     """True where key j > query i (masked), as scaled_dot_product_attention(is_causal=True)."""
     return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(1)
 
 
-def softmax(x: torch.Tensor, dim: int = -1, *, scale: float = 1.0,
-            causal: bool = False) -> torch.Tensor:
+def softmax(
+    x: torch.Tensor, dim: int = -1, *, scale: float = 1.0, causal: bool = False
+) -> torch.Tensor:
     if scale != 1.0:
         x = x * scale
     if causal:
@@ -75,6 +80,8 @@ def softmax(x: torch.Tensor, dim: int = -1, *, scale: float = 1.0,
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     z = x - torch.amax(x, dim, keepdim=True)
     return z - torch.log(torch.sum(torch.exp(z), dim, keepdim=True))
+
+
 def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
@@ -82,10 +89,13 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Ten
     return x * keep * (1.0 / (1.0 - p))
 
 
-def bias_dropout_add(x: torch.Tensor, bias, residual: torch.Tensor, p: float = 0.5,
-                     training: bool = True) -> torch.Tensor:
+def bias_dropout_add(
+    x: torch.Tensor, bias, residual: torch.Tensor, p: float = 0.5, training: bool = True
+) -> torch.Tensor:
     h = x + bias if bias is not None else x
     return residual + torch.nn.functional.dropout(h, p, training)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 

@@ -10,6 +10,7 @@ native, unfused, compile, ...): warm up, then run --iters calls under torch.prof
 https://ui.perfetto.dev or chrome://tracing) and print the kernels one call launches, with
 their count and device time, so "unfused = 5 kernels, fused = 1" is visible.
 """
+
 import argparse
 import json
 import os
@@ -27,8 +28,9 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--op", required=True, help="op name (or case file name), e.g. gelu")
     p.add_argument("--variant", help="only this variant (e.g. tanh); default: all")
     p.add_argument("--shape", help="e.g. 16384x4096; default: the case's first quick shape")
@@ -81,12 +83,15 @@ def summarize_trace(trace: dict, iters: int) -> list:
 def format_summary(impl: str, rows: list, iters: int) -> str:
     launches = sum(r["count"] for r in rows) / max(iters, 1)
     device_us = sum(r["total_us"] for r in rows) / max(iters, 1)
-    lines = [f"{impl}: {launches:g} kernel launch{'es' if launches != 1 else ''} per call, "
-             f"{device_us:.1f} us of device time per call"]
+    lines = [
+        f"{impl}: {launches:g} kernel launch{'es' if launches != 1 else ''} per call, "
+        f"{device_us:.1f} us of device time per call"
+    ]
     lines.append(f"  {'per call':>8}  {'avg us':>9}  {'total us':>9}  kernel")
     for r in rows:
-        lines.append(f"  {r['per_call']:>8g}  {r['avg_us']:>9.1f}  {r['total_us']:>9.1f}  "
-                     f"{r['name']}")
+        lines.append(
+            f"  {r['per_call']:>8g}  {r['avg_us']:>9.1f}  {r['total_us']:>9.1f}  {r['name']}"
+        )
     return "\n".join(lines)
 
 
@@ -129,12 +134,18 @@ def main(argv=None):
     harness.import_fused_ops()
     import torch
 
-    cases = [c for c in harness.discover_cases()
-             if args.op in (c.op, c.label, getattr(c, "module", None))
-             and (args.variant is None or c.variant == args.variant)]
+    cases = [
+        c
+        for c in harness.discover_cases()
+        if args.op in (c.op, c.label, getattr(c, "module", None))
+        and (args.variant is None or c.variant == args.variant)
+    ]
     if not cases:
-        print(f"error: no benchmark case for op {args.op!r}"
-              + (f" variant {args.variant!r}" if args.variant else ""), file=sys.stderr)
+        print(
+            f"error: no benchmark case for op {args.op!r}"
+            + (f" variant {args.variant!r}" if args.variant else ""),
+            file=sys.stderr,
+        )
         return 2
     harness.configure_compile()
     os.makedirs(args.out, exist_ok=True)
@@ -143,8 +154,10 @@ def main(argv=None):
         if args.pass_ not in case.passes:
             continue
         case_shape = shape or case.quick_shapes[0]
-        print(f"\n== {case.label} {args.pass_} {harness.shape_str(case_shape)} "
-              f"{harness.dtype_name(dtype)} ({args.iters} calls profiled)")
+        print(
+            f"\n== {case.label} {args.pass_} {harness.shape_str(case_shape)} "
+            f"{harness.dtype_name(dtype)} ({args.iters} calls profiled)"
+        )
         counts = {}
         for impl in case.impl_names():
             if wanted and impl not in wanted:
@@ -153,8 +166,7 @@ def main(argv=None):
             try:
                 if impl == "compile":
                     torch._dynamo.reset()
-                rows = profile_impl(case, impl, case_shape, dtype, args.pass_, args.iters,
-                                    path)
+                rows = profile_impl(case, impl, case_shape, dtype, args.pass_, args.iters, path)
             except Exception as e:  # noqa: BLE001 - report and profile the others
                 print(f"{impl}: failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
@@ -165,8 +177,10 @@ def main(argv=None):
             counts[impl] = sum(r["count"] for r in rows) / args.iters
             torch.cuda.empty_cache()
         if counts:
-            print("kernel launches per call: "
-                  + ", ".join(f"{impl} {n:g}" for impl, n in counts.items()))
+            print(
+                "kernel launches per call: "
+                + ", ".join(f"{impl} {n:g}" for impl, n in counts.items())
+            )
     print("\nOpen a trace in https://ui.perfetto.dev (or chrome://tracing).")
     return 0
 

@@ -2,6 +2,7 @@
 benchmarks/e2e_gpt2.py (GPT-2 training steps with fused_ops modules swapped in), on CPU:
 their timing logic with a stand-in clock, their rows on the CPU kernels, and the module
 swap. The GPT-2 tests need transformers and are skipped without it."""
+
 import importlib.util
 import json
 import os
@@ -15,11 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import e2e_gpt2, host_time  # noqa: E402
+
 from utils import CUDA  # noqa: E402
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-needs_transformers = pytest.mark.skipif(not HAVE_TRANSFORMERS,
-                                        reason="transformers is not installed")
+needs_transformers = pytest.mark.skipif(
+    not HAVE_TRANSFORMERS, reason="transformers is not installed"
+)
 
 
 class FakeClock:
@@ -35,6 +38,7 @@ class FakeClock:
 
 # --- host_time -------------------------------------------------------------------------
 
+
 def test_host_time_times_every_call_in_rotating_batches():
     clock, log = FakeClock(), []
     timer = host_time.HostTimer("cpu")
@@ -44,12 +48,13 @@ def test_host_time_times_every_call_in_rotating_batches():
         def step():
             log.append(name)
             clock.advance(us)
+
         return step
 
     calls = 2 * host_time.BATCH + 7  # three batches each, the last one short
-    times = host_time.measure_pair({"fused": costing("fused", 30.0),
-                                    "native": costing("native", 20.0)},
-                                   timer, calls, warmup=3)
+    times = host_time.measure_pair(
+        {"fused": costing("fused", 30.0), "native": costing("native", 20.0)}, timer, calls, warmup=3
+    )
     assert times["fused"] == pytest.approx([30.0] * calls)
     assert times["native"] == pytest.approx([20.0] * calls)
     # Warm-up first, then batches taking turns, the first of each round rotating.
@@ -61,8 +66,14 @@ def test_host_time_times_every_call_in_rotating_batches():
         else:
             runs.append([name, 1])
     # Rounds: fused, native | native, fused | fused (7), native (7).
-    assert runs == [["fused", 3], ["native", 3], ["fused", b], ["native", 2 * b],
-                    ["fused", b + 7], ["native", 7]]
+    assert runs == [
+        ["fused", 3],
+        ["native", 3],
+        ["fused", b],
+        ["native", 2 * b],
+        ["fused", b + 7],
+        ["native", 7],
+    ]
 
 
 def test_host_time_spin_is_sized_on_the_calls(monkeypatch):
@@ -80,14 +91,14 @@ def test_host_time_spin_is_sized_on_the_calls(monkeypatch):
         def query(self):
             return idle.pop(0)
 
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(
-        cycles / host_time.CYCLES_PER_US))
+    monkeypatch.setattr(
+        torch.cuda, "_sleep", lambda cycles: spins.append(cycles / host_time.CYCLES_PER_US)
+    )
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     timer = host_time.HostTimer("cpu")
     timer.cuda, timer.clock = True, clock
-    costs = iter([10.0] * 4 + [10.0] * 25 + [20.0] * 25 + [5000.0] + [20.0] * 24
-                 + [1e6] * 25)
+    costs = iter([10.0] * 4 + [10.0] * 25 + [20.0] * 25 + [5000.0] + [20.0] * 24 + [1e6] * 25)
 
     def step():
         clock.advance(next(costs))
@@ -129,21 +140,39 @@ def _entries(*names):
 
 def test_host_time_covers_every_op_and_module():
     names = {e.name for e in host_time.all_entries()}
-    assert names >= {"gelu/none", "gelu/tanh", "layer_norm", "rms_norm",
-                     "add_layer_norm/residual", "add_rms_norm/residual", "softmax",
-                     "log_softmax", "dropout/p=0.1", "bias_dropout_add/p=0.1", "matmul",
-                     "linear", "linear/bias+gelu_tanh", "nn.LayerNorm", "nn.GELU/tanh",
-                     "nn.Dropout"}
+    assert names >= {
+        "gelu/none",
+        "gelu/tanh",
+        "layer_norm",
+        "rms_norm",
+        "add_layer_norm/residual",
+        "add_rms_norm/residual",
+        "softmax",
+        "log_softmax",
+        "dropout/p=0.1",
+        "bias_dropout_add/p=0.1",
+        "matmul",
+        "linear",
+        "linear/bias+gelu_tanh",
+        "nn.LayerNorm",
+        "nn.GELU/tanh",
+        "nn.Dropout",
+    }
     # Selection by op name takes every variant; by case file, every op in it.
     assert {e.name for e in _entries("gelu")} == {"gelu/none", "gelu/tanh"}
     assert {e.name for e in _entries("norm")} == {
-        "layer_norm", "rms_norm", "add_layer_norm/residual", "add_rms_norm/residual"}
+        "layer_norm",
+        "rms_norm",
+        "add_layer_norm/residual",
+        "add_rms_norm/residual",
+    }
     with pytest.raises(ValueError, match="no op matches"):
         _entries("conv2d")
 
 
-@pytest.mark.parametrize("name", ["layer_norm", "matmul", "nn.LayerNorm",
-                                  "nn.Linear/gelu_tanh", "add_rms_norm/residual"])
+@pytest.mark.parametrize(
+    "name", ["layer_norm", "matmul", "nn.LayerNorm", "nn.Linear/gelu_tanh", "add_rms_norm/residual"]
+)
 def test_host_time_rows_on_cpu(name):
     (entry,) = [e for e in host_time.all_entries() if e.name == name]
     timer = host_time.HostTimer("cpu")
@@ -154,8 +183,7 @@ def test_host_time_rows_on_cpu(name):
         assert r["error"] is None, r["error"]
         assert r["host_us"] > 0 and r["calls"] == 3 and r["bench"] == "host_time"
         assert r["pass"] == "fwd+bwd" and r["dtype"] == "float32"
-    assert recs[0]["host_ratio_vs_native"] == pytest.approx(
-        recs[0]["host_us"] / recs[1]["host_us"])
+    assert recs[0]["host_ratio_vs_native"] == pytest.approx(recs[0]["host_us"] / recs[1]["host_us"])
     assert recs[0]["target"] == 1.1
     # The GEMM's shape is (M, N, K); the others rows x width.
     assert recs[0]["shape"] == ([4, 32, 32] if name == "matmul" else [4, 32])
@@ -167,6 +195,7 @@ def test_host_time_fused_and_native_differentiate_the_same_leaves(name):
     # only benchmark case (matmul) differentiates all its inputs, so both implementations'
     # fwd+bwd compute the same gradients: the same work, compared.
     from benchmarks import harness
+
     (entry,) = [e for e in host_time.all_entries() if e.name == name]
     inputs = entry.make_inputs(4, 16, torch.float64, "cpu")
     for n in entry.grad_inputs:
@@ -175,19 +204,25 @@ def test_host_time_fused_and_native_differentiate_the_same_leaves(name):
         else:
             inputs[n] = inputs[n].detach().requires_grad_(True)
     assert len(entry.grad_inputs) >= 2  # x and at least one parameter / operand
-    grads = {impl: harness.make_step(entry.impls[impl], inputs, "fwd+bwd",
-                                     entry.grad_inputs)() for impl in ("fused", "native")}
+    grads = {
+        impl: harness.make_step(entry.impls[impl], inputs, "fwd+bwd", entry.grad_inputs)()
+        for impl in ("fused", "native")
+    }
     assert all(g is not None for g in grads["native"])
     for a, b in zip(grads["fused"], grads["native"]):
         torch.testing.assert_close(a, b)
 
 
 def test_host_time_errors_are_recorded():
-    entry = host_time.Entry(name="broken", make_inputs=lambda r, w, d, dev: {
-        "x": torch.randn(r, w)}, impls={"fused": lambda x: x.no_such(), "native": abs},
-        grad_inputs=("x",))
-    recs = host_time.run_entry(entry, "fwd", 2, 4, torch.float32, "cpu",
-                               host_time.HostTimer("cpu"), 3, {})
+    entry = host_time.Entry(
+        name="broken",
+        make_inputs=lambda r, w, d, dev: {"x": torch.randn(r, w)},
+        impls={"fused": lambda x: x.no_such(), "native": abs},
+        grad_inputs=("x",),
+    )
+    recs = host_time.run_entry(
+        entry, "fwd", 2, 4, torch.float32, "cpu", host_time.HostTimer("cpu"), 3, {}
+    )
     assert all("AttributeError" in r["error"] for r in recs)
     assert "err: AttributeError" in host_time.table(recs)
 
@@ -208,10 +243,28 @@ def test_host_time_table():
 
 def test_host_time_command_line_on_cpu(tmp_path):
     out, md = tmp_path / "h.json", tmp_path / "h.md"
-    res = subprocess.run([sys.executable, "benchmarks/host_time.py", "--device", "cpu",
-                          "--ops", "gelu,nn.Dropout", "--calls", "30", "--shape", "4x64",
-                          "--out", str(out), "--md", str(md)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/host_time.py",
+            "--device",
+            "cpu",
+            "--ops",
+            "gelu,nn.Dropout",
+            "--calls",
+            "30",
+            "--shape",
+            "4x64",
+            "--out",
+            str(out),
+            "--md",
+            str(md),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert "| gelu/tanh | fwd+bwd |" in res.stdout and "| nn.Dropout | fwd |" in res.stdout
     data = json.loads(out.read_text())
@@ -221,9 +274,13 @@ def test_host_time_command_line_on_cpu(tmp_path):
     assert len(recs) == 3 * 2 * 2  # (gelu none, tanh, nn.Dropout) x passes x impls
     assert all(r["host_us"] > 0 and r["calls"] == 30 for r in recs)
     assert "| op | pass | fused µs |" in md.read_text()
-    bad = subprocess.run([sys.executable, "benchmarks/host_time.py", "--device", "cpu",
-                          "--passes", "bwd"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "benchmarks/host_time.py", "--device", "cpu", "--passes", "bwd"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "--passes takes fwd, fwd+bwd" in bad.stderr
 
 
@@ -231,14 +288,14 @@ def test_host_time_command_line_on_cpu(tmp_path):
 def test_host_time_on_the_gpu_keeps_it_busy():
     (entry,) = [e for e in host_time.all_entries() if e.name == "layer_norm"]
     timer = host_time.HostTimer("cuda")
-    recs = host_time.run_entry(entry, "fwd+bwd", 16, 256, torch.bfloat16, "cuda", timer,
-                               100, {})
+    recs = host_time.run_entry(entry, "fwd+bwd", 16, 256, torch.bfloat16, "cuda", timer, 100, {})
     assert all(r["error"] is None and r["host_us"] > 0 for r in recs)
     # The spin outlasted nearly every batch (it lengthens itself after one it did not).
     assert timer.gpu_idle_batches <= 2
 
 
 # --- e2e_gpt2 --------------------------------------------------------------------------
+
 
 class _ToyGelu(torch.nn.Module):
     def forward(self, x):
@@ -251,10 +308,15 @@ class _SubclassedNorm(torch.nn.LayerNorm):
 
 def test_swap_modules_replaces_norms_gelus_and_dropouts_in_place():
     import fused_ops.nn as fnn
+
     model = torch.nn.Sequential(
-        torch.nn.LayerNorm(8, eps=1e-6), torch.nn.Linear(8, 8), _ToyGelu(),
+        torch.nn.LayerNorm(8, eps=1e-6),
+        torch.nn.Linear(8, 8),
+        _ToyGelu(),
         torch.nn.Sequential(torch.nn.Dropout(0.25), torch.nn.LayerNorm(8, bias=False)),
-        _SubclassedNorm(8), torch.nn.GELU())
+        _SubclassedNorm(8),
+        torch.nn.GELU(),
+    )
     with torch.no_grad():
         model[0].weight.uniform_(0.5, 1.5)
         model[0].bias.uniform_(-1, 1)
@@ -274,9 +336,15 @@ def test_swap_modules_replaces_norms_gelus_and_dropouts_in_place():
 
 
 def test_add_ratios():
-    recs = [{"batch": 8, "impl": i, "tokens_per_s": t, "loss_eval0": 5.0 + d}
-            for i, t, d in (("eager", 100.0, 0.0), ("fused", 125.0, 0.01),
-                            ("eager+compile", 150.0, 0.0), ("fused+compile", 165.0, 0.0))]
+    recs = [
+        {"batch": 8, "impl": i, "tokens_per_s": t, "loss_eval0": 5.0 + d}
+        for i, t, d in (
+            ("eager", 100.0, 0.0),
+            ("fused", 125.0, 0.01),
+            ("eager+compile", 150.0, 0.0),
+            ("fused+compile", 165.0, 0.0),
+        )
+    ]
     recs.append({"batch": 1, "impl": "fused", "tokens_per_s": 10.0, "loss_eval0": None})
     e2e_gpt2.add_ratios(recs)
     assert [r["x_vs_eager"] for r in recs[:4]] == pytest.approx([1.0, 1.25, 1.0, 1.1])
@@ -284,9 +352,11 @@ def test_add_ratios():
     assert recs[1]["loss_eval0_diff"] == pytest.approx(0.01)
     assert recs[4]["loss_eval0_diff"] is None
     # --repeat: each repeat's runs are compared with that repeat's eager run.
-    reps = [{"batch": 8, "repeat": k, "impl": i, "tokens_per_s": t, "loss_eval0": 1.0}
-            for k, runs in enumerate(((100.0, 120.0), (80.0, 120.0)))
-            for i, t in zip(("eager", "fused"), runs)]
+    reps = [
+        {"batch": 8, "repeat": k, "impl": i, "tokens_per_s": t, "loss_eval0": 1.0}
+        for k, runs in enumerate(((100.0, 120.0), (80.0, 120.0)))
+        for i, t in zip(("eager", "fused"), runs)
+    ]
     e2e_gpt2.add_ratios(reps)
     assert [r["x_vs_eager"] for r in reps] == pytest.approx([1.0, 1.2, 1.0, 1.5])
     lines = e2e_gpt2.table([dict(r, seq=64) for r in recs]).splitlines()
@@ -314,15 +384,35 @@ def test_gpt2_swap_keeps_the_model():
 @needs_transformers
 def test_gpt2_command_line_tiny_on_cpu(tmp_path):
     out = tmp_path / "e2e.json"
-    res = subprocess.run([sys.executable, "benchmarks/e2e_gpt2.py", "--tiny", "--device",
-                          "cpu", "--steps", "1", "--warmup", "1", "--profile-steps", "1",
-                          "--batches", "2", "--seq", "32", "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/e2e_gpt2.py",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--profile-steps",
+            "1",
+            "--batches",
+            "2",
+            "--seq",
+            "32",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads(out.read_text())
     recs = data["records"]
-    assert [(r["impl"], r["batch"], r["seq"]) for r in recs] == [("eager", 2, 32),
-                                                                 ("fused", 2, 32)]
+    assert [(r["impl"], r["batch"], r["seq"]) for r in recs] == [("eager", 2, 32), ("fused", 2, 32)]
     for r in recs:
         assert r["op"] == "e2e_train" and r["model"] == "gpt2-tiny" and r["error"] is None
         assert r["tokens_per_s"] > 0 and r["wall_ms_per_step"] > 0
@@ -342,10 +432,27 @@ def test_gpt2_command_line_tiny_on_cpu(tmp_path):
 def test_gpt2_tiny_on_the_gpu(tmp_path):
     # The GPU-only parts: the profiler's kernel time and count, peak memory.
     out = tmp_path / "e2e.json"
-    res = subprocess.run([sys.executable, "benchmarks/e2e_gpt2.py", "--tiny", "--steps", "2",
-                          "--warmup", "1", "--profile-steps", "2", "--batches", "2",
-                          "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/e2e_gpt2.py",
+            "--tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--profile-steps",
+            "2",
+            "--batches",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     recs = json.loads(out.read_text())["records"]
     for r in recs:

@@ -1,5 +1,6 @@
 """setup.py's early checks (torch version, build isolation, setuptools, the compiler's C++
 runtime) and `python -m fused_ops.info`, without a GPU."""
+
 import importlib.util
 import os
 import shutil
@@ -30,8 +31,14 @@ def run_setup(tmp_path, fake_torch_init):
     pkg.mkdir()
     (pkg / "__init__.py").write_text(fake_torch_init)
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    r = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "setup.py", "--version"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return r.returncode, r.stderr.strip()
 
 
@@ -54,6 +61,7 @@ def test_isolated_build_without_torch_names_the_torch_outside(tmp_path):
 
 def test_old_setuptools_without_wheel_stops(setup_py, monkeypatch):
     import setuptools
+
     monkeypatch.setattr(setuptools, "__version__", "65.5.0")
     monkeypatch.setitem(sys.modules, "wheel", None)  # import wheel -> ImportError
     with pytest.raises(SystemExit):
@@ -104,8 +112,9 @@ def test_newer_runtime_is_a_problem(setup_py, toolchain):
     assert problem is not None and "GLIBCXX_3.4.0" in problem
 
 
-def test_bad_default_compiler_is_replaced(setup_py, toolchain, static_cxx, tmp_path,
-                                          monkeypatch, capsys):
+def test_bad_default_compiler_is_replaced(
+    setup_py, toolchain, static_cxx, tmp_path, monkeypatch, capsys
+):
     if toolchain[2] != "/usr/bin/g++":
         pytest.skip("check_compiler falls back to /usr/bin/g++, which does not qualify here")
     (tmp_path / "c++").symlink_to(static_cxx)
@@ -128,10 +137,17 @@ def test_bad_compiler_named_in_cxx_stops(setup_py, toolchain, static_cxx, monkey
 
 # ---- python -m fused_ops.info ---------------------------------------------------------------
 
+
 def test_info_runs_and_reports_the_build(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSED_")}
-    r = subprocess.run([sys.executable, "-m", "fused_ops.info"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "fused_ops.info"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert out.startswith(f"fused_ops {fused_ops.__version__}")
@@ -141,14 +157,23 @@ def test_info_runs_and_reports_the_build(tmp_path):
     assert "Overrides: none" in out and "Other FUSED_* variables" not in out
 
     def info_with(**set_env):
-        r = subprocess.run([sys.executable, "-m", "fused_ops.info"], cwd=ROOT,
-                           env=dict(env, **set_env), capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "fused_ops.info"],
+            cwd=ROOT,
+            env=dict(env, **set_env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         return r.stdout
 
     # The spec the extension holds, one key a line; a retired variable is named as unread.
-    out = info_with(FUSED_OPS_OVERRIDES="matmul.kernel=portable, pdl=0", FUSED_NORM_FIXED="0",
-                    FUSED_OPS_CUDA="0")  # FUSED_OPS_CUDA: a build switch, not an override
+    out = info_with(
+        FUSED_OPS_OVERRIDES="matmul.kernel=portable, pdl=0",
+        FUSED_NORM_FIXED="0",
+        FUSED_OPS_CUDA="0",
+    )  # FUSED_OPS_CUDA: a build switch, not an override
     assert "Overrides: matmul.kernel=portable, pdl=0\n  matmul.kernel=portable\n  pdl=0\n" in out
     assert "  FUSED_NORM_FIXED=0  (not read any more" in out
     assert "FUSED_OPS_CUDA" not in out
@@ -160,6 +185,7 @@ def test_info_runs_and_reports_the_build(tmp_path):
 
 def test_info_reads_the_overrides_in_force():
     from fused_ops.overrides import overrides
+
     base = info.spec_in_force()
     assert base[1] is None
     with overrides("softmax.cluster=0,matmul.kernel=portable"):
@@ -173,11 +199,14 @@ def test_info_reads_the_overrides_in_force():
 def test_parse_spec():
     assert info.parse_spec("") == {}
     assert info.parse_spec(" pdl = 0 ,, matmul.kernel=hopper,pdl=1") == {
-        "pdl": "1", "matmul.kernel": "hopper"}  # the last value of a key wins
+        "pdl": "1",
+        "matmul.kernel": "hopper",
+    }  # the last value of a key wins
 
 
 def test_build_info_records_the_toolchain():
     from fused_ops import _build_info as b
+
     assert b.VERSION == fused_ops.__version__
     assert b.CXX and "/" in b.CXX.split(":")[0]  # the compiler's path and --version line
     if b.WITH_CUDA:
@@ -187,15 +216,18 @@ def test_build_info_records_the_toolchain():
 DEFAULT = info.parse_arch_list("8.0+PTX;9.0a")
 
 
-@pytest.mark.parametrize("cap,archs,want", [
-    ((9, 0), DEFAULT, ("sass", (9, 0))),
-    ((8, 0), DEFAULT, ("sass", (8, 0))),
-    ((8, 6), DEFAULT, ("sass", (8, 0))),   # sm_80 code runs on later 8.x
-    ((9, 0), info.parse_arch_list("8.0+PTX"), ("ptx", (8, 0))),
-    ((10, 0), DEFAULT, ("ptx", (8, 0))),   # sm_90a runs on 9.0 only
-    ((9, 0), info.parse_arch_list("9.0"), ("sass", (9, 0))),
-    ((7, 5), DEFAULT, None),
-])
+@pytest.mark.parametrize(
+    "cap,archs,want",
+    [
+        ((9, 0), DEFAULT, ("sass", (9, 0))),
+        ((8, 0), DEFAULT, ("sass", (8, 0))),
+        ((8, 6), DEFAULT, ("sass", (8, 0))),  # sm_80 code runs on later 8.x
+        ((9, 0), info.parse_arch_list("8.0+PTX"), ("ptx", (8, 0))),
+        ((10, 0), DEFAULT, ("ptx", (8, 0))),  # sm_90a runs on 9.0 only
+        ((9, 0), info.parse_arch_list("9.0"), ("sass", (9, 0))),
+        ((7, 5), DEFAULT, None),
+    ],
+)
 def test_code_a_gpu_runs(cap, archs, want):
     assert info.code_for(cap, archs) == want
 
@@ -222,22 +254,39 @@ def test_kernels_a_gpu_gets():
 
 # ---- the source tree shadowing an installed build ------------------------------------------
 
+
 def test_unbuilt_source_tree_falls_back_to_a_built_copy(tmp_path):
     # tmp/fused_ops: the package without its extension (a source tree after `pip install .`),
     # found first; ROOT (built) later on sys.path stands for the installed copy.
-    shutil.copytree(os.path.join(ROOT, "fused_ops"), tmp_path / "fused_ops",
-                    ignore=shutil.ignore_patterns("_C.*", "__pycache__"))
-    code = ("import torch, fused_ops; print(fused_ops.gelu(torch.zeros(2)).tolist()); "
-            "print(fused_ops._C.__file__)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                       text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    shutil.copytree(
+        os.path.join(ROOT, "fused_ops"),
+        tmp_path / "fused_ops",
+        ignore=shutil.ignore_patterns("_C.*", "__pycache__"),
+    )
+    code = (
+        "import torch, fused_ops; print(fused_ops.gelu(torch.zeros(2)).tolist()); "
+        "print(fused_ops._C.__file__)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "[0.0, 0.0]"
     assert r.stdout.splitlines()[1].startswith(os.path.join(ROOT, "fused_ops"))
     assert "has no built extension; using the installed fused_ops" in r.stderr
     # Nothing built anywhere: the one-line "not built" message.
-    r = subprocess.run([sys.executable, "-c", "import fused_ops"], cwd=tmp_path,
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""),
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "import fused_ops"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=""),
+        timeout=120,
+    )
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].startswith("ImportError: fused_ops is not built")

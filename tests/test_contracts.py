@@ -3,6 +3,7 @@ kernels whose strides match the real ones (torch.compile on any layout), double 
 torch.func (grad, vjp, jacrev, jacfwd, jvp, hessian, vmap with dropout's randomness),
 device checks (meta included), exception types, float64 kept in float64, and the nn
 modules' signatures and TorchScript. CPU here and in CI; CUDA on the GPU machine."""
+
 import inspect
 
 import pytest
@@ -12,6 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd import gradcheck, gradgradcheck
 
 import fused_ops
+
 from utils import CUDA, DEVICES
 
 # Each op with its torch twin: (name, fused fn, native fn, input width). The fns take one
@@ -33,40 +35,62 @@ def _weight(x, rows, cols, seed=1):
 
 OPS = {
     "gelu": (lambda x: fused_ops.gelu(x), lambda x: F.gelu(x)),
-    "gelu_tanh": (lambda x: fused_ops.gelu(x, approximate="tanh"),
-                  lambda x: F.gelu(x, approximate="tanh")),
-    "layer_norm": (lambda x: fused_ops.layer_norm(x, x.shape[-1:], _params(x, x.shape[-1], 2),
-                                                  _params(x, x.shape[-1], 3)),
-                   lambda x: F.layer_norm(x, x.shape[-1:], _params(x, x.shape[-1], 2),
-                                          _params(x, x.shape[-1], 3))),
-    "rms_norm": (lambda x: fused_ops.rms_norm(x, x.shape[-1:], _params(x, x.shape[-1], 2)),
-                 lambda x: F.rms_norm(x, x.shape[-1:], _params(x, x.shape[-1], 2))),
+    "gelu_tanh": (
+        lambda x: fused_ops.gelu(x, approximate="tanh"),
+        lambda x: F.gelu(x, approximate="tanh"),
+    ),
+    "layer_norm": (
+        lambda x: fused_ops.layer_norm(
+            x, x.shape[-1:], _params(x, x.shape[-1], 2), _params(x, x.shape[-1], 3)
+        ),
+        lambda x: F.layer_norm(
+            x, x.shape[-1:], _params(x, x.shape[-1], 2), _params(x, x.shape[-1], 3)
+        ),
+    ),
+    "rms_norm": (
+        lambda x: fused_ops.rms_norm(x, x.shape[-1:], _params(x, x.shape[-1], 2)),
+        lambda x: F.rms_norm(x, x.shape[-1:], _params(x, x.shape[-1], 2)),
+    ),
     "add_layer_norm": (
-        lambda x: fused_ops.add_layer_norm(x, x.flip(-1), x.shape[-1:],
-                                           _params(x, x.shape[-1], 2))[0],
-        lambda x: F.layer_norm(x + x.flip(-1), x.shape[-1:], _params(x, x.shape[-1], 2))),
+        lambda x: fused_ops.add_layer_norm(x, x.flip(-1), x.shape[-1:], _params(x, x.shape[-1], 2))[
+            0
+        ],
+        lambda x: F.layer_norm(x + x.flip(-1), x.shape[-1:], _params(x, x.shape[-1], 2)),
+    ),
     "add_rms_norm": (
         lambda x: fused_ops.add_rms_norm(x, x.flip(-1), x.shape[-1:])[0],
-        lambda x: F.rms_norm(x + x.flip(-1), x.shape[-1:])),
+        lambda x: F.rms_norm(x + x.flip(-1), x.shape[-1:]),
+    ),
     "softmax": (lambda x: fused_ops.softmax(x, -1), lambda x: F.softmax(x, -1)),
     "softmax_dim0": (lambda x: fused_ops.softmax(x, 0), lambda x: F.softmax(x, 0)),
     "softmax_scaled_causal": (
         lambda x: fused_ops.softmax(x, -1, scale=0.5, causal=True),
-        lambda x: F.softmax((x * 0.5).masked_fill(
-            torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).triu(1),
-            float("-inf")), -1)),
+        lambda x: F.softmax(
+            (x * 0.5).masked_fill(
+                torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).triu(1), float("-inf")
+            ),
+            -1,
+        ),
+    ),
     "log_softmax": (lambda x: fused_ops.log_softmax(x, -1), lambda x: F.log_softmax(x, -1)),
-    "matmul": (lambda x: fused_ops.matmul(x, _weight(x, x.shape[-1], 3)),
-               lambda x: torch.matmul(x, _weight(x, x.shape[-1], 3))),
-    "linear": (lambda x: fused_ops.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4)),
-               lambda x: F.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4))),
+    "matmul": (
+        lambda x: fused_ops.matmul(x, _weight(x, x.shape[-1], 3)),
+        lambda x: torch.matmul(x, _weight(x, x.shape[-1], 3)),
+    ),
+    "linear": (
+        lambda x: fused_ops.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4)),
+        lambda x: F.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4)),
+    ),
     "linear_gelu": (
         lambda x: fused_ops.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4), "gelu"),
-        lambda x: F.gelu(F.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4)))),
+        lambda x: F.gelu(F.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4))),
+    ),
     "bias_dropout_add_eval": (
-        lambda x: fused_ops.bias_dropout_add(x, _params(x, x.shape[-1], 2), x.flip(0), 0.3,
-                                             training=False),
-        lambda x: x.flip(0) + (x + _params(x, x.shape[-1], 2))),
+        lambda x: fused_ops.bias_dropout_add(
+            x, _params(x, x.shape[-1], 2), x.flip(0), 0.3, training=False
+        ),
+        lambda x: x.flip(0) + (x + _params(x, x.shape[-1], 2)),
+    ),
 }
 
 
@@ -95,7 +119,9 @@ def test_gradgradcheck_parameters():
     bw = torch.randn(4, dtype=torch.float64, requires_grad=True)
     assert gradgradcheck(lambda x, w, b: fused_ops.layer_norm(x, (6,), w, b), (x, w, b))
     assert gradgradcheck(lambda x, w: fused_ops.rms_norm(x, (6,), w), (x, w))
-    assert gradgradcheck(lambda x, r, w, b: fused_ops.add_layer_norm(x, r, (6,), w, b), (x, r, w, b))
+    assert gradgradcheck(
+        lambda x, r, w, b: fused_ops.add_layer_norm(x, r, (6,), w, b), (x, r, w, b)
+    )
     assert gradgradcheck(lambda x, r, w: fused_ops.add_rms_norm(x, r, (6,), w), (x, r, w))
     assert gradgradcheck(lambda x, W, b: fused_ops.linear(x, W, b, "gelu_tanh"), (x, W, bw))
     assert gradgradcheck(lambda x, b, r: fused_ops.bias_dropout_add(x, b, r, 0.0), (x, b, r))
@@ -179,6 +205,7 @@ def test_torch_func(name):
 
 def test_forward_ad_outside_torch_func():
     import torch.autograd.forward_ad as fwAD
+
     x, t = _x("cpu"), _x("cpu")
     with fwAD.dual_level():
         y = fwAD.unpack_dual(fused_ops.layer_norm(fwAD.make_dual(x, t), (6,))).tangent
@@ -222,13 +249,27 @@ def _layouts(device, dtype):
     yield "permuted", torch.randn(6, 2, 4, 3, dtype=dtype, device=device).permute(1, 3, 2, 0)
     yield "channels_last", base.clone().to(memory_format=torch.channels_last)
     yield "sliced", torch.randn(2, 3, 4, 12, dtype=dtype, device=device)[..., ::2]
-    yield "transposed_sliced", torch.randn(2, 3, 12, 4, dtype=dtype,
-                                           device=device)[..., ::2, :].transpose(-1, -2)
+    yield (
+        "transposed_sliced",
+        torch.randn(2, 3, 12, 4, dtype=dtype, device=device)[..., ::2, :].transpose(-1, -2),
+    )
 
 
-LAYOUT_OPS = ["gelu", "gelu_tanh", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
-              "softmax", "softmax_dim0", "softmax_scaled_causal", "log_softmax", "linear",
-              "linear_gelu", "bias_dropout_add_eval"]
+LAYOUT_OPS = [
+    "gelu",
+    "gelu_tanh",
+    "layer_norm",
+    "rms_norm",
+    "add_layer_norm",
+    "add_rms_norm",
+    "softmax",
+    "softmax_dim0",
+    "softmax_scaled_causal",
+    "log_softmax",
+    "linear",
+    "linear_gelu",
+    "bias_dropout_add_eval",
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -306,22 +347,39 @@ def _autocast_cases(device):
     return [
         ("matmul", lambda: fused_ops.matmul(x, W.t()), lambda: torch.matmul(x, W.t())),
         ("linear", lambda: fused_ops.linear(x, W, bW), lambda: F.linear(x, W, bW)),
-        ("linear_gelu", lambda: fused_ops.linear(x, W, bW, "gelu"),
-         lambda: F.gelu(F.linear(x, W, bW))),
-        ("layer_norm", lambda: fused_ops.layer_norm(x, (16,), w, b),
-         lambda: F.layer_norm(x, (16,), w, b)),
-        ("layer_norm_bf16_in", lambda: fused_ops.layer_norm(h, (16,), w, b),
-         lambda: F.layer_norm(h, (16,), w, b)),
-        ("rms_norm_bf16_in", lambda: fused_ops.rms_norm(h, (16,), w),
-         lambda: F.rms_norm(h, (16,), w)),
+        (
+            "linear_gelu",
+            lambda: fused_ops.linear(x, W, bW, "gelu"),
+            lambda: F.gelu(F.linear(x, W, bW)),
+        ),
+        (
+            "layer_norm",
+            lambda: fused_ops.layer_norm(x, (16,), w, b),
+            lambda: F.layer_norm(x, (16,), w, b),
+        ),
+        (
+            "layer_norm_bf16_in",
+            lambda: fused_ops.layer_norm(h, (16,), w, b),
+            lambda: F.layer_norm(h, (16,), w, b),
+        ),
+        (
+            "rms_norm_bf16_in",
+            lambda: fused_ops.rms_norm(h, (16,), w),
+            lambda: F.rms_norm(h, (16,), w),
+        ),
         ("softmax_bf16_in", lambda: fused_ops.softmax(h, -1), lambda: F.softmax(h, -1)),
-        ("log_softmax_bf16_in", lambda: fused_ops.log_softmax(h, -1),
-         lambda: F.log_softmax(h, -1)),
+        ("log_softmax_bf16_in", lambda: fused_ops.log_softmax(h, -1), lambda: F.log_softmax(h, -1)),
         ("gelu", lambda: fused_ops.gelu(x), lambda: F.gelu(x)),
-        ("add_layer_norm_bf16_in", lambda: fused_ops.add_layer_norm(h, h, (16,), w, b)[0],
-         lambda: F.layer_norm(h + h, (16,), w, b)),
-        ("bias_dropout_add_mixed", lambda: fused_ops.bias_dropout_add(h, None, x, 0.0),
-         lambda: x + h),
+        (
+            "add_layer_norm_bf16_in",
+            lambda: fused_ops.add_layer_norm(h, h, (16,), w, b)[0],
+            lambda: F.layer_norm(h + h, (16,), w, b),
+        ),
+        (
+            "bias_dropout_add_mixed",
+            lambda: fused_ops.bias_dropout_add(h, None, x, 0.0),
+            lambda: x + h,
+        ),
     ]
 
 
@@ -339,8 +397,9 @@ def test_autocast_training_step_matches_native(device):
     torch.manual_seed(0)
 
     def model(lin_cls, ln_cls, act):
-        return torch.nn.Sequential(lin_cls(32, 64), act, lin_cls(64, 32), ln_cls(32),
-                                   lin_cls(32, 10)).to(device)
+        return torch.nn.Sequential(
+            lin_cls(32, 64), act, lin_cls(64, 32), ln_cls(32), lin_cls(32, 10)
+        ).to(device)
 
     fused = model(fused_ops.nn.Linear, fused_ops.nn.LayerNorm, fused_ops.nn.GELU())
     native = model(torch.nn.Linear, torch.nn.LayerNorm, torch.nn.GELU())
@@ -439,10 +498,16 @@ def test_nn_signatures_match_torch():
 
 def test_nn_modules_script():
     x = torch.randn(4, 8)
-    for mod in (fused_ops.nn.GELU("tanh"), fused_ops.nn.LayerNorm(8), fused_ops.nn.RMSNorm(8),
-                fused_ops.nn.Softmax(-1), fused_ops.nn.LogSoftmax(-1),
-                fused_ops.nn.Dropout(0.3).eval(), fused_ops.nn.Linear(8, 5),
-                fused_ops.nn.Linear(8, 5, activation="gelu_tanh")):
+    for mod in (
+        fused_ops.nn.GELU("tanh"),
+        fused_ops.nn.LayerNorm(8),
+        fused_ops.nn.RMSNorm(8),
+        fused_ops.nn.Softmax(-1),
+        fused_ops.nn.LogSoftmax(-1),
+        fused_ops.nn.Dropout(0.3).eval(),
+        fused_ops.nn.Linear(8, 5),
+        fused_ops.nn.Linear(8, 5, activation="gelu_tanh"),
+    ):
         scripted = torch.jit.script(mod)
         torch.testing.assert_close(scripted(x), mod(x))
 

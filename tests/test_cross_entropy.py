@@ -3,8 +3,17 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from utils import (CUDA, DEVICES, DTYPES, assert_close, assert_graph_replay_matches_eager,
-                   cuda_kernel_names, input_views, poison_next_alloc)
+
+from utils import (
+    CUDA,
+    DEVICES,
+    DTYPES,
+    assert_close,
+    assert_graph_replay_matches_eager,
+    cuda_kernel_names,
+    input_views,
+    poison_next_alloc,
+)
 
 ops = torch.ops.fused
 IGNORE = -100
@@ -29,8 +38,9 @@ def reference_rows(x, t, label_smoothing=0.0, z_loss=0.0, ignore_index=IGNORE):
     V = x.shape[-1]
     x64 = x.double().reshape(-1, V)
     t = t.reshape(-1).long()
-    rows = F.cross_entropy(x64, t, reduction="none", ignore_index=ignore_index,
-                           label_smoothing=label_smoothing)
+    rows = F.cross_entropy(
+        x64, t, reduction="none", ignore_index=ignore_index, label_smoothing=label_smoothing
+    )
     if z_loss:
         lse = torch.logsumexp(x64, -1)
         rows = rows + z_loss * lse.square() * (t != ignore_index)
@@ -47,6 +57,7 @@ def reference(x, t, reduction="mean", **kw):
 
 
 # --- CPU against float64 F.cross_entropy ---------------------------------------------------
+
 
 @pytest.mark.parametrize("V", CPU_VOCABS)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -75,8 +86,7 @@ def test_z_loss_matches_composition(device):
     t = make_target(29, 101, device)
     for reduction in ["mean", "sum", "none"]:
         xa = x.clone().requires_grad_()
-        got = fused_ops.cross_entropy(xa, t, reduction=reduction, label_smoothing=0.05,
-                                      z_loss=1e-3)
+        got = fused_ops.cross_entropy(xa, t, reduction=reduction, label_smoothing=0.05, z_loss=1e-3)
         xr = x.double().requires_grad_()
         want = reference(xr, t, reduction, label_smoothing=0.05, z_loss=1e-3)
         assert_close(got, want, dtype=torch.float32, rtol=2e-5, atol=2e-5)
@@ -101,10 +111,14 @@ def test_shapes_3d_flat_target_and_views(device):
     # 1-d logits, 0-d target, and int32 targets
     v = torch.randn(V, device=device)
     tt = torch.tensor(4, device=device)
-    assert_close(fused_ops.cross_entropy(v, tt), F.cross_entropy(v.double(), tt),
-                 dtype=torch.float32)
-    assert_close(fused_ops.cross_entropy(v, tt, reduction="none"),
-                 F.cross_entropy(v.double(), tt, reduction="none"), dtype=torch.float32)
+    assert_close(
+        fused_ops.cross_entropy(v, tt), F.cross_entropy(v.double(), tt), dtype=torch.float32
+    )
+    assert_close(
+        fused_ops.cross_entropy(v, tt, reduction="none"),
+        F.cross_entropy(v.double(), tt, reduction="none"),
+        dtype=torch.float32,
+    )
     assert_close(fused_ops.cross_entropy(x, t.int()), reference(x, t), dtype=torch.float32)
     # 4-d logits and a transposed (class dim strided) view: copied once, same answers
     x4 = torch.randn(2, 3, 4, V, device=device)
@@ -112,8 +126,11 @@ def test_shapes_3d_flat_target_and_views(device):
     assert_close(fused_ops.cross_entropy(x4, t4), reference(x4, t4), dtype=torch.float32)
     xt = torch.randn(V, 12, device=device).t()
     t2 = make_target(12, V, device)
-    assert_close(fused_ops.cross_entropy(xt, t2, reduction="sum"), reference(xt, t2, "sum"),
-                 dtype=torch.float32)
+    assert_close(
+        fused_ops.cross_entropy(xt, t2, reduction="sum"),
+        reference(xt, t2, "sum"),
+        dtype=torch.float32,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -137,11 +154,15 @@ def test_custom_ignore_index(device):
     x = torch.randn(16, 20, device=device)
     t = torch.randint(0, 20, (16,), device=device)
     t[::3] = 5
-    assert_close(fused_ops.cross_entropy(x, t, ignore_index=5),
-                 F.cross_entropy(x.double(), t, ignore_index=5), dtype=torch.float32)
+    assert_close(
+        fused_ops.cross_entropy(x, t, ignore_index=5),
+        F.cross_entropy(x.double(), t, ignore_index=5),
+        dtype=torch.float32,
+    )
 
 
 # --- in-place backward ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_inplace_backward(device):
@@ -151,8 +172,9 @@ def test_inplace_backward(device):
 
     def step(inplace):
         logits = h @ w.t()  # its backward needs h and w, not logits: clobbering them is safe
-        loss = fused_ops.cross_entropy(logits, t, label_smoothing=0.1, z_loss=1e-3,
-                                       inplace_backward=inplace)
+        loss = fused_ops.cross_entropy(
+            logits, t, label_smoothing=0.1, z_loss=1e-3, inplace_backward=inplace
+        )
         logits.retain_grad()
         loss.backward()
         grads = (logits.grad.clone(), h.grad.clone(), w.grad.clone())
@@ -182,8 +204,16 @@ def test_inplace_backward_detects_other_readers():
 
 # --- autograd, gradcheck, opcheck, compile --------------------------------------------------
 
-@pytest.mark.parametrize("kw", [dict(), dict(label_smoothing=0.2), dict(z_loss=0.05),
-                                dict(label_smoothing=0.1, z_loss=0.01, reduction="none")])
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(label_smoothing=0.2),
+        dict(z_loss=0.05),
+        dict(label_smoothing=0.1, z_loss=0.01, reduction="none"),
+    ],
+)
 def test_gradcheck_float64(kw):
     x = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
     t = torch.randint(0, 9, (6,))
@@ -193,8 +223,9 @@ def test_gradcheck_float64(kw):
     assert torch.autograd.gradcheck(lambda a: fused_ops.cross_entropy(a, t, **kw), (x,))
     x3 = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
     t3 = torch.randint(0, 5, (2, 3))
-    assert torch.autograd.gradcheck(lambda a: fused_ops.cross_entropy(a[:, 1:], t3[:, 1:], **kw),
-                                    (x3,))
+    assert torch.autograd.gradcheck(
+        lambda a: fused_ops.cross_entropy(a[:, 1:], t3[:, 1:], **kw), (x3,)
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -219,8 +250,9 @@ def test_precomputed_grad(device, reduction):
     assert_close(xa.grad, xr.grad * 0.37, dtype=torch.float32)
     # All rows ignored: 'mean' is NaN as in torch, the gradient 0.
     xa = x.clone().requires_grad_()
-    loss = fused_ops.cross_entropy(xa, torch.full_like(t, IGNORE), reduction=reduction,
-                                   precompute_grad=True)
+    loss = fused_ops.cross_entropy(
+        xa, torch.full_like(t, IGNORE), reduction=reduction, precompute_grad=True
+    )
     assert torch.isnan(loss) if reduction == "mean" else loss.item() == 0
     loss.backward()
     assert torch.all(xa.grad == 0)
@@ -255,18 +287,31 @@ def test_opcheck(device):
     # returns 'grad'), which that mutation does not allow; test_compile_fullgraph (static and
     # dynamic shapes) compiles its real use.
     no_aot = ("test_schema", "test_autograd_registration", "test_faketensor")
-    torch.library.opcheck(ops.cross_entropy_with_grad.default, (x, t, IGNORE, 0.1, 1e-3, True),
-                          test_utils=no_aot)
-    torch.library.opcheck(ops.cross_entropy_with_grad.default, (x3, make_target(8, 13, device)),
-                          {"mean": False}, test_utils=no_aot)
-    torch.library.opcheck(ops.cross_entropy_scale_.default,
-                          (x.detach().clone(), torch.tensor(0.5, device=device)))
+    torch.library.opcheck(
+        ops.cross_entropy_with_grad.default, (x, t, IGNORE, 0.1, 1e-3, True), test_utils=no_aot
+    )
+    torch.library.opcheck(
+        ops.cross_entropy_with_grad.default,
+        (x3, make_target(8, 13, device)),
+        {"mean": False},
+        test_utils=no_aot,
+    )
+    torch.library.opcheck(
+        ops.cross_entropy_scale_.default, (x.detach().clone(), torch.tensor(0.5, device=device))
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("inplace,precompute,dynamic", [
-    (False, False, False), (True, False, False), (False, True, False), (False, True, True),
-    (False, False, True)])
+@pytest.mark.parametrize(
+    "inplace,precompute,dynamic",
+    [
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (False, True, True),
+        (False, False, True),
+    ],
+)
 def test_compile_fullgraph(device, inplace, precompute, dynamic):
     torch._dynamo.reset()
     h = torch.randn(12, 8, device=device, requires_grad=True)
@@ -274,8 +319,14 @@ def test_compile_fullgraph(device, inplace, precompute, dynamic):
     t = make_target(12, 21, device)
 
     def f(h, w, t):
-        return fused_ops.cross_entropy(h @ w.t(), t, label_smoothing=0.1, z_loss=1e-3,
-                                       inplace_backward=inplace, precompute_grad=precompute)
+        return fused_ops.cross_entropy(
+            h @ w.t(),
+            t,
+            label_smoothing=0.1,
+            z_loss=1e-3,
+            inplace_backward=inplace,
+            precompute_grad=precompute,
+        )
 
     out = torch.compile(f, fullgraph=True, dynamic=dynamic)(h, w, t)
     (out * 1.5).backward()  # a loss gradient other than 1: the precomputed one is scaled
@@ -298,11 +349,16 @@ def test_meta():
 
 # --- modules -------------------------------------------------------------------------------
 
+
 def test_nn_module_is_drop_in():
     x = torch.randn(10, 17)
     t = make_target(10, 17, "cpu")
-    for kw in [dict(), dict(reduction="sum"), dict(label_smoothing=0.3),
-               dict(ignore_index=3, reduction="none")]:
+    for kw in [
+        dict(),
+        dict(reduction="sum"),
+        dict(label_smoothing=0.3),
+        dict(ignore_index=3, reduction="none"),
+    ]:
         m, ref = fused_ops.nn.CrossEntropyLoss(**kw), torch.nn.CrossEntropyLoss(**kw)
         assert isinstance(m, torch.nn.CrossEntropyLoss)
         assert repr(m) == repr(ref)
@@ -316,6 +372,7 @@ def test_nn_module_is_drop_in():
 
 # --- errors --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs(device):
     x = torch.randn(4, 6, device=device)
@@ -327,15 +384,17 @@ def test_bad_inputs(device):
     with pytest.raises(RuntimeError, match=r"expected target of shape \[4\].*got \[5\]"):
         fused_ops.cross_entropy(x, torch.zeros(5, dtype=torch.long, device=device))
     with pytest.raises(RuntimeError, match=r"expected target of shape \[2, 3\].*or \[6\]"):
-        fused_ops.cross_entropy(torch.randn(2, 3, 5, device=device),
-                                torch.zeros(3, 2, dtype=torch.long, device=device))
+        fused_ops.cross_entropy(
+            torch.randn(2, 3, 5, device=device), torch.zeros(3, 2, dtype=torch.long, device=device)
+        )
     with pytest.raises(RuntimeError, match="0-d tensor"):
         fused_ops.cross_entropy(torch.tensor(1.0, device=device), t[0])
     with pytest.raises(RuntimeError, match="label_smoothing in \\[0, 1\\]"):
         fused_ops.cross_entropy(x, t, label_smoothing=1.5)
     with pytest.raises(RuntimeError, match="at least one class"):
-        fused_ops.cross_entropy(torch.randn(3, 0, device=device),
-                                torch.zeros(3, dtype=torch.long, device=device))
+        fused_ops.cross_entropy(
+            torch.randn(3, 0, device=device), torch.zeros(3, dtype=torch.long, device=device)
+        )
     with pytest.raises(ValueError, match="not a valid value for reduction"):
         fused_ops.cross_entropy(x, t, reduction="avg")
     with pytest.raises(ValueError, match="weight is not supported"):
@@ -353,8 +412,11 @@ def test_out_of_range_target_cpu():
     x = torch.randn(4, 6)
     for bad in (6, -1, -101):
         t = torch.tensor([0, bad, 2, IGNORE])
-        with pytest.raises(RuntimeError, match=f"target {bad} at \\(flat\\) position 1 is out of "
-                           "bounds: expected a class in \\[0, 6\\)"):
+        with pytest.raises(
+            RuntimeError,
+            match=f"target {bad} at \\(flat\\) position 1 is out of "
+            "bounds: expected a class in \\[0, 6\\)",
+        ):
             fused_ops.cross_entropy(x, t)
 
 
@@ -369,6 +431,7 @@ def test_float64_rejected_on_cuda_and_devices_mixed():
 
 
 # --- CUDA ----------------------------------------------------------------------------------
+
 
 def _rows_for(V):
     # Enough rows to fill the GPU at small V; fewer at the widest vocabularies.
@@ -390,8 +453,14 @@ def test_cuda_matches_float64(V, dtype):
             # The reference sees the same rounded logits: float32 math error only.
             assert_close(loss, want, dtype=torch.float32, rtol=2e-5, atol=2e-5, msg=msg)
             keep = t != IGNORE
-            assert_close(lse[keep], torch.logsumexp(x.double(), -1)[keep], dtype=torch.float32,
-                         rtol=2e-6, atol=2e-5, msg=msg)
+            assert_close(
+                lse[keep],
+                torch.logsumexp(x.double(), -1)[keep],
+                dtype=torch.float32,
+                rtol=2e-6,
+                atol=2e-5,
+                msg=msg,
+            )
             g = torch.rand(n, device="cuda")
             poison_next_alloc(x.numel() * x.element_size(), "cuda")
             dx = ops.cross_entropy_backward(g, x, t, lse, IGNORE, ls, z)
@@ -413,8 +482,9 @@ def test_cuda_strided_rows_and_inplace(V, dtype):
     x = full[:, 1:, :]
     t = make_target(B * T, V, "cuda").view(B, T)
     loss, lse = ops.cross_entropy(x, t, IGNORE, 0.05, 0.0)
-    assert_close(loss, reference_rows(x, t, 0.05).view(B, T), dtype=torch.float32,
-                 rtol=2e-5, atol=2e-5)
+    assert_close(
+        loss, reference_rows(x, t, 0.05).view(B, T), dtype=torch.float32, rtol=2e-5, atol=2e-5
+    )
     g = torch.rand(B, T, device="cuda")
     dx = ops.cross_entropy_backward(g, x, t, lse, IGNORE, 0.05, 0.0)
     first = full[:, 0, :].clone()
@@ -491,6 +561,7 @@ def test_cuda_graph_replay():
 
 # --- linear_cross_entropy -------------------------------------------------------------------
 
+
 def linear_reference(h, w, t, b=None, reduction="mean", **kw):
     logits = F.linear(h.double(), w.double(), None if b is None else b.double())
     return reference(logits, t, reduction, **kw)
@@ -502,7 +573,7 @@ def linear_reference(h, w, t, b=None, reduction="mean", **kw):
 def test_linear_cross_entropy_matches_composition(device, reduction, with_bias):
     B, T, H, V = 2, 45, 24, 77
     h = torch.randn(B, T, H, device=device, requires_grad=True)
-    w = (torch.randn(V, H, device=device) / H ** 0.5).requires_grad_()
+    w = (torch.randn(V, H, device=device) / H**0.5).requires_grad_()
     b = torch.randn(V, device=device, requires_grad=True) if with_bias else None
     t = make_target(B * T, V, device).view(B, T)
     kw = dict(label_smoothing=0.1, z_loss=1e-3)
@@ -510,8 +581,9 @@ def test_linear_cross_entropy_matches_composition(device, reduction, with_bias):
     got = fused_ops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=16, **kw)
     leaves = [h, w] + ([b] if with_bias else [])
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
-    want = linear_reference(*ref_leaves[:2], t, ref_leaves[2] if with_bias else None,
-                            reduction, **kw)
+    want = linear_reference(
+        *ref_leaves[:2], t, ref_leaves[2] if with_bias else None, reduction, **kw
+    )
     assert_close(got, want, dtype=torch.float32, rtol=2e-5, atol=2e-5)
     dy = torch.rand_like(want)
     grads = torch.autograd.grad(got, leaves, dy.to(got.dtype))
@@ -527,9 +599,11 @@ def test_linear_cross_entropy_gradcheck_and_no_grad():
     t = torch.randint(0, 9, (11,))
     t[4] = IGNORE
     assert torch.autograd.gradcheck(
-        lambda h, w, b: fused_ops.linear_cross_entropy(h, w, t, b, chunk_size=4,
-                                                       label_smoothing=0.2, z_loss=0.01),
-        (h, w, b))
+        lambda h, w, b: fused_ops.linear_cross_entropy(
+            h, w, t, b, chunk_size=4, label_smoothing=0.2, z_loss=0.01
+        ),
+        (h, w, b),
+    )
     # Without grad the op computes no gradients (empty outputs).
     with torch.no_grad():
         loss, gh, gw, gb = ops.linear_cross_entropy(h, w, t, b)
@@ -542,11 +616,15 @@ def test_linear_cross_entropy_opcheck_and_compile(device):
     h = torch.randn(20, 8, device=device, requires_grad=True)
     w = torch.randn(13, 8, device=device, requires_grad=True)
     t = make_target(20, 13, device)
-    torch.library.opcheck(ops.linear_cross_entropy.default, (h, w, t),
-                          {"chunk_size": 6, "grad_mask": [True, True, False]})
+    torch.library.opcheck(
+        ops.linear_cross_entropy.default,
+        (h, w, t),
+        {"chunk_size": 6, "grad_mask": [True, True, False]},
+    )
     torch._dynamo.reset()
-    f = torch.compile(lambda h, w, t: fused_ops.linear_cross_entropy(h, w, t, chunk_size=8),
-                      fullgraph=True)
+    f = torch.compile(
+        lambda h, w, t: fused_ops.linear_cross_entropy(h, w, t, chunk_size=8), fullgraph=True
+    )
     out = f(h, w, t)
     out.backward()
     hr, wr = (x.detach().double().requires_grad_() for x in (h, w))
@@ -576,7 +654,7 @@ def test_linear_cross_entropy_bad_inputs():
 def test_cuda_linear_cross_entropy(dtype):
     N, H, V = 3000, 256, 32001  # 3 chunks (the last short) of the default 1024 tokens
     h = (torch.randn(N, H, device="cuda") * 0.5).to(dtype).requires_grad_()
-    w = (torch.randn(V, H, device="cuda") / H ** 0.5).to(dtype).requires_grad_()
+    w = (torch.randn(V, H, device="cuda") / H**0.5).to(dtype).requires_grad_()
     t = make_target(N, V, "cuda")
     got = fused_ops.linear_cross_entropy(h, w, t, label_smoothing=0.1)
     got.backward()
@@ -597,7 +675,7 @@ def test_cuda_linear_cross_entropy_peak_memory():
     # Peak memory of forward + backward above the inputs, against eager's.
     N, H, V = 4096, 1024, 32000
     h = (torch.randn(N, H, device="cuda") * 0.5).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(V, H, device="cuda") / H ** 0.5).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(V, H, device="cuda") / H**0.5).to(torch.bfloat16).requires_grad_()
     t = make_target(N, V, "cuda")
 
     def peak(fn):

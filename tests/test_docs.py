@@ -1,4 +1,5 @@
 """The documentation's relative links point at files that exist (tools/check_links.py)."""
+
 import os
 import sys
 

@@ -5,6 +5,7 @@ The mask of a call is recovered two ways: from the output (inputs are kept away 
 so an output is 0 exactly where the element was dropped) and from the call's seed_offset
 through dropout_backward(ones) (= mask * scale); tests check that both agree.
 """
+
 import math
 import os
 import shutil
@@ -17,8 +18,17 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, input_views, poison_next_alloc,
-                   skip_under_memcheck)
+
+from utils import (
+    CUDA,
+    DEVICES,
+    DTYPES,
+    TOL,
+    assert_close,
+    input_views,
+    poison_next_alloc,
+    skip_under_memcheck,
+)
 
 ops = torch.ops.fused
 PS = [0.1, 0.5, 0.9]
@@ -70,6 +80,7 @@ def z_bound(count, prob, z=5.0):
 
 # ---- exact values ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("p", PS)
@@ -109,12 +120,14 @@ def test_backward_accepts_any_grad_layout(device):
     x = away_from_zero(torch.randn(37, 53, device=device))
     y, so = ops.dropout(x, 0.4, True)
     g = torch.randn(53, 37, device=device).t()
-    assert torch.equal(ops.dropout_backward(g, so, 0.4),
-                       ops.dropout_backward(g.contiguous(), so, 0.4))
+    assert torch.equal(
+        ops.dropout_backward(g, so, 0.4), ops.dropout_backward(g.contiguous(), so, 0.4)
+    )
     assert torch.equal(ops.dropout_backward(g, so, 0.4) != 0, y != 0)
 
 
 # ---- statistics ------------------------------------------------------------------------
+
 
 def _big(device):
     return (1 << 22) + 3 if device == "cuda" else (1 << 20) + 3
@@ -144,7 +157,7 @@ def test_no_correlation_between_neighbours_or_calls(device, p):
     _, so2 = ops.dropout(x, p, True)
     m1 = mask_from_seed(so1, (n,), p, device)
     m2 = mask_from_seed(so2, (n,), p, device)
-    agree = (1 - p) ** 2 + p ** 2  # two independent Bernoulli(1 - p) agree this often
+    agree = (1 - p) ** 2 + p**2  # two independent Bernoulli(1 - p) agree this often
     pairs = {
         "consecutive calls": (m1, m2),
         "neighbours": (m1[:-1], m1[1:]),
@@ -159,6 +172,7 @@ def test_no_correlation_between_neighbours_or_calls(device, p):
 
 
 # ---- reproducibility -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_same_seed_same_output_and_calls_differ(device):
@@ -224,14 +238,22 @@ def _philox_reference_mask(seed, offset, n, p):
     per_call = 8 if t16 is not None else 4
     groups = np.arange((n + per_call - 1) // per_call, dtype=np.uint64)
     ctr = np.uint64(offset // 4)
-    c = [np.full_like(groups, ctr & m32), np.full_like(groups, ctr >> np.uint64(32)),
-         groups & m32, groups >> np.uint64(32)]
+    c = [
+        np.full_like(groups, ctr & m32),
+        np.full_like(groups, ctr >> np.uint64(32)),
+        groups & m32,
+        groups >> np.uint64(32),
+    ]
     k0, k1 = seed & 0xFFFFFFFF, seed >> 32
     for _ in range(10):
         p0 = c[0] * np.uint64(0xD2511F53)
         p1 = c[2] * np.uint64(0xCD9E8D57)
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), p1 & m32,
-             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1), p0 & m32]
+        c = [
+            (p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0),
+            p1 & m32,
+            (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1),
+            p0 & m32,
+        ]
         k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
     words = np.stack(c, axis=1).reshape(-1)
     if t16 is not None:
@@ -283,12 +305,15 @@ int main() {
         with open(os.path.join(d, "kat.cpp"), "w") as f:
             f.write(src)
         exe = os.path.join(d, "kat")
-        subprocess.run([cxx, "-std=c++17", "-I", csrc, os.path.join(d, "kat.cpp"), "-o", exe],
-                       check=True)
+        subprocess.run(
+            [cxx, "-std=c++17", "-I", csrc, os.path.join(d, "kat.cpp"), "-o", exe], check=True
+        )
         out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout.split("\n")
-    assert out[:3] == ["6627e8d5 e169c58d bc57ac4c 9b00dbd8",
-                       "408f276d 41c83b0e a20bc7c6 6d5451fd",
-                       "d16cfe09 94fdcceb 5001e420 24126ea1"]
+    assert out[:3] == [
+        "6627e8d5 e169c58d bc57ac4c 9b00dbd8",
+        "408f276d 41c83b0e a20bc7c6 6d5451fd",
+        "d16cfe09 94fdcceb 5001e420 24126ea1",
+    ]
 
 
 @CUDA
@@ -347,6 +372,7 @@ def test_cuda_graph_replay_fresh_masks_reproducible_from_seed():
 
 
 # ---- special values of p and training ----------------------------------------------------
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_identity_cases_return_input(device):
@@ -413,13 +439,17 @@ def test_empty(device):
 
 # ---- in place ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_inplace(device):
     x = away_from_zero(torch.randn(130, 67, device=device))
     torch.manual_seed(5)
     ref = fused_ops.dropout(x, 0.3)
-    for name, view in [("contiguous", x.clone()), ("transposed", x.t().clone().t()),
-                       ("offset", torch.empty(x.numel() + 1, device=device)[1:].view(x.shape))]:
+    for name, view in [
+        ("contiguous", x.clone()),
+        ("transposed", x.t().clone().t()),
+        ("offset", torch.empty(x.numel() + 1, device=device)[1:].view(x.shape)),
+    ]:
         view.copy_(x)
         torch.manual_seed(5)
         out = fused_ops.dropout(view, 0.3, inplace=True)
@@ -431,8 +461,9 @@ def test_inplace(device):
     out = fused_ops.dropout(h, 0.3, inplace=True)
     assert out is h and torch.equal(out, ref)
     out.backward(torch.ones_like(out))
-    assert torch.equal(xl.grad, torch.where(ref != 0, scaled(torch.ones_like(x), 0.3,
-                                                             torch.float32), 0.0))
+    assert torch.equal(
+        xl.grad, torch.where(ref != 0, scaled(torch.ones_like(x), 0.3, torch.float32), 0.0)
+    )
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         fused_ops.dropout(x.clone().requires_grad_(), 0.3, inplace=True)
     # p = 1 in place.
@@ -460,7 +491,7 @@ def test_bias_dropout_add_matches_float64(device, dtype, shape, with_bias):
     views = list(input_views(shape, dtype, device))
     biases = dict(input_views(shape[-1:], dtype, device))
     for (name, x), (_, r) in zip(views, reversed(views)):
-        for bname in (["contiguous", "offset"] if with_bias else [None]):
+        for bname in ["contiguous", "offset"] if with_bias else [None]:
             b = biases[bname] if bname else None
             poison_next_alloc(x.numel() * x.element_size(), device)
             out, so = ops.bias_dropout_add(x, b, r, p, True)
@@ -493,8 +524,9 @@ def test_bias_dropout_add_backward(device, dtype, shape):
         # Summation error model: the fp32 accumulation is bounded by a multiple of the sum of
         # |terms|; then one rounding to the dtype.
         atol = 1e-6 * rows_ref.abs().sum(0).max().item() + TOL[dtype][1]
-        torch.testing.assert_close(b.grad.double(), ref, rtol=TOL[dtype][0], atol=atol,
-                                   msg=f"dbias view={name}")
+        torch.testing.assert_close(
+            b.grad.double(), ref, rtol=TOL[dtype][0], atol=atol, msg=f"dbias view={name}"
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -520,10 +552,15 @@ def test_bias_dropout_add_eval_is_fused_add(device, dtype):
     x = torch.randn(17, 24, device=device).to(dtype).requires_grad_()
     b = torch.randn(24, device=device).to(dtype).requires_grad_()
     r = torch.randn(17, 24, device=device).to(dtype).requires_grad_()
-    for out in (fused_ops.bias_dropout_add(x, b, r, 0.5, training=False),
-                fused_ops.bias_dropout_add(x, b, r, 0.0)):
-        assert_close(out, r.double() + x.double() + b.double(),
-                     atol=sum_atol(dtype, r.double(), x.double() + b.double()))
+    for out in (
+        fused_ops.bias_dropout_add(x, b, r, 0.5, training=False),
+        fused_ops.bias_dropout_add(x, b, r, 0.0),
+    ):
+        assert_close(
+            out,
+            r.double() + x.double() + b.double(),
+            atol=sum_atol(dtype, r.double(), x.double() + b.double()),
+        )
     g = torch.randn(17, 24, device=device).to(dtype)
     fused_ops.bias_dropout_add(x, b, r, 0.5, training=False).backward(g)
     assert torch.equal(x.grad, g) and torch.equal(r.grad, g)
@@ -536,8 +573,13 @@ def test_cuda_large_bias_grad_many_chunks(dtype):
     # Many row chunks in the two-stage dbias reduction, vector path.
     shape, p = (4096, 1024), 0.1
     g = torch.randn(shape, device="cuda").to(dtype)
-    _, so = ops.bias_dropout_add(torch.randn(shape, device="cuda").to(dtype), None,
-                                 torch.randn(shape, device="cuda").to(dtype), p, True)
+    _, so = ops.bias_dropout_add(
+        torch.randn(shape, device="cuda").to(dtype),
+        None,
+        torch.randn(shape, device="cuda").to(dtype),
+        p,
+        True,
+    )
     poison_next_alloc(g.numel() * g.element_size(), "cuda")
     dx, db = ops.bias_dropout_add_backward(g, so, p)
     mask = mask_from_seed(so, shape, p, "cuda")
@@ -548,6 +590,7 @@ def test_cuda_large_bias_grad_many_chunks(dtype):
 
 
 # ---- autograd, opcheck, compile ------------------------------------------------------------
+
 
 def test_gradcheck_float64():
     x = torch.randn(6, 11, dtype=torch.float64, requires_grad=True)
@@ -581,12 +624,18 @@ def test_opcheck(device):
     # argument type), so test_aot_dispatch_dynamic is left out for it; torch.compile graph
     # breaks on generator= the same way. The default generator (None) compiles (see below).
     for kw in ({"generator": fixed_gen(device)}, {"generator": None}):
-        torch.library.opcheck(ops.dropout.default, (x, 0.3, True), kw,
-                              test_utils=("test_schema", "test_autograd_registration",
-                                          "test_faketensor"))
-        torch.library.opcheck(ops.bias_dropout_add.default, (x, b, r, 0.3, True), kw,
-                              test_utils=("test_schema", "test_autograd_registration",
-                                          "test_faketensor"))
+        torch.library.opcheck(
+            ops.dropout.default,
+            (x, 0.3, True),
+            kw,
+            test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+        )
+        torch.library.opcheck(
+            ops.bias_dropout_add.default,
+            (x, b, r, 0.3, True),
+            kw,
+            test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+        )
     _, so = ops.dropout(x.detach(), 0.3, True)
     g = torch.randn(5, 8, device=device)
     torch.library.opcheck(ops.dropout_backward.default, (g, so, 0.3))
@@ -648,6 +697,7 @@ def test_nn_dropout_is_drop_in():
 
 # ---- memory: nothing of x's size saved for backward ---------------------------------------
 
+
 @CUDA
 def test_cuda_saves_no_mask():
     skip_under_memcheck("torch.cuda.memory_allocated (the caching allocator's statistics)")
@@ -670,6 +720,7 @@ def test_cuda_saves_no_mask():
 
 
 # ---- errors --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs(device):
@@ -700,8 +751,11 @@ def test_bad_inputs(device):
     with pytest.raises(RuntimeError, match="seed_offset to be the int64 tensor of 2 elements"):
         ops.bias_dropout_add_backward(x, torch.zeros(2, device=device), 0.5)
     with pytest.raises(RuntimeError, match="expected grad_out to be float32"):
-        ops.dropout_backward(torch.ones(3, dtype=torch.long, device=device),
-                             torch.zeros(2, dtype=torch.long, device=device), 0.5)
+        ops.dropout_backward(
+            torch.ones(3, dtype=torch.long, device=device),
+            torch.zeros(2, dtype=torch.long, device=device),
+            0.5,
+        )
 
 
 @CUDA

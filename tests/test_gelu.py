@@ -4,8 +4,16 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import (CUDA, DEVICES, DTYPES, assert_close, input_views, poison_next_alloc,
-                   skip_under_memcheck)
+
+from utils import (
+    CUDA,
+    DEVICES,
+    DTYPES,
+    assert_close,
+    input_views,
+    poison_next_alloc,
+    skip_under_memcheck,
+)
 
 APPROX = ["none", "tanh"]
 SHAPES = [(1,), (7,), (1000,), (3, 5, 7), (129, 257), (64, 1024 + 3)]
@@ -59,15 +67,36 @@ def test_cuda_large_and_odd(dtype, approximate):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_extreme_values(dtype):
     # Saturation, the far negative tail, infinities and NaN behave as in torch.
-    x = torch.tensor([-1e4, -50.0, -12.0, -10.0, -5.0, -1e-6, 0.0, 1e-6, 5.0, 10.0, 50.0, 1e4,
-                      float("inf"), float("-inf"), float("nan")], device="cuda").to(dtype)
+    x = torch.tensor(
+        [
+            -1e4,
+            -50.0,
+            -12.0,
+            -10.0,
+            -5.0,
+            -1e-6,
+            0.0,
+            1e-6,
+            5.0,
+            10.0,
+            50.0,
+            1e4,
+            float("inf"),
+            float("-inf"),
+            float("nan"),
+        ],
+        device="cuda",
+    ).to(dtype)
     for a in APPROX:
-        torch.testing.assert_close(fused_ops.gelu(x, approximate=a), F.gelu(x, approximate=a),
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            fused_ops.gelu(x, approximate=a), F.gelu(x, approximate=a), equal_nan=True
+        )
         dy = torch.ones_like(x)
-        torch.testing.assert_close(torch.ops.fused.gelu_backward(dy, x, approximate=a),
-                                   torch.ops.aten.gelu_backward(dy, x, approximate=a),
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            torch.ops.fused.gelu_backward(dy, x, approximate=a),
+            torch.ops.aten.gelu_backward(dy, x, approximate=a),
+            equal_nan=True,
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -90,8 +119,9 @@ def test_opcheck(device, approximate):
     x = torch.randn(5, 7, device=device, requires_grad=True)
     torch.library.opcheck(torch.ops.fused.gelu.default, (x,), {"approximate": approximate})
     dy = torch.randn(5, 7, device=device)
-    torch.library.opcheck(torch.ops.fused.gelu_backward.default, (dy, x.detach()),
-                          {"approximate": approximate})
+    torch.library.opcheck(
+        torch.ops.fused.gelu_backward.default, (dy, x.detach()), {"approximate": approximate}
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -130,8 +160,9 @@ def test_bad_inputs(device):
     with pytest.raises(RuntimeError, match="same shape"):
         torch.ops.fused.gelu_backward(torch.randn(3, device=device), torch.randn(4, device=device))
     with pytest.raises(RuntimeError, match="same dtype"):
-        torch.ops.fused.gelu_backward(torch.randn(3, device=device),
-                                      torch.randn(3, device=device).half())
+        torch.ops.fused.gelu_backward(
+            torch.randn(3, device=device), torch.randn(3, device=device).half()
+        )
 
 
 @CUDA

@@ -1,6 +1,7 @@
 """The benchmark and profiler harness, without a GPU: parsing, case discovery, byte
 formulas, the measurement loop on CPU with a stand-in timer, the report builders, and the
 one-line exit of run.py / trace.py where no GPU is visible."""
+
 import importlib.util
 import os
 import subprocess
@@ -15,13 +16,15 @@ sys.path.insert(0, ROOT)
 from benchmarks import harness, report  # noqa: E402
 from benchmarks.cases import gelu as gelu_cases  # noqa: E402
 from benchmarks.harness import Case  # noqa: E402
+
 from utils import CUDA  # noqa: E402
 
 
 def _load_trace_module():
     # profiling/trace.py by path: "trace" is also a standard-library module name.
     spec = importlib.util.spec_from_file_location(
-        "fused_ops_profiling_trace", os.path.join(ROOT, "profiling", "trace.py"))
+        "fused_ops_profiling_trace", os.path.join(ROOT, "profiling", "trace.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -31,6 +34,7 @@ trace_mod = _load_trace_module()
 
 
 # --- parsing -------------------------------------------------------------------------
+
 
 def test_parse_shapes():
     assert harness.parse_shape("16384x4096") == (16384, 4096)
@@ -43,7 +47,10 @@ def test_parse_shapes():
 
 def test_parse_dtypes_and_names():
     assert harness.parse_dtypes("bf16, fp16,float32") == [
-        torch.bfloat16, torch.float16, torch.float32]
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+    ]
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         harness.parse_dtypes("int8")
     assert harness.dtype_name(torch.bfloat16) == "bfloat16"
@@ -54,15 +61,18 @@ def test_parse_dtypes_and_names():
 
 # --- the Case interface and discovery ----------------------------------------------------
 
+
 def _toy_case(**kw):
     args = dict(
-        op="toy", variant="v", shapes=[(4, 8), (2, 16)], quick_shapes=[(2, 16)],
-        dtypes=[torch.float32, torch.bfloat16], passes=("fwd", "fwd+bwd"),
-        make_inputs=lambda shape, dtype, device: {
-            "x": torch.randn(shape, device=device).to(dtype)},
+        op="toy",
+        variant="v",
+        shapes=[(4, 8), (2, 16)],
+        quick_shapes=[(2, 16)],
+        dtypes=[torch.float32, torch.bfloat16],
+        passes=("fwd", "fwd+bwd"),
+        make_inputs=lambda shape, dtype, device: {"x": torch.randn(shape, device=device).to(dtype)},
         grad_inputs=("x",),
-        impls={"fused": lambda x: x * 2, "native": lambda x: x + x,
-               "unfused": lambda x: x * 1 + x},
+        impls={"fused": lambda x: x * 2, "native": lambda x: x + x, "unfused": lambda x: x * 1 + x},
         bytes=lambda shape, dtype, pass_: 2 * shape[0] * shape[1] * dtype.itemsize,
     )
     args.update(kw)
@@ -70,8 +80,9 @@ def _toy_case(**kw):
 
 
 def test_case_defaults_and_required_fields():
-    c = Case(op="x", shapes=[[1, 2]], make_inputs=lambda *a: {}, impls={"fused": id},
-             bytes=lambda *a: 0)
+    c = Case(
+        op="x", shapes=[[1, 2]], make_inputs=lambda *a: {}, impls={"fused": id}, bytes=lambda *a: 0
+    )
     assert c.variant == "" and c.shapes == [(1, 2)] and c.quick_shapes == [(1, 2)]
     assert c.passes == ("fwd", "fwd+bwd") and c.flops is None and c.grad_inputs == ()
     assert torch.bfloat16 in c.dtypes
@@ -103,7 +114,8 @@ def test_discovery_reports_a_broken_module_and_goes_on(tmp_path, monkeypatch):
     (pkg / "good.py").write_text(
         "import torch\nfrom benchmarks.harness import Case\n"
         "CASES = [Case(op='good', shapes=[(2,)], make_inputs=lambda s, d, dev: {},\n"
-        "              impls={'fused': abs}, bytes=lambda s, d, p: 0)]\n")
+        "              impls={'fused': abs}, bytes=lambda s, d, p: 0)]\n"
+    )
     (pkg / "bad.py").write_text("raise RuntimeError('op not built')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     warnings = []
@@ -119,19 +131,35 @@ def test_select_filters():
     assert harness.total_measurements(plans) == len(plans) * 4
     plans = harness.select(cases, ops=["toy"], quick=True)
     assert [(p.shape, p.dtype) for p in plans] == [((2, 16), torch.bfloat16)] * 2
-    plans = harness.select(cases, ops=["toy/v"], shapes=[(3, 3), (1, 2, 3)],
-                           dtypes=[torch.float32], passes=["fwd"], impls=["fused", "compile"])
+    plans = harness.select(
+        cases,
+        ops=["toy/v"],
+        shapes=[(3, 3), (1, 2, 3)],
+        dtypes=[torch.float32],
+        passes=["fwd"],
+        impls=["fused", "compile"],
+    )
     assert [(p.shape, p.dtype, p.pass_, p.impls) for p in plans] == [
-        ((3, 3), torch.float32, "fwd", ["fused", "compile"])]
+        ((3, 3), torch.float32, "fwd", ["fused", "compile"])
+    ]
     assert harness.select(cases, shapes=[(1, 2, 3)]) == []
     assert harness.select(cases, impls=["nonexistent"]) == []
 
 
 def test_select_leaves_fwd_only_impls_out_of_the_backward_passes():
-    impls = {"fused": lambda x: x * 2, "native": lambda x: x + x,
-             "unfused": lambda x: x * 1 + x, "lt": lambda x: x * 2}
-    case = _toy_case(impls=impls, fwd_only=("lt",), passes=("fwd", "fwd+bwd", "bwd"),
-                     dtypes=[torch.float32], shapes=[(4, 8)])
+    impls = {
+        "fused": lambda x: x * 2,
+        "native": lambda x: x + x,
+        "unfused": lambda x: x * 1 + x,
+        "lt": lambda x: x * 2,
+    }
+    case = _toy_case(
+        impls=impls,
+        fwd_only=("lt",),
+        passes=("fwd", "fwd+bwd", "bwd"),
+        dtypes=[torch.float32],
+        shapes=[(4, 8)],
+    )
     by_pass = {p.pass_: p.impls for p in harness.select([case])}
     assert by_pass["fwd"] == ["fused", "native", "unfused", "compile", "lt"]
     assert by_pass["fwd+bwd"] == by_pass["bwd"] == ["fused", "native", "unfused", "compile"]
@@ -139,6 +167,7 @@ def test_select_leaves_fwd_only_impls_out_of_the_backward_passes():
         _toy_case(fwd_only=("cublas",))
     # The shipped linear case: cuBLASLt's epilogue has no derivative, so no fwd+bwd record.
     from benchmarks.cases import matmul as matmul_cases
+
     linear = next(c for c in matmul_cases.CASES if c.op == "linear")
     plans = harness.select([linear], quick=True)
     assert ["cublaslt" in p.impls for p in plans] == [p.pass_ == "fwd" for p in plans]
@@ -146,8 +175,10 @@ def test_select_leaves_fwd_only_impls_out_of_the_backward_passes():
 
 # --- byte formulas ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype,size", [(torch.bfloat16, 2), (torch.float16, 2),
-                                        (torch.float32, 4)])
+
+@pytest.mark.parametrize(
+    "dtype,size", [(torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 4)]
+)
 def test_gelu_bytes(dtype, size):
     n = 16384 * 4096
     assert gelu_cases.gelu_bytes((16384, 4096), dtype, "fwd") == 2 * n * size
@@ -165,18 +196,23 @@ def test_rates_and_speedups():
     assert r["bytes"] == 8_000_000 and r["gbps"] == pytest.approx(1000.0)
     assert r["pct_of_peak"] == pytest.approx(50.0) and r["tflops"] is None
     mm = _toy_case(flops=lambda shape, pass_: 2 * shape[0] ** 3)
-    r = harness.rates(mm, (1000, 1000), torch.float32, "fwd", 2000.0,
-                      {"copy_gbps": 2000.0, "mm_tflops": 2.0})
+    r = harness.rates(
+        mm, (1000, 1000), torch.float32, "fwd", 2000.0, {"copy_gbps": 2000.0, "mm_tflops": 2.0}
+    )
     assert r["tflops"] == pytest.approx(1.0) and r["pct_of_peak"] == pytest.approx(50.0)
     assert harness.rates(case, (2, 2), torch.float32, "fwd", None, {})["gbps"] is None
-    recs = [{"impl": "fused", "median_us": 50.0}, {"impl": "native", "median_us": 100.0},
-            {"impl": "compile", "median_us": None}]
+    recs = [
+        {"impl": "fused", "median_us": 50.0},
+        {"impl": "native", "median_us": 100.0},
+        {"impl": "compile", "median_us": None},
+    ]
     harness.add_speedups(recs)
     assert recs[0]["x_vs_native"] == pytest.approx(2.0) and recs[0]["x_vs_compile"] is None
     assert recs[1]["x_vs_native"] == pytest.approx(1.0)
 
 
 # --- the measurement loop, on CPU with a stand-in timer ------------------------------------
+
 
 class CpuTimer(harness.Timer):
     """Timer's own warm-up, rep count and summary on CPU: the CUDA parts (flush,
@@ -235,8 +271,7 @@ def test_make_step_fwd_bwd_gives_the_gradients():
     (dx,) = step()
     assert inputs["x"].grad is None  # autograd.grad: nothing accumulated between reps
     # Same random output gradient for every implementation: the native one agrees.
-    (dx_native,) = harness.make_step(case.impls["native"], inputs, "fwd+bwd",
-                                     case.grad_inputs)()
+    (dx_native,) = harness.make_step(case.impls["native"], inputs, "fwd+bwd", case.grad_inputs)()
     torch.testing.assert_close(dx, dx_native)
     fwd = harness.make_step(case.impls["fused"], inputs, "fwd")
     assert fwd().shape == (4, 8)
@@ -246,6 +281,7 @@ def test_make_step_bwd_times_the_backward_alone():
     # The bwd step runs no forward: it differentiates the outputs of one forward made when
     # the step was built, as often as it is called, and agrees with fwd+bwd's gradients.
     from benchmarks.cases import norm as norm_cases
+
     case = next(c for c in norm_cases.CASES if c.op == "layer_norm")
     assert "bwd" in case.passes
     inputs = harness.make_inputs(case, (6, 32), torch.float64, "bwd", device="cpu")
@@ -268,6 +304,7 @@ def test_make_step_bwd_times_the_backward_alone():
 def test_bwd_bytes_are_the_backward_share():
     from benchmarks.cases import norm as norm_cases
     from benchmarks.cases import softmax as softmax_cases
+
     for case in norm_cases.CASES + softmax_cases.CASES:
         assert "bwd" in case.passes, case.label
         for shape in case.shapes[:2]:
@@ -287,8 +324,15 @@ def test_run_plan_records_on_cpu(rounds):
     plan = harness.Plan(case, (8, 16), torch.float32, "fwd+bwd", ["fused", "native", "unfused"])
     env = {"device": "cpu-test", "torch": "x"}
     seen = []
-    recs = harness.run_plan(plan, CpuTimer(), {"copy_gbps": 100.0}, env,
-                            on_impl=lambda p, i: seen.append(i), device="cpu", rounds=rounds)
+    recs = harness.run_plan(
+        plan,
+        CpuTimer(),
+        {"copy_gbps": 100.0},
+        env,
+        on_impl=lambda p, i: seen.append(i),
+        device="cpu",
+        rounds=rounds,
+    )
     assert seen == ["fused", "native", "unfused"]
     assert [r["impl"] for r in recs] == seen
     for r in recs:
@@ -313,9 +357,11 @@ def test_interleave_rotates_and_splits_the_reps():
     # One round: today's single block per implementation, in table order.
     assert harness.interleave(reps, 1) == [[("fused", 10), ("native", 4), ("cublaslt", 7)]]
     sched = harness.interleave(reps, 3)
-    assert sched == [[("fused", 4), ("native", 2), ("cublaslt", 3)],
-                     [("native", 2), ("cublaslt", 3), ("fused", 4)],
-                     [("cublaslt", 3), ("fused", 4), ("native", 2)]]
+    assert sched == [
+        [("fused", 4), ("native", 2), ("cublaslt", 3)],
+        [("native", 2), ("cublaslt", 3), ("fused", 4)],
+        [("cublaslt", 3), ("fused", 4), ("native", 2)],
+    ]
     # More rounds than implementations: the rotation wraps; each gets the same share every
     # round, at least one repetition, and at least its budget's count in all.
     sched = harness.interleave(reps, 8)
@@ -333,13 +379,16 @@ def test_interleave_rotates_and_splits_the_reps():
 def _logging_case(log, names, fail_after=None):
     """A toy case whose implementations append their name to `log` on every call;
     "flaky" raises from its call number fail_after + 1 on."""
+
     def impl(name):
         def fn(x):
             log.append(name)
             if name == "flaky" and log.count(name) > fail_after:
                 raise RuntimeError("flaky broke")
             return x * 2
+
         return fn
+
     return _toy_case(impls={n: impl(n) for n in names})
 
 
@@ -365,16 +414,37 @@ def test_run_plan_interleaves_in_rotating_rounds():
     # Then the wall-clock batches (WALL_BATCHES of WALL_CALLS calls), also taking turns in
     # a rotating order, then one peak-memory call each.
     w = WALL_CALLS
-    assert _runs(log) == [(f, WARM_UP_CALLS), (n, WARM_UP_CALLS), (c, WARM_UP_CALLS),
-                          (f, 4), (n, 4), (c, 4),
-                          (n, 4), (c, 4), (f, 4),
-                          (c, 4), (f, 4), (n, 4),
-                          (f, w), (n, w), (c, w),
-                          (n, w), (c, w), (f, w),
-                          (c, w), (f, w), (n, w),
-                          (f, w), (n, w), (c, w),
-                          (n, w), (c, w), (f, w + 1),
-                          (n, 1), (c, 1)]
+    assert _runs(log) == [
+        (f, WARM_UP_CALLS),
+        (n, WARM_UP_CALLS),
+        (c, WARM_UP_CALLS),
+        (f, 4),
+        (n, 4),
+        (c, 4),
+        (n, 4),
+        (c, 4),
+        (f, 4),
+        (c, 4),
+        (f, 4),
+        (n, 4),
+        (f, w),
+        (n, w),
+        (c, w),
+        (n, w),
+        (c, w),
+        (f, w),
+        (c, w),
+        (f, w),
+        (n, w),
+        (f, w),
+        (n, w),
+        (c, w),
+        (n, w),
+        (c, w),
+        (f, w + 1),
+        (n, 1),
+        (c, 1),
+    ]
     assert [r["reps"] for r in recs] == [12, 12, 12]
     assert [r["wall_calls"] for r in recs] == [5 * w] * 3
     # rounds=1: one after another (warm-up, timing, wall clock, memory).
@@ -439,7 +509,9 @@ def _costed_case(clock, costs, fail=None):
                 raise RuntimeError("broke under the wall clock")
             clock.advance(costs[name])
             return x * 2
+
         return fn
+
     return _toy_case(impls={n: impl(n) for n in costs})
 
 
@@ -450,8 +522,9 @@ def test_run_plan_records_wall_clock_beside_gpu_time(rounds):
     timer.clock = clock
     case = _costed_case(clock, {"fused": 5.0, "native": 20.0, "unfused": 40.0})
     plan = harness.Plan(case, (2, 2), torch.float32, "fwd", ["fused", "native", "unfused"])
-    recs = {r["impl"]: r for r in harness.run_plan(plan, timer, {}, {}, device="cpu",
-                                                   rounds=rounds)}
+    recs = {
+        r["impl"]: r for r in harness.run_plan(plan, timer, {}, {}, device="cpu", rounds=rounds)
+    }
     for impl, cost in (("fused", 5.0), ("native", 20.0), ("unfused", 40.0)):
         r = recs[impl]
         assert r["error"] is None
@@ -483,9 +556,17 @@ def test_memory_bound_cases_measure_the_decode_rows():
     # 4096, with byte counts that are the formula's (positive, growing with the rows).
     cases = [c for c in harness.discover_cases() if c.flops is None]
     two_d = [c for c in cases if len(c.shapes[0]) == 2]
-    assert {c.op for c in two_d} >= {"gelu", "layer_norm", "rms_norm", "add_layer_norm",
-                                      "add_rms_norm", "softmax", "log_softmax", "dropout",
-                                      "bias_dropout_add"}
+    assert {c.op for c in two_d} >= {
+        "gelu",
+        "layer_norm",
+        "rms_norm",
+        "add_layer_norm",
+        "add_rms_norm",
+        "softmax",
+        "log_softmax",
+        "dropout",
+        "bias_dropout_add",
+    }
     for c in two_d:
         for shape in harness.DECODE_SHAPES:
             assert shape in c.shapes, (c.label, shape)
@@ -500,8 +581,9 @@ def test_memory_bound_cases_measure_the_decode_rows():
 @CUDA
 def test_run_plan_rounds_on_the_gpu():
     case = gelu_cases.CASES[1]  # tanh
-    plan = harness.Plan(case, (256, 1024), torch.bfloat16, "fwd+bwd",
-                        ["fused", "native", "unfused", "compile"])
+    plan = harness.Plan(
+        case, (256, 1024), torch.bfloat16, "fwd+bwd", ["fused", "native", "unfused", "compile"]
+    )
     timer = harness.Timer(budget_ms=2.0, min_reps=31, max_reps=31)  # 31 reps each
     env = harness.environment()
     recs = harness.run_plan(plan, timer, {}, env, rounds=3)
@@ -521,6 +603,7 @@ def test_run_plan_compiles_the_bwd_pass(tmp_path):
     # backward must run without AOTAutograd's donated buffers (harness.make_step), or every
     # repetition after the first raises. Layer norm's compiled backward donates buffers.
     from benchmarks.cases import norm as norm_cases
+
     case = next(c for c in norm_cases.CASES if c.op == "layer_norm")
     plan = harness.Plan(case, (512, 1024), torch.bfloat16, "bwd", ["fused", "compile"])
     timer = harness.Timer(budget_ms=2.0, min_reps=5, max_reps=5)
@@ -531,22 +614,32 @@ def test_run_plan_compiles_the_bwd_pass(tmp_path):
     assert torch._functorch.config.donated_buffer  # restored after the pass
     # The profiler's trace of the same pass (profiling/trace.py) runs the same make_step.
     torch._dynamo.reset()
-    rows = trace_mod.profile_impl(case, "compile", (512, 1024), torch.bfloat16, "bwd", 2,
-                                  str(tmp_path / "compile_bwd.json"))
+    rows = trace_mod.profile_impl(
+        case, "compile", (512, 1024), torch.bfloat16, "bwd", 2, str(tmp_path / "compile_bwd.json")
+    )
     assert rows and (tmp_path / "compile_bwd.json").exists()
 
 
 # --- reports ---------------------------------------------------------------------------
 
+
 def _fake_records():
-    base = {"op": "gelu", "variant": "tanh", "pass": "fwd", "dtype": "bfloat16",
-            "device": "Fake GPU", "torch": "2.11.0", "tflops": None, "error": None,
-            "peak_mem_bytes": 2**20}
+    base = {
+        "op": "gelu",
+        "variant": "tanh",
+        "pass": "fwd",
+        "dtype": "bfloat16",
+        "device": "Fake GPU",
+        "torch": "2.11.0",
+        "tflops": None,
+        "error": None,
+        "peak_mem_bytes": 2**20,
+    }
     recs = []
-    for shape, times in [((16384, 4096), {"fused": 63.0, "native": 80.0, "unfused": 400.0,
-                                          "compile": 70.0}),
-                         ((16384, 1024), {"fused": 20.0, "native": 25.0, "unfused": 100.0,
-                                          "compile": None})]:
+    for shape, times in [
+        ((16384, 4096), {"fused": 63.0, "native": 80.0, "unfused": 400.0, "compile": 70.0}),
+        ((16384, 1024), {"fused": 20.0, "native": 25.0, "unfused": 100.0, "compile": None}),
+    ]:
         group = []
         for impl, us in times.items():
             r = dict(base, shape=list(shape), impl=impl, median_us=us)
@@ -576,9 +669,15 @@ def test_markdown_tables():
     assert "err" in lines[3]  # the failed compile measurement
     # Every row has as many cells as the header.
     assert len({ln.count("|") for ln in lines}) == 1
-    md = report.markdown_report({"device": "Fake GPU", "torch": "2.11.0", "cuda": "13.0",
-                                 "ceilings": {"copy_gbps": 4270.0, "mm_tflops": 700.0,
-                                              "mm_shape": [8192] * 3}}, recs)
+    md = report.markdown_report(
+        {
+            "device": "Fake GPU",
+            "torch": "2.11.0",
+            "cuda": "13.0",
+            "ceilings": {"copy_gbps": 4270.0, "mm_tflops": 700.0, "mm_shape": [8192] * 3},
+        },
+        recs,
+    )
     assert "4,270 GB/s" in md and "8192x8192x8192" in md and "BackendCompilerFailed" in md
     assert "## All measurements" in md and md.count("| gelu |") == 2 + len(recs)
 
@@ -586,14 +685,18 @@ def test_markdown_tables():
 def test_markdown_tables_show_wall_clock_beside_gpu_time():
     recs = _fake_records()
     for r in recs:  # wall clock: fused 30 us, native 20 us, unfused 60 us, compile 40 us
-        r["wall_us"] = {"fused": 30.0, "native": 20.0, "unfused": 60.0, "compile": 40.0}[
-            r["impl"]] if r["median_us"] is not None else None
+        r["wall_us"] = (
+            {"fused": 30.0, "native": 20.0, "unfused": 60.0, "compile": 40.0}[r["impl"]]
+            if r["median_us"] is not None
+            else None
+        )
     for shape in ((16384, 4096), (16384, 1024)):
         harness.add_speedups([r for r in recs if tuple(r["shape"]) == shape])
     lines = report.pivot_table(recs).splitlines()
     assert lines[0].endswith(
         "| fused × native | fused × compile | fused wall µs | native wall µs "
-        "| wall × native | wall × compile |")
+        "| wall × native | wall × compile |"
+    )
     row = lines[2]
     # GPU time: fused 1.27x native; wall clock: 20/30 = 0.67x native, 40/30 = 1.33x compile.
     assert "| 1.27× | 1.11× | 30.0 | 20.0 | 0.67× | 1.33× |" in row
@@ -613,8 +716,7 @@ def test_plots_leave_the_decode_rows_out():
     tiny = dict(recs[0], shape=[16, 4096], bytes=2 * 16 * 4096 * 2)
     big = dict(recs[0], bytes=2 * 16384 * 4096 * 2)
     groups = report.plot_groups([tiny, big])
-    assert [s for s, _ in groups[("gelu", "tanh", "fwd", "bfloat16")]["fused"]] == [
-        (16384, 4096)]
+    assert [s for s, _ in groups[("gelu", "tanh", "fwd", "bfloat16")]["fused"]] == [(16384, 4096)]
 
 
 def test_json_round_trip_and_plots(tmp_path):
@@ -637,9 +739,21 @@ def test_json_round_trip_and_plots(tmp_path):
 def test_run_report_mode_renders_a_saved_run(tmp_path):
     path = tmp_path / "run.json"
     report.write_json(str(path), {"device": "Fake GPU"}, _fake_records())
-    res = subprocess.run([sys.executable, "benchmarks/run.py", "--report", str(path),
-                          "--out", str(tmp_path / "out"), "--no-plots"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/run.py",
+            "--report",
+            str(path),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-plots",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "| gelu | tanh | fwd | 16384x4096 | bf16 |" in res.stdout
     assert (tmp_path / "out" / "results.md").exists()
@@ -647,10 +761,14 @@ def test_run_report_mode_renders_a_saved_run(tmp_path):
 
 # --- profiler helpers ------------------------------------------------------------------
 
+
 def test_kernel_name_shortening():
-    assert trace_mod.short_name(
-        "void fused::(anonymous namespace)::elementwise_kernel<float, 4>(float*, int)"
-    ) == "fused::elementwise_kernel<float, 4>"
+    assert (
+        trace_mod.short_name(
+            "void fused::(anonymous namespace)::elementwise_kernel<float, 4>(float*, int)"
+        )
+        == "fused::elementwise_kernel<float, 4>"
+    )
     assert trace_mod.short_name("triton_poi_fused_add_mul_0") == "triton_poi_fused_add_mul_0"
     long = "void at::native::vectorized_elementwise_kernel<4, " + "X" * 200 + ">(int)"
     assert len(trace_mod.short_name(long)) == 90 and trace_mod.short_name(long).endswith("…")
@@ -659,29 +777,46 @@ def test_kernel_name_shortening():
 def test_trace_summary_counts_kernels_per_call():
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mul", "dur": 50}]
     for _ in range(2):  # two profiled calls of an op launching a mul and a tanh
-        events += [{"ph": "X", "cat": "kernel", "name": "void mul_kernel(float*)", "dur": 10},
-                   {"ph": "X", "cat": "kernel", "name": "tanh_kernel", "dur": 30},
-                   {"ph": "X", "cat": "gpu_user_annotation", "name": "call", "dur": 45}]
+        events += [
+            {"ph": "X", "cat": "kernel", "name": "void mul_kernel(float*)", "dur": 10},
+            {"ph": "X", "cat": "kernel", "name": "tanh_kernel", "dur": 30},
+            {"ph": "X", "cat": "gpu_user_annotation", "name": "call", "dur": 45},
+        ]
     rows = trace_mod.summarize_trace({"traceEvents": events}, iters=2)
     assert [(r["name"], r["count"], r["per_call"]) for r in rows] == [
-        ("tanh_kernel", 2, 1.0), ("mul_kernel", 2, 1.0)]
+        ("tanh_kernel", 2, 1.0),
+        ("mul_kernel", 2, 1.0),
+    ]
     assert rows[0]["avg_us"] == 30 and rows[1]["total_us"] == 20
     text = trace_mod.format_summary("unfused", rows, 2)
-    assert text.splitlines()[0] == "unfused: 2 kernel launches per call, 40.0 us of device time per call"
+    assert (
+        text.splitlines()[0]
+        == "unfused: 2 kernel launches per call, 40.0 us of device time per call"
+    )
     one = trace_mod.format_summary("fused", rows[:1], 2)
     assert one.startswith("fused: 1 kernel launch per call")
 
 
 # --- no GPU: one line, exit 2 ------------------------------------------------------------
 
-@pytest.mark.parametrize("script,args,message", [
-    ("benchmarks/run.py", ["--quick"], "no CUDA GPU found: the benchmark needs one"),
-    ("profiling/trace.py", ["--op", "gelu"], "no CUDA GPU found: profiling needs one"),
-])
+
+@pytest.mark.parametrize(
+    "script,args,message",
+    [
+        ("benchmarks/run.py", ["--quick"], "no CUDA GPU found: the benchmark needs one"),
+        ("profiling/trace.py", ["--op", "gelu"], "no CUDA GPU found: profiling needs one"),
+    ],
+)
 def test_no_gpu_exits_2_with_one_line(script, args, message, tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # hide any GPU, even on a GPU machine
-    res = subprocess.run([sys.executable, script, *args, "--out", str(tmp_path)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, script, *args, "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert res.stderr.strip() == message
     assert res.stdout == ""

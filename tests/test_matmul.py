@@ -6,6 +6,7 @@ of a tenth of the dtype's relative tolerance at the typical output size (for ele
 cancel to near zero). Every CUDA test runs once per kernel choice (matmul.kernel:
 "auto", which takes the Hopper kernel on an H100/H200 where it applies, and "portable").
 """
+
 import math
 
 import pytest
@@ -14,22 +15,44 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
+
 from utils import CUDA, DEVICES, DTYPES, TOL, input_views
 
 ACTS = [None, "gelu", "gelu_tanh"]
 KERNELS = ["auto", "portable"]
 
 # (M, K, N): edges in every dimension, K not a multiple of 8, K = 1, tall and skinny.
-SHAPES = [(1, 1, 1), (1, 17, 1), (17, 17, 17), (5, 8, 3), (33, 70, 65), (127, 1, 129),
-          (64, 129, 200), (3, 300, 2)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 17, 1),
+    (17, 17, 17),
+    (5, 8, 3),
+    (33, 70, 65),
+    (127, 1, 129),
+    (64, 129, 200),
+    (3, 300, 2),
+]
 # Larger ones on the GPU only: the M, N, K set {1, 17, 127, 1000, 4097} mixed, and shapes that
 # take the portable kernel's big tile (>= one tile per SM).
-CUDA_SHAPES = [(1000, 1000, 1000), (1, 4097, 1000), (17, 1000, 4097), (127, 4097, 127),
-               (1000, 17, 1000), (4097, 1000, 17), (4097, 127, 1000), (1, 1, 4097),
-               (4097, 1000, 1000), (1000, 4097, 4096), (8192, 64, 64), (64, 8192, 64),
-               (256, 512, 384), (4097, 4097, 4097),
-               # the portable kernel's big tile with a single k-tile (K <= BK = 64)
-               (4097, 17, 4097), (4096, 64, 4096)]
+CUDA_SHAPES = [
+    (1000, 1000, 1000),
+    (1, 4097, 1000),
+    (17, 1000, 4097),
+    (127, 4097, 127),
+    (1000, 17, 1000),
+    (4097, 1000, 17),
+    (4097, 127, 1000),
+    (1, 1, 4097),
+    (4097, 1000, 1000),
+    (1000, 4097, 4096),
+    (8192, 64, 64),
+    (64, 8192, 64),
+    (256, 512, 384),
+    (4097, 4097, 4097),
+    # the portable kernel's big tile with a single k-tile (K <= BK = 64)
+    (4097, 17, 4097),
+    (4096, 64, 4096),
+]
 
 
 def set_kernel(choice, knobs):
@@ -73,9 +96,14 @@ def check(actual, ref, dtype, msg="", slack=0.1):
         atol = max(atol, 1e-5)
     ref = ref.double().to(actual.device)  # compare where the result is (fast on the GPU)
     scale = ref.abs().mean().item() if ref.numel() else 0.0
-    torch.testing.assert_close(actual.double(), ref, rtol=rtol,
-                               atol=max(atol, slack * rtol * scale), equal_nan=True,
-                               msg=(lambda m: f"{msg}\n{m}") if msg else None)
+    torch.testing.assert_close(
+        actual.double(),
+        ref,
+        rtol=rtol,
+        atol=max(atol, slack * rtol * scale),
+        equal_nan=True,
+        msg=(lambda m: f"{msg}\n{m}") if msg else None,
+    )
 
 
 def poison(numels, device, dtype=torch.bfloat16):
@@ -84,8 +112,11 @@ def poison(numels, device, dtype=torch.bfloat16):
     if torch.device(device).type != "cuda":
         return
     size = torch.empty((), dtype=dtype).element_size()
-    blocks = [torch.full(((n * size + 1) // 2,), float("nan"), dtype=torch.float16, device=device)
-              for n in numels if n > 0]
+    blocks = [
+        torch.full(((n * size + 1) // 2,), float("nan"), dtype=torch.float16, device=device)
+        for n in numels
+        if n > 0
+    ]
     del blocks
 
 
@@ -137,9 +168,9 @@ def test_matmul_cuda_float32_follows_tf32_flag(monkeypatch):
 
 BATCHED = [  # (a shape, b shape)
     ((3, 17, 33), (3, 33, 9)),
-    ((3, 17, 33), (33, 9)),      # 3-D x 2-D
-    ((17, 33), (4, 33, 9)),      # 2-D x 3-D
-    ((1, 17, 33), (5, 33, 9)),   # batch broadcast
+    ((3, 17, 33), (33, 9)),  # 3-D x 2-D
+    ((17, 33), (4, 33, 9)),  # 2-D x 3-D
+    ((1, 17, 33), (5, 33, 9)),  # batch broadcast
     ((5, 17, 33), (1, 33, 9)),
 ]
 BATCHED_CUDA = [
@@ -197,8 +228,14 @@ def linear_case(x_shape, N, dtype, device, with_bias, act, all_views=True):
                 check(z, zref, dtype, msg=f"linear_fwd preact {xn} {wn}")
 
 
-LINEAR_SHAPES = [((17, 33), 9), ((1, 1), 1), ((2, 3, 40), 24), ((70,), 5), ((64, 129), 200),
-                 ((0, 8), 4)]
+LINEAR_SHAPES = [
+    ((17, 33), 9),
+    ((1, 1), 1),
+    ((2, 3, 40), 24),
+    ((70,), 5),
+    ((64, 129), 200),
+    ((0, 8), 4),
+]
 
 
 @pytest.mark.parametrize("device_kernel", DEVICE_KERNELS)
@@ -215,8 +252,16 @@ def test_linear(device_kernel, dtype, act, case, knobs):
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("case", [((1000, 4097), 1000), ((4, 1000, 1000), 4097),
-                                  ((4097, 127), 17), ((2048, 1024), 4096), ((1, 4097), 127)])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((1000, 4097), 1000),
+        ((4, 1000, 1000), 4097),
+        ((4097, 127), 17),
+        ((2048, 1024), 4096),
+        ((1, 4097), 127),
+    ],
+)
 def test_linear_cuda_large(kernel, dtype, act, case):
     x_shape, N = case
     linear_case(x_shape, N, dtype, "cuda", True, act, all_views=False)
@@ -268,8 +313,9 @@ def test_linear_backward(device_kernel, dtype, act, case, knobs):
         w = rand((N, K), dtype, device, 1.0 / math.sqrt(K)).requires_grad_()
         b = rand((N,), dtype, device).requires_grad_() if with_bias else None
         gy = rand((*x_shape[:-1], N), dtype, device)
-        dx_ref, dw_ref, db_ref = mirrored_grads(x.detach(), w.detach(),
-                                                None if b is None else b.detach(), act, gy)
+        dx_ref, dw_ref, db_ref = mirrored_grads(
+            x.detach(), w.detach(), None if b is None else b.detach(), act, gy
+        )
         # The training path (linear_fwd) and the inference op's own autograd (recompute).
         for name, fn in (("functional", fused_ops.linear), ("op", torch.ops.fused.linear)):
             for t in (x, w, b):
@@ -339,8 +385,16 @@ def test_gradcheck_float64(act):
     assert torch.autograd.gradcheck(lambda x, w: fused_ops.linear(x, w, None, act), (x, w))
 
 
-@pytest.mark.parametrize("shapes", [((4, 6), (6, 5)), ((3, 4, 6), (6, 5)), ((4, 6), (2, 6, 5)),
-                                    ((1, 4, 6), (3, 6, 5)), ((3, 4, 6), (3, 6, 5))])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((4, 6), (6, 5)),
+        ((3, 4, 6), (6, 5)),
+        ((4, 6), (2, 6, 5)),
+        ((1, 4, 6), (3, 6, 5)),
+        ((3, 4, 6), (3, 6, 5)),
+    ],
+)
 def test_matmul_gradcheck_float64(shapes):
     a = torch.randn(*shapes[0], dtype=torch.float64, requires_grad=True)
     b = torch.randn(*shapes[1], dtype=torch.float64, requires_grad=True)
@@ -440,8 +494,9 @@ def test_cuda_device_and_dtype_errors():
     with pytest.raises(RuntimeError, match="same device"):
         fused_ops.linear(torch.randn(3, 4, device="cuda"), torch.randn(5, 4))
     with pytest.raises(RuntimeError, match="float64"):
-        fused_ops.matmul(torch.randn(3, 4, device="cuda").double(),
-                         torch.randn(4, 3, device="cuda").double())
+        fused_ops.matmul(
+            torch.randn(3, 4, device="cuda").double(), torch.randn(4, 3, device="cuda").double()
+        )
 
 
 @CUDA
@@ -467,12 +522,14 @@ def test_tile_group_height_only_reorders(kernel_choice, shape, knobs):
     set_kernel(kernel_choice, knobs)
     torch.manual_seed(0)
     x = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    wb = (torch.randn(batch, n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5).transpose(1, 2)
+    wb = (torch.randn(batch, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5).transpose(1, 2)
     cases = {
-        "linear": (lambda: fused_ops.linear(x, w, bias, "gelu_tanh"),
-                   reference.gelu(F.linear(x.double(), w.double(), bias.double()), "tanh")),
+        "linear": (
+            lambda: fused_ops.linear(x, w, bias, "gelu_tanh"),
+            reference.gelu(F.linear(x.double(), w.double(), bias.double()), "tanh"),
+        ),
         "batched matmul": (lambda: fused_ops.matmul(x, wb), torch.matmul(x.double(), wb.double())),
     }
     for name, (run, ref) in cases.items():
@@ -522,14 +579,14 @@ def test_linear_gelu_epilogue_rounding(kernel, dtype, act):
     b = (torch.randint(-24, 25, (n,), device="cuda", generator=g) / 8).to(dtype)
     z = F.linear(x.double(), w.double(), b.double())
     if act == "gelu_tanh":
-        exact = z * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3))
+        exact = z * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))
     else:
         exact = 0.5 * z * torch.special.erfc(-z / math.sqrt(2))
     want = exact.to(dtype)
     poison([m * n], "cuda", dtype)
     got = fused_ops.linear(x, w, b, act)
     assert torch.isfinite(got).all()
-    keep = exact.abs() >= 2.0 ** -100
+    keep = exact.abs() >= 2.0**-100
     ulps = (_ordered_bits(got) - _ordered_bits(want)).abs()[keep]
     tail = (z < -1.5)[keep]
     assert tail.float().mean() > 0.2  # the grid reaches far into the tail
@@ -550,13 +607,20 @@ def test_linear_gelu_epilogue_rounding(kernel, dtype, act):
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
 def test_linear_gelu_nonfinite_stays_in_its_column(kernel, dtype, act):
     m, k, n = 300, 64, 520
-    x, w = rand((m, k), dtype, "cuda"), rand((n, k), dtype, "cuda", 1 / k ** 0.5)
+    x, w = rand((m, k), dtype, "cuda"), rand((n, k), dtype, "cuda", 1 / k**0.5)
     b = rand((n,), dtype, "cuda")
-    for col, v in ((4, math.nan), (7, math.nan), (10, math.inf), (13, math.inf), (16, -math.inf),
-                   (301, -math.inf)):
+    for col, v in (
+        (4, math.nan),
+        (7, math.nan),
+        (10, math.inf),
+        (13, math.inf),
+        (16, -math.inf),
+        (301, -math.inf),
+    ):
         b[col] = v
-    ref = reference.gelu(F.linear(x.double(), w.double(), b.double()),
-                         "tanh" if act == "gelu_tanh" else "none")
+    ref = reference.gelu(
+        F.linear(x.double(), w.double(), b.double()), "tanh" if act == "gelu_tanh" else "none"
+    )
     poison([m * n], "cuda", dtype)
     got = fused_ops.linear(x, w, b, act)
     for kind in (torch.isnan, torch.isposinf, torch.isneginf):

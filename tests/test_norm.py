@@ -6,6 +6,7 @@ Gradients are checked against a bound built from the magnitudes of the summed te
 bound allows, whatever the summation order, so this is the honest tolerance for dx, dweight
 and dbias (outputs use the plain per-dtype tolerance).
 """
+
 import re
 
 import pytest
@@ -14,9 +15,20 @@ import torch.nn.functional as F
 
 import fused_ops
 from fused_ops import reference
-from utils import (CUDA, DEVICES, DTYPES, TOL, assert_close, assert_graph_replay_matches_eager,
-                   cuda_kernel_names, input_views, offset_copy, overrides,
-                   poison_next_alloc)
+
+from utils import (
+    CUDA,
+    DEVICES,
+    DTYPES,
+    TOL,
+    assert_close,
+    assert_graph_replay_matches_eager,
+    cuda_kernel_names,
+    input_views,
+    offset_copy,
+    overrides,
+    poison_next_alloc,
+)
 
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
@@ -74,8 +86,9 @@ def ref_grads(kind, x, dy, ns, w, b, eps, dsum=None):
         xhat = (xd - mean) * r
         g = dy64 * (1.0 if w is None else w.double())
         avg = lambda t: t.mean(dim=dims, keepdim=True)  # noqa: E731
-        mag_dx = r * (g.abs() + (avg(g.abs()) if kind == "layer" else 0)
-                      + xhat.abs() * avg((g * xhat).abs()))
+        mag_dx = r * (
+            g.abs() + (avg(g.abs()) if kind == "layer" else 0) + xhat.abs() * avg((g * xhat).abs())
+        )
         if dsum is not None:
             mag_dx = mag_dx + dsum.double().abs()
         sum_rows = (lambda t: t.sum(dim=rows)) if rows else (lambda t: t)  # noqa: E731
@@ -84,8 +97,11 @@ def ref_grads(kind, x, dy, ns, w, b, eps, dsum=None):
         # Rows of one value (variance 0, n = 1) are left out: their mean is exact, and rstd
         # = eps^-1/2 would make the slack large where the kernels must give xhat = 0.
         spread = (xhat.abs().amax(dim=dims, keepdim=True) > 0).double()
-        slack_dw = (sum_rows(dy64.abs() * r * abs(mean) * spread) * 2.0 ** -22
-                    if kind == "layer" and x.dtype != torch.float64 else 0.0)
+        slack_dw = (
+            sum_rows(dy64.abs() * r * abs(mean) * spread) * 2.0**-22
+            if kind == "layer" and x.dtype != torch.float64
+            else 0.0
+        )
     dw = None if w64 is None else w64.grad
     db = None if b64 is None else b64.grad
     return (dx, dw, db), (mag_dx, mag_dw, mag_db), slack_dw
@@ -101,8 +117,10 @@ def assert_within(actual, ref, mag, dtype, msg="", slack=0.0):
     assert torch.isfinite(a).all(), f"{msg}: non-finite values"
     excess = (a - r).abs() - (atol + rtol * m + slack)
     bad = excess > 0
-    assert not bad.any(), (f"{msg}: {int(bad.sum())} of {bad.numel()} elements off, worst "
-                           f"excess {excess.max().item():.3g} at {tuple(bad.nonzero()[0].tolist())}")
+    assert not bad.any(), (
+        f"{msg}: {int(bad.sum())} of {bad.numel()} elements off, worst "
+        f"excess {excess.max().item():.3g} at {tuple(bad.nonzero()[0].tolist())}"
+    )
 
 
 def _params(kind, ns, dtype, device, wdtype="same", bias=True):
@@ -203,8 +221,13 @@ def check_add(kind, x, residual, ns, w, b, residual_in_fp32, eps=None, msg=""):
     torch.autograd.backward([y, s], [dy, dsum])
     assert xa.grad.dtype == x.dtype and ra.grad.dtype == residual.dtype
     assert_within(xa.grad, rds, mds, x.dtype, f"dx {msg}")
-    assert_within(ra.grad, rds, mds, residual.dtype if residual.dtype != torch.float32
-                  else sum_dtype, f"d_residual {msg}")
+    assert_within(
+        ra.grad,
+        rds,
+        mds,
+        residual.dtype if residual.dtype != torch.float32 else sum_dtype,
+        f"d_residual {msg}",
+    )
     if w is not None:
         assert_within(wa.grad, rdw, mdw, w.dtype, f"dweight {msg}", slack=sdw)
     if b is not None:
@@ -269,7 +292,7 @@ def test_misaligned_parameters(device, dtype, kind):
     # weight / bias views one element into their storage: the scalar path.
     n = 96
     buf = (1 + torch.randn(2 * n + 2, device=device)).to(dtype)
-    w, b = buf[1:n + 1], (buf[n + 2:] if kind == "layer" else None)
+    w, b = buf[1 : n + 1], (buf[n + 2 :] if kind == "layer" else None)
     x = torch.randn(7, n, device=device).to(dtype)
     check_forward(kind, x, [n], w, b, msg="misaligned params")
     check_backward(kind, x, [n], w, b, msg="misaligned params")
@@ -317,8 +340,16 @@ def test_add_norm_matches_float64(device, dtype, kind, residual_in_fp32):
             w, b = _params(kind, ns, dtype, device, "same")
             for name, x in input_views(shape, dtype, device):
                 r = torch.randn(shape, device=device).to(rdtype)
-                check_add(kind, x, r, list(ns), w, b, residual_in_fp32,
-                          msg=f"view={name} residual={rdtype}")
+                check_add(
+                    kind,
+                    x,
+                    r,
+                    list(ns),
+                    w,
+                    b,
+                    residual_in_fp32,
+                    msg=f"view={name} residual={rdtype}",
+                )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -331,8 +362,9 @@ def test_add_norm_float32_params_and_grad_sum_none(device):
     y, s, mean, rstd = ops.add_layer_norm(x, r, [48], w, b, 1e-5, True)
     dy = torch.randn_like(x)
     ds_none, _, _ = ops.add_layer_norm_backward(dy, None, s, [48], mean, rstd, w, b, [True, True])
-    ds_zero, _, _ = ops.add_layer_norm_backward(dy, torch.zeros_like(s), s, [48], mean, rstd, w,
-                                                b, [True, True])
+    ds_zero, _, _ = ops.add_layer_norm_backward(
+        dy, torch.zeros_like(s), s, [48], mean, rstd, w, b, [True, True]
+    )
     torch.testing.assert_close(ds_none, ds_zero)
 
 
@@ -360,13 +392,15 @@ def test_matches_torch_functional(device, kind):
     w = torch.randn(5, 24, device=device)
     b = torch.randn(5, 24, device=device)
     if kind == "layer":
-        torch.testing.assert_close(fused_ops.layer_norm(x, (5, 24), w, b),
-                                   F.layer_norm(x, (5, 24), w, b))
+        torch.testing.assert_close(
+            fused_ops.layer_norm(x, (5, 24), w, b), F.layer_norm(x, (5, 24), w, b)
+        )
         torch.testing.assert_close(fused_ops.layer_norm(x, 24), F.layer_norm(x, (24,)))
     else:
         torch.testing.assert_close(fused_ops.rms_norm(x, (5, 24), w), F.rms_norm(x, (5, 24), w))
-        torch.testing.assert_close(fused_ops.rms_norm(x, [24], None, 1e-3),
-                                   F.rms_norm(x, [24], None, 1e-3))
+        torch.testing.assert_close(
+            fused_ops.rms_norm(x, [24], None, 1e-3), F.rms_norm(x, [24], None, 1e-3)
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -409,8 +443,9 @@ def _opcheck_cases(device):
     ns = [10]
     y, mean, rstd = ops.layer_norm(x.detach(), ns, w.detach(), b.detach(), 1e-5)
     _, rrstd = ops.rms_norm(x.detach(), ns, w.detach(), None)
-    _, s, smean, srstd = ops.add_layer_norm(x.detach(), r.detach(), ns, w.detach(), b.detach(),
-                                            1e-5, True)
+    _, s, smean, srstd = ops.add_layer_norm(
+        x.detach(), r.detach(), ns, w.detach(), b.detach(), 1e-5, True
+    )
     _, s2, s2rstd = ops.add_rms_norm(x.detach(), r.detach(), ns, w.detach(), None, False)
     dy = torch.randn_like(y)
     d = lambda t: t.detach()  # noqa: E731
@@ -423,8 +458,10 @@ def _opcheck_cases(device):
         (ops.layer_norm_backward.default, (dy, d(x), ns, mean, rstd, d(w), d(b), [True, True])),
         (ops.layer_norm_backward.default, (dy, d(x), ns, mean, rstd, None, None, [False, False])),
         (ops.rms_norm_backward.default, (dy, d(x), ns, rrstd, d(w), True)),
-        (ops.add_layer_norm_backward.default,
-         (dy, torch.randn_like(s), s, ns, smean, srstd, d(w), d(b), [True, True])),
+        (
+            ops.add_layer_norm_backward.default,
+            (dy, torch.randn_like(s), s, ns, smean, srstd, d(w), d(b), [True, True]),
+        ),
         (ops.add_rms_norm_backward.default, (dy, None, s2, ns, s2rstd, d(w), True)),
     ]
 
@@ -500,15 +537,21 @@ def test_bad_inputs(device):
         fused_ops.layer_norm(x, (8,), w, torch.randn(1, 8, device=device))
     with pytest.raises(RuntimeError, match="expected x to be float32.*got Long"):
         fused_ops.layer_norm(torch.ones(2, 8, dtype=torch.long, device=device), (8,))
-    with pytest.raises(RuntimeError, match=r"expected weight to have x's dtype \(BFloat16\) or "
-                                           r"float32, but got Half"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"expected weight to have x's dtype \(BFloat16\) or "
+        r"float32, but got Half",
+    ):
         fused_ops.rms_norm(x.bfloat16(), (8,), w.half())
     with pytest.raises(RuntimeError, match="expected weight and bias to have the same dtype"):
         fused_ops.layer_norm(x.half(), (8,), w.half(), w)
     with pytest.raises(RuntimeError, match="expected residual and x to have the same shape"):
         fused_ops.add_layer_norm(x, torch.randn(4, 9, device=device), (8,))
-    with pytest.raises(RuntimeError, match=r"expected residual to have x's dtype \(Float\) or "
-                                           r"float32, but got Half"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"expected residual to have x's dtype \(Float\) or "
+        r"float32, but got Half",
+    ):
         fused_ops.add_rms_norm(x, x.half(), (8,))
     y, mean, rstd = ops.layer_norm(x, [8], w, None, 1e-5)
     with pytest.raises(RuntimeError, match="expected rstd to hold one value per row"):
@@ -556,9 +599,41 @@ def test_cuda_device_mismatch():
 # (8 elements per thread) up to 65536 columns (256-thread blocks up to 16384, 512 beyond;
 # many rows per cluster: the test after this one), beyond that (and before sm_90) row sums
 # + tiles.
-GPU_COLS = [1, 7, 8, 64, 100, 128, 129, 256, 257, 511, 512, 513, 520, 1000, 1024, 1032,
-            2048, 2056, 4096, 4104, 5120, 6152, 8192, 8200, 12288, 16384, 16392, 32768, 32776,
-            50257, 65536, 65544, 131072]
+GPU_COLS = [
+    1,
+    7,
+    8,
+    64,
+    100,
+    128,
+    129,
+    256,
+    257,
+    511,
+    512,
+    513,
+    520,
+    1000,
+    1024,
+    1032,
+    2048,
+    2056,
+    4096,
+    4104,
+    5120,
+    6152,
+    8192,
+    8200,
+    12288,
+    16384,
+    16392,
+    32768,
+    32776,
+    50257,
+    65536,
+    65544,
+    131072,
+]
 
 
 def _gpu_rows(cols):
@@ -595,7 +670,7 @@ def test_cuda_strategies(dtype, kind, cols):
 def test_cuda_cluster_backward_many_rows(kind, cols):
     rows = 600 if cols < 32768 else 400
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
-    x = (torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda"))
+    x = torch.randn(rows, cols, device="cuda") * spread + torch.randn(rows, 1, device="cuda")
     x = x.to(torch.bfloat16)
     for wcfg in ["same", "fp32"]:
         w, b = _params(kind, (cols,), x.dtype, "cuda", wcfg)
@@ -638,10 +713,17 @@ def _fixed_params(kind, cols, dtype, weight, bias):
 # threads (8 vectors each) for plain rows with parameters in x's dtype: float32 rows of
 # 12288, 16384, 32768 and 16-bit rows of 24576 and 65536 (and 32768, above); and float32
 # layer_norm rows of 8192 (256 threads).
-FIXED_WIDE = [(8192, torch.float32), (12288, torch.float32), (16384, torch.float32),
-              (32768, torch.float32), (24576, torch.bfloat16), (65536, torch.float16)]
-FIXED_LENGTH_CASES = ([(c, d) for c in FIXED_COLS_ALL for d in (torch.bfloat16, torch.float16)]
-                      + FIXED_WIDE)
+FIXED_WIDE = [
+    (8192, torch.float32),
+    (12288, torch.float32),
+    (16384, torch.float32),
+    (32768, torch.float32),
+    (24576, torch.bfloat16),
+    (65536, torch.float16),
+]
+FIXED_LENGTH_CASES = [
+    (c, d) for c in FIXED_COLS_ALL for d in (torch.bfloat16, torch.float16)
+] + FIXED_WIDE
 
 
 @CUDA
@@ -681,10 +763,15 @@ def test_cuda_fixed_lengths(cols, dtype, kind, fixed, knobs):
 # float32 layer_norm rows of 8192 take the wide variant too, rms_norm's 512 threads
 # at 4 vectors. (dtype, columns, kernel): "wide" (8 vectors a thread), "regs" (the default
 # 4), "long"; or the kernel per norm.
-WIDE_CASES = [(torch.float32, 8200, "wide"), (torch.float32, 12288, "wide"),
-              (torch.float32, 32768, "wide"), (torch.float32, 32776, "long"),
-              (torch.bfloat16, 65536, "wide"), (torch.bfloat16, 65544, "long"),
-              (torch.float32, 8192, {"layer": "wide", "rms": "regs"})]
+WIDE_CASES = [
+    (torch.float32, 8200, "wide"),
+    (torch.float32, 12288, "wide"),
+    (torch.float32, 32768, "wide"),
+    (torch.float32, 32776, "long"),
+    (torch.bfloat16, 65536, "wide"),
+    (torch.bfloat16, 65544, "long"),
+    (torch.float32, 8192, {"layer": "wide", "rms": "regs"}),
+]
 
 
 @CUDA
@@ -694,12 +781,22 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
     want = want[kind] if isinstance(want, dict) else want
     x = torch.randn(4, cols, device="cuda", dtype=dtype)
     w = torch.randn(cols, device="cuda", dtype=torch.float32)
-    names = [n for n in cuda_kernel_names(lambda: fused_forward(kind, x, [cols], w, None, 1e-5))
-             if "norm_fwd" in n]
-    vpt = [int(m.group(1)) for n in names
-           for m in [re.search(r"norm_fwd_regs<[^,]+, [^,]+, [^,]+, \d+, (\d+),", n)] if m]
-    got = ("long" if any("norm_fwd_long" in n for n in names) and not vpt
-           else {(8,): "wide", (4,): "regs"}.get(tuple(vpt), f"? {names}"))
+    names = [
+        n
+        for n in cuda_kernel_names(lambda: fused_forward(kind, x, [cols], w, None, 1e-5))
+        if "norm_fwd" in n
+    ]
+    vpt = [
+        int(m.group(1))
+        for n in names
+        for m in [re.search(r"norm_fwd_regs<[^,]+, [^,]+, [^,]+, \d+, (\d+),", n)]
+        if m
+    ]
+    got = (
+        "long"
+        if any("norm_fwd_long" in n for n in names) and not vpt
+        else {(8,): "wide", (4,): "regs"}.get(tuple(vpt), f"? {names}")
+    )
     assert got == want, names
 
 
@@ -712,11 +809,17 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
 # whose mean is the row's first sum element plus an exact 0), a row far from zero;
 # parameters in x's dtype, in float32, and none. (float32 16384: the last length that
 # takes neither, 4 vectors a thread.)
-ADD_WIDE_CASES = [(torch.float32, 32768, False, "staged"), (torch.float32, 20004, False, "staged"),
-                  (torch.float32, 16388, False, "staged"), (torch.float32, 16384, False, "other"),
-                  (torch.float32, 32776, False, "long"), (torch.bfloat16, 65536, False, "staged"),
-                  (torch.float16, 40008, False, "staged"), (torch.bfloat16, 65544, False, "long"),
-                  (torch.bfloat16, 40008, True, "long")]
+ADD_WIDE_CASES = [
+    (torch.float32, 32768, False, "staged"),
+    (torch.float32, 20004, False, "staged"),
+    (torch.float32, 16388, False, "staged"),
+    (torch.float32, 16384, False, "other"),
+    (torch.float32, 32776, False, "long"),
+    (torch.bfloat16, 65536, False, "staged"),
+    (torch.float16, 40008, False, "staged"),
+    (torch.bfloat16, 65544, False, "long"),
+    (torch.bfloat16, 40008, True, "long"),
+]
 
 
 @CUDA
@@ -726,7 +829,7 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
     rows = 6
     spread = torch.rand(rows, 1, device="cuda") * 4 + 0.1
     x = (torch.randn(rows, cols, device="cuda") * spread).to(dtype)
-    r = (torch.randn(rows, cols, device="cuda") + torch.randn(rows, 1, device="cuda"))
+    r = torch.randn(rows, cols, device="cuda") + torch.randn(rows, 1, device="cuda")
     x[2] = torch.randn(1, device="cuda") * 3  # x + r constant: variance 0
     r[2] = torch.randn(1, device="cuda") * 3
     r[4] = _far_row(cols, dtype)
@@ -736,17 +839,28 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
         check_add(kind, x, r, [cols], w, b, res32, msg=f"cols={cols} params={wdtype}")
         if want == "staged" and kind == "layer":
             y, _ = fused_ops.add_layer_norm(x, r, [cols], w, b, 1e-5, res32)
-            want_row = (b.to(dtype) if b is not None
-                        else torch.zeros(cols, device="cuda", dtype=dtype))
+            want_row = (
+                b.to(dtype) if b is not None else torch.zeros(cols, device="cuda", dtype=dtype)
+            )
             assert torch.equal(y[2], want_row), f"cols={cols} params={wdtype}: constant row"
-        call = ((lambda: ops.add_layer_norm(x, r, [cols], w, b, 1e-5, res32)) if kind == "layer"
-                else (lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, res32)))
+        call = (
+            (lambda: ops.add_layer_norm(x, r, [cols], w, b, 1e-5, res32))
+            if kind == "layer"
+            else (lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, res32))
+        )
         names = [n for n in cuda_kernel_names(call) if "norm_fwd" in n]
         # norm_fwd_regs<T, W, R, VEC, VPT = 8, LAYER, RES = 2, FIXED_TPR>
-        staged = [m.group(1) for n in names
-                  for m in [re.search(r"norm_fwd_regs<[^>]*, 8, [01], 2, (\d+)>", n)] if m]
-        got = "staged" if staged else ("long" if any("norm_fwd_long" in n for n in names)
-                                       else "other")
+        staged = [
+            m.group(1)
+            for n in names
+            for m in [re.search(r"norm_fwd_regs<[^>]*, 8, [01], 2, (\d+)>", n)]
+            if m
+        ]
+        got = (
+            "staged"
+            if staged
+            else ("long" if any("norm_fwd_long" in n for n in names) else "other")
+        )
         assert got == want, (wdtype, names)
         if want == "staged":  # compile-time shaped: whole vectors, parameters in x's dtype
             whole = (w is None or w.dtype == dtype) and cols in (32768, 65536)
@@ -761,9 +875,9 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
 # norm.fixed=0 sends such rows to norm_bwd_regs (4096-8192) or norm_bwd_cluster, which
 # test_cuda_cluster_backward_many_rows runs at 12288-32768 through its float32-parameter and
 # float32-residual cases.
-FIXED_BWD_CASES = ([(d, c) for d in (torch.bfloat16, torch.float16)
-                    for c in (4096, 5120, 8192, 12288, 16384, 32768)]
-                   + [(torch.float32, 12288), (torch.float32, 16384)])
+FIXED_BWD_CASES = [
+    (d, c) for d in (torch.bfloat16, torch.float16) for c in (4096, 5120, 8192, 12288, 16384, 32768)
+] + [(torch.float32, 12288), (torch.float32, 16384)]
 # Clusters resident on an H100 / H200 are ~330 / 264 / 198 at 4096 / 5120 / 8192 columns
 # (16-bit), ~50 past that.
 FIXED_BWD_ROWS = {4096: 2000, 5120: 1600, 8192: 1200, 32768: 300}
@@ -802,27 +916,31 @@ def _wide_at(tpr):
 FWD_FIXED_KERNELS = [
     (4096, torch.bfloat16, False, lambda n: "norm_fwd_fixed" in n),
     (4096, torch.bfloat16, True, lambda n: "norm_fwd_fixed" in n),
-    (32768, torch.bfloat16, False, _wide_at(512)),   # the wide variant
-    (32768, torch.bfloat16, True, _wide_at(1024)),   # the add forms
+    (32768, torch.bfloat16, False, _wide_at(512)),  # the wide variant
+    (32768, torch.bfloat16, True, _wide_at(1024)),  # the add forms
     (24576, torch.bfloat16, False, _wide_at(384)),
     (65536, torch.float16, False, _wide_at(1024)),
     (12288, torch.float32, False, _wide_at(384)),
     (16384, torch.float32, False, _wide_at(512)),
     (32768, torch.float32, False, _wide_at(1024)),
-    (8192, torch.float32, False, _wide_at(256)),     # layer norm only
+    (8192, torch.float32, False, _wide_at(256)),  # layer norm only
 ]
 
 
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(
-    "cols,dtype,add,is_fixed", FWD_FIXED_KERNELS,
-    ids=[f"{c}-{str(d)[6:]}-{'add' if a else 'plain'}" for c, d, a, _ in FWD_FIXED_KERNELS])
+    "cols,dtype,add,is_fixed",
+    FWD_FIXED_KERNELS,
+    ids=[f"{c}-{str(d)[6:]}-{'add' if a else 'plain'}" for c, d, a, _ in FWD_FIXED_KERNELS],
+)
 def test_cuda_fixed_forward_dispatch(kind, cols, dtype, add, is_fixed, knobs):
     x = torch.randn(8, cols, device="cuda", dtype=dtype)
     r = torch.randn_like(x)
-    runs = [(dtype, "1", kind == "layer" or cols != 8192 or dtype != torch.float32),
-            (dtype, "0", False)]
+    runs = [
+        (dtype, "1", kind == "layer" or cols != 8192 or dtype != torch.float32),
+        (dtype, "0", False),
+    ]
     if dtype != torch.float32:
         runs.append((torch.float32, "1", False))
     for w_dtype, fixed, want in runs:
@@ -846,16 +964,19 @@ def _clusters_run():
     _, _, rstd = fused_forward("rms", x, [16384], None, None, 1e-5)
     with overrides("norm.fixed=0"):
         names = cuda_kernel_names(
-            lambda: ops.add_rms_norm_backward(torch.randn_like(x), None, x, [16384], rstd, None,
-                                              False))
+            lambda: ops.add_rms_norm_backward(
+                torch.randn_like(x), None, x, [16384], rstd, None, False
+            )
+        )
     return any("norm_bwd_cluster" in n for n in names)
 
 
 def _add_backward(kind, dy, ds, x, cols, mean, rstd, w):
     """The add form's backward op (d_sum ds, or None) as a call, for dispatch tests."""
     if kind == "layer":
-        return lambda: ops.add_layer_norm_backward(dy, ds, x, [cols], mean, rstd, w, None,
-                                                   [True, False])
+        return lambda: ops.add_layer_norm_backward(
+            dy, ds, x, [cols], mean, rstd, w, None, [True, False]
+        )
     return lambda: ops.add_rms_norm_backward(dy, ds, x, [cols], rstd, w, True)
 
 
@@ -871,10 +992,12 @@ def test_cuda_fixed_backward_dispatch(kind, knobs):
         pytest.skip("no thread-block clusters here")
     x = torch.randn(64, cols, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
-    for w_dtype, fixed, dsum, want in [(torch.bfloat16, "1", False, True),
-                                       (torch.float32, "1", False, False),
-                                       (torch.bfloat16, "1", True, True),
-                                       (torch.bfloat16, "0", False, False)]:
+    for w_dtype, fixed, dsum, want in [
+        (torch.bfloat16, "1", False, True),
+        (torch.float32, "1", False, False),
+        (torch.bfloat16, "1", True, True),
+        (torch.bfloat16, "0", False, False),
+    ]:
         knobs(f"norm.fixed={fixed}")
         w = torch.randn(cols, device="cuda", dtype=w_dtype)
         _, mean, rstd = fused_forward(kind, x, [cols], w, None, 1e-5)
@@ -926,9 +1049,15 @@ def _check_backward_forms(kind, x, dy, mean, rstd, tag):
 # row groups a block (8, 1000), rows enough for many per block so that the three-slot ring
 # wraps, rows of different spread and offset, a constant row and a row at mean 1e4, every
 # parameter config.
-STAGED_CASES = [(torch.bfloat16, 8), (torch.bfloat16, 1000), (torch.bfloat16, 4096),
-                (torch.float16, 4096), (torch.float32, 8), (torch.float32, 1000),
-                (torch.float32, 4096)]
+STAGED_CASES = [
+    (torch.bfloat16, 8),
+    (torch.bfloat16, 1000),
+    (torch.bfloat16, 4096),
+    (torch.float16, 4096),
+    (torch.float32, 8),
+    (torch.float32, 1000),
+    (torch.float32, 4096),
+]
 
 
 @CUDA
@@ -951,10 +1080,15 @@ def test_cuda_staged_backward(dtype, cols, kind, stage, knobs):
 
 
 @CUDA
-@pytest.mark.parametrize("dtype,cols,staged", [(torch.bfloat16, 1000, False),
-                                               (torch.bfloat16, 4104, False),
-                                               (torch.float32, 1000, True),
-                                               (torch.float32, 4096, True)])
+@pytest.mark.parametrize(
+    "dtype,cols,staged",
+    [
+        (torch.bfloat16, 1000, False),
+        (torch.bfloat16, 4104, False),
+        (torch.float32, 1000, True),
+        (torch.float32, 4096, True),
+    ],
+)
 def test_cuda_staged_backward_dispatch(dtype, cols, staged, knobs):
     # Float32 rows on the prefetching path are staged, 16-bit ones keep the register tiles
     # (at lengths no fixed backward takes); norm.stage=0 turns staging off.
@@ -965,23 +1099,42 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, knobs):
     x = torch.randn(64, cols, device="cuda", dtype=dtype)
     dy = torch.randn_like(x)
     _, mean, rstd = fused_forward("layer", x, [cols], None, None, 1e-5)
-    call = lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, None, None,  # noqa: E731
-                                           [False, False])
+    call = lambda: ops.layer_norm_backward(
+        dy,
+        x,
+        [cols],
+        mean,
+        rstd,
+        None,
+        None,  # noqa: E731
+        [False, False],
+    )
     knobs("norm.bwd_bulk=0")  # 16-bit 1000 columns: norm_bwd_regs
     for env, want in [("1", staged), ("0", False)]:
         knobs(f"norm.stage={env}")
         names = [n for n in cuda_kernel_names(call) if "norm_bwd_regs" in n]
-        stages = [int(m.group(1)) for n in names
-                  for m in [re.search(r"norm_bwd_regs<.*, (?:true|false), (\d+)>", n)] if m]
+        stages = [
+            int(m.group(1))
+            for n in names
+            for m in [re.search(r"norm_bwd_regs<.*, (?:true|false), (\d+)>", n)]
+            if m
+        ]
         assert len(stages) == 1, names
         assert (stages[0] > 0) == want, (env, names)
 
 
 @CUDA
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 4096), (torch.bfloat16, 5120),
-                                        (torch.float16, 8192), (torch.float32, 12288),
-                                        (torch.float32, 16384)])
+@pytest.mark.parametrize(
+    "dtype,cols",
+    [
+        (torch.bfloat16, 4096),
+        (torch.bfloat16, 5120),
+        (torch.float16, 8192),
+        (torch.float32, 12288),
+        (torch.float32, 16384),
+    ],
+)
 def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, knobs):
     # The fixed backward's lengths beside 12288-32768 16-bit (test_cuda_fixed_backward_dispatch):
     # 16-bit rows of 4096 / 5120 / 8192 and float32 rows of 12288 / 16384, parameters in x's
@@ -1014,8 +1167,7 @@ def test_cuda_fixed_backward_lengths_dispatch(kind, dtype, cols, knobs):
 # slice's layout would mix columns or warps), of different spread and offset, a constant row
 # and a row at mean 1e4; every parameter config (dweight alone, dbias alone, both, neither)
 # and the add forms (d_sum added to dx). Each case first checks which instantiation ran.
-WARP_BWD_CASES = [(torch.bfloat16, c) for c in [256, 264, 392, 504, 512]] + [
-    (torch.float16, 512)]
+WARP_BWD_CASES = [(torch.bfloat16, c) for c in [256, 264, 392, 504, 512]] + [(torch.float16, 512)]
 _WARP_KERNEL = re.compile(r"norm_bwd_warp<[^,<>]+, (\d), (true|false), (true|false)>")
 
 
@@ -1047,22 +1199,30 @@ def test_cuda_warp_backward(dtype, cols, kind, spec, knobs):
     vpt = 1 if cols // 8 <= 32 else 2
     for dsum in [False, True]:
         pf = spec.endswith("pf=1") or (not dsum and not spec.endswith("pf=0"))
-        call = (_add_backward(kind, dy, torch.randn_like(x), x, cols, mean, rstd, w) if dsum
-                else _add_backward(kind, dy, None, x, cols, mean, rstd, w))
+        call = (
+            _add_backward(kind, dy, torch.randn_like(x), x, cols, mean, rstd, w)
+            if dsum
+            else _add_backward(kind, dy, None, x, cols, mean, rstd, w)
+        )
         assert _warp_instance(call) == (vpt, dsum, pf), (dsum, spec)
     _check_backward_forms(kind, x, dy, mean, rstd, spec)
 
 
 @CUDA
-@pytest.mark.parametrize("dtype,cols,wdtype,want", [
-    (torch.bfloat16, 512, "same", True), (torch.float16, 256, "same", True),
-    (torch.bfloat16, 504, None, True),
-    (torch.bfloat16, 248, "same", False),   # under 32 vectors: lanes would idle
-    (torch.bfloat16, 520, "same", False),   # over 64 vectors (norm_bwd_bulk's rows)
-    (torch.bfloat16, 260, "same", False),   # not whole 16-byte vectors: the scalar path
-    (torch.bfloat16, 1024, "same", False),
-    (torch.bfloat16, 512, "fp32", False),   # parameters not in x's dtype
-    (torch.float32, 512, "same", False)])
+@pytest.mark.parametrize(
+    "dtype,cols,wdtype,want",
+    [
+        (torch.bfloat16, 512, "same", True),
+        (torch.float16, 256, "same", True),
+        (torch.bfloat16, 504, None, True),
+        (torch.bfloat16, 248, "same", False),  # under 32 vectors: lanes would idle
+        (torch.bfloat16, 520, "same", False),  # over 64 vectors (norm_bwd_bulk's rows)
+        (torch.bfloat16, 260, "same", False),  # not whole 16-byte vectors: the scalar path
+        (torch.bfloat16, 1024, "same", False),
+        (torch.bfloat16, 512, "fp32", False),  # parameters not in x's dtype
+        (torch.float32, 512, "same", False),
+    ],
+)
 def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, knobs):
     # Which rows take norm_bwd_warp, and norm.bwd_warp=0 sending them elsewhere; the
     # add forms with a float32 residual stream (float32 rows) never take it.
@@ -1070,8 +1230,16 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, knobs):
     dy = torch.randn_like(x)
     w, _ = _params("layer", (cols,), dtype, "cuda", wdtype)
     _, mean, rstd = fused_forward("layer", x, [cols], w, None, 1e-5)
-    call = lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, None,  # noqa: E731
-                                           [True, w is not None])
+    call = lambda: ops.layer_norm_backward(
+        dy,
+        x,
+        [cols],
+        mean,
+        rstd,
+        w,
+        None,  # noqa: E731
+        [True, w is not None],
+    )
     for env, expect in [("1", want), ("0", False)]:
         knobs(f"norm.bwd_warp={env}")
         names = cuda_kernel_names(call)
@@ -1081,7 +1249,8 @@ def test_cuda_warp_backward_dispatch(dtype, cols, wdtype, want, knobs):
         x32 = x.float()
         _, _, rstd = fused_forward("rms", x32, [cols], None, None, 1e-5)
         names = cuda_kernel_names(
-            lambda: ops.add_rms_norm_backward(dy, dy.float(), x32, [cols], rstd, w, True))
+            lambda: ops.add_rms_norm_backward(dy, dy.float(), x32, [cols], rstd, w, True)
+        )
         assert not any("norm_bwd_warp" in n for n in names), names
 
 
@@ -1129,8 +1298,9 @@ def test_cuda_bulk_backward(dtype, cols, kind, stages, knobs):
     for env, want in [("1", True), ("0", False)]:
         knobs(f"norm.bwd_bulk={env}")
         for dsum in [False, True]:
-            call = _add_backward(kind, dy, torch.randn_like(x) if dsum else None, x, cols, mean,
-                                 rstd, w)
+            call = _add_backward(
+                kind, dy, torch.randn_like(x) if dsum else None, x, cols, mean, rstd, w
+            )
             assert _bulk_instance(call, kind) == (dsum if want else None), (env, dsum)
     knobs("norm.bwd_bulk=1")
     _check_backward_forms(kind, x, dy, mean, rstd, f"stages={stages}")
@@ -1167,30 +1337,55 @@ def test_cuda_bulk_backward_fallbacks():
     mean1 = torch.empty(rows + 1, device="cuda")[1:].copy_(mean)
     rstd1 = torch.empty(rows + 1, device="cuda")[1:].copy_(rstd)
     want = ops.layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True])
-    call = lambda: ops.layer_norm_backward(dy, x, [cols], mean1, rstd1, w, b,  # noqa: E731
-                                           [True, True])
+    call = lambda: ops.layer_norm_backward(
+        dy,
+        x,
+        [cols],
+        mean1,
+        rstd1,
+        w,
+        b,  # noqa: E731
+        [True, True],
+    )
     assert _bulk_instance(call) is False
     for g, r in zip(call(), want):
         assert torch.equal(g, r)
     w32, b32 = w.float(), b.float()
-    assert _bulk_instance(lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, w32, b32,
-                                                          [True, True])) is None
+    assert (
+        _bulk_instance(
+            lambda: ops.layer_norm_backward(dy, x, [cols], mean, rstd, w32, b32, [True, True])
+        )
+        is None
+    )
     x32 = x.float()
     _, mean32, rstd32 = fused_forward("layer", x32, [cols], None, None, 1e-5)
-    assert _bulk_instance(lambda: ops.layer_norm_backward(dy.float(), x32, [cols], mean32, rstd32,
-                                                          None, None, [False, False])) is None
+    assert (
+        _bulk_instance(
+            lambda: ops.layer_norm_backward(
+                dy.float(), x32, [cols], mean32, rstd32, None, None, [False, False]
+            )
+        )
+        is None
+    )
     x2 = torch.randn(rows, 1032, device="cuda", dtype=torch.bfloat16)
     _, mean2, rstd2 = fused_forward("layer", x2, [1032], None, None, 1e-5)
-    assert _bulk_instance(lambda: ops.layer_norm_backward(torch.randn_like(x2), x2, [1032], mean2,
-                                                          rstd2, None, None, [False, False])) is None
+    assert (
+        _bulk_instance(
+            lambda: ops.layer_norm_backward(
+                torch.randn_like(x2), x2, [1032], mean2, rstd2, None, None, [False, False]
+            )
+        )
+        is None
+    )
 
 
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("residual_in_fp32", [False, True])
-@pytest.mark.parametrize("cols", [7, 512, 1024, 4096, 4104, 8192, 8200, 16384, 16392,
-                                  32768, 32776, 65536])
+@pytest.mark.parametrize(
+    "cols", [7, 512, 1024, 4096, 4104, 8192, 8200, 16384, 16392, 32768, 32776, 65536]
+)
 def test_cuda_add_strategies(dtype, kind, residual_in_fp32, cols):
     rows = _gpu_rows(cols)
     x = torch.randn(rows, cols, device="cuda").to(dtype)
@@ -1215,16 +1410,20 @@ def test_cuda_graph_replay_backward(kind, cols):
     dy = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
 
     def step():
-        y = fused_ops.layer_norm(x, (cols,), w, b) if kind == "layer" else fused_ops.rms_norm(
-            x, (cols,), w)
+        y = (
+            fused_ops.layer_norm(x, (cols,), w, b)
+            if kind == "layer"
+            else fused_ops.rms_norm(x, (cols,), w)
+        )
         return (y, *torch.autograd.grad(y, [x, *params], dy))
 
     def refill():
         x.copy_(torch.randn(rows, cols, device="cuda"))
         dy.copy_(torch.randn(rows, cols, device="cuda"))
 
-    assert_graph_replay_matches_eager(step, refill, ["y", "dx", "dw", "db"],
-                                      msg=f"{kind} cols={cols}")
+    assert_graph_replay_matches_eager(
+        step, refill, ["y", "dx", "dw", "db"], msg=f"{kind} cols={cols}"
+    )
 
 
 @CUDA
@@ -1232,8 +1431,16 @@ def test_cuda_graph_replay_backward(kind, cols):
 def test_cuda_many_rows(kind):
     # Persistent backward grids: each block visits many rows and merges several row groups'
     # dweight / dbias partials; tiny rows put 256-512 rows in one block.
-    for rows, cols in [(20000, 1), (20000, 7), (9000, 64), (5000, 1000), (3000, 4096),
-                       (1500, 16384), (700, 32768), (300, 65536)]:
+    for rows, cols in [
+        (20000, 1),
+        (20000, 7),
+        (9000, 64),
+        (5000, 1000),
+        (3000, 4096),
+        (1500, 16384),
+        (700, 32768),
+        (300, 65536),
+    ]:
         x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
         w, b = _params(kind, (cols,), torch.bfloat16, "cuda", "fp32")
         check_forward(kind, x, [cols], w, b, msg=f"{rows}x{cols}")
@@ -1241,9 +1448,10 @@ def test_cuda_many_rows(kind):
 
 
 @CUDA
-@pytest.mark.parametrize("rows,cols,wdtype", [(4096, 1024, torch.float32),
-                                             (8192, 512, torch.bfloat16),
-                                             (512, 32768, torch.float32)])
+@pytest.mark.parametrize(
+    "rows,cols,wdtype",
+    [(4096, 1024, torch.float32), (8192, 512, torch.bfloat16), (512, 32768, torch.float32)],
+)
 def test_cuda_deterministic_param_grads(rows, cols, wdtype):
     # 32768: the cluster backward (sm_90) sums the blocks' row sums in a fixed order; 512
     # with bfloat16 parameters: norm_bwd_warp adds its warps' slices in warp order.

@@ -1,4 +1,5 @@
 """The package itself: import-time torch version check, registration, build flags."""
+
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ def test_refuses_another_torch_version():
 
 def test_build_info_matches_running_torch():
     from fused_ops import _build_info
+
     assert _build_info.TORCH_VERSION == torch.__version__
     assert fused_ops.WITH_CUDA == _build_info.WITH_CUDA
 
@@ -34,7 +36,9 @@ def test_ops_are_registered_with_the_dispatcher():
 
 def test_functional_api_mirrors_torch_signatures():
     import inspect
+
     import torch.nn.functional as F
+
     for name in fused_ops.functional.__all__:
         try:
             theirs = list(inspect.signature(getattr(F, name)).parameters)

@@ -3,6 +3,7 @@ torch.ops.fused._plan: which kernel family and launch shape a problem gets on a 
 given overrides. The boundaries between kernel families, odd widths and misaligned pointers
 (the scalar path), dtypes, and each override; and, on a GPU, that the kernels an op launches
 are its plan's (test_norm.py and test_softmax.py check the launches in more detail)."""
+
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import fused_ops  # noqa: F401  (registers torch.ops.fused)
+
 from utils import CUDA, cuda_kernel_names, overrides
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -38,9 +40,11 @@ def only(steps):
 
 # ---- norm forward -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("cols,tpr", [(1024, 32), (3072, 96), (4096, 128), (5120, 160),
-                                      (12288, 384), (16384, 512)])
+@pytest.mark.parametrize(
+    "cols,tpr", [(1024, 32), (3072, 96), (4096, 128), (5120, 160), (12288, 384), (16384, 512)]
+)
 def test_norm_fwd_fixed_lengths(dtype, cols, tpr):
     for opts in ("", "rms", "residual", "rms,residual"):
         s = only(plan("norm_fwd", 1000, cols, dtype, opts))
@@ -61,12 +65,14 @@ def test_norm_fwd_fixed_lengths(dtype, cols, tpr):
 
 def test_norm_fwd_fixed_row_limit():
     # a grid of one block a row: up to 2^30 rows
-    assert kernels(plan("norm_fwd", 2 ** 30, 4096, BF16)) == ["norm_fwd_fixed"]
-    assert kernels(plan("norm_fwd", 2 ** 30 + 1, 4096, BF16)) == ["norm_fwd_regs"]
+    assert kernels(plan("norm_fwd", 2**30, 4096, BF16)) == ["norm_fwd_fixed"]
+    assert kernels(plan("norm_fwd", 2**30 + 1, 4096, BF16)) == ["norm_fwd_regs"]
 
 
-@pytest.mark.parametrize("cols,tpr,threads", [(8, 1, 128), (64, 2, 128), (256, 8, 128),
-                                              (1000, 32, 128), (1032, 64, 64), (4104, 160, 160)])
+@pytest.mark.parametrize(
+    "cols,tpr,threads",
+    [(8, 1, 128), (64, 2, 128), (256, 8, 128), (1000, 32, 128), (1032, 64, 64), (4104, 160, 160)],
+)
 def test_norm_fwd_regs_groups(cols, tpr, threads):
     # 16-bit rows on the 16-byte path, 4 vectors a thread: a power-of-two group of <= 32
     # threads, several a 128-thread block, or whole warps a block.
@@ -84,7 +90,13 @@ def test_norm_fwd_scalar_path(cols):
     need = -(-cols // 8)
     want = 1 << (need - 1).bit_length() if need <= 32 else -(-need // 32) * 32
     assert (s["kernel"], s["vec"], s["vpt"], s["layer"], s["res"], s["tpr"]) == (
-        "norm_fwd_regs", 1, 8, -1, -1, want)
+        "norm_fwd_regs",
+        1,
+        8,
+        -1,
+        -1,
+        want,
+    )
     assert only(plan("norm_fwd", 10, 4096, F16, "unaligned"))["vec"] == 1
 
 
@@ -96,7 +108,12 @@ def test_norm_fwd_wide_boundary():
     for cols, tpr in ((24576, 384), (32768, 512), (65536, 1024)):
         s = only(plan("norm_fwd", 100, cols, BF16, "rms"))
         assert (s["kernel"], s["vpt"], s["fixed"], s["threads"], s["layer"]) == (
-            "norm_fwd_regs(fixed)", 8, tpr, tpr, 0)
+            "norm_fwd_regs(fixed)",
+            8,
+            tpr,
+            tpr,
+            0,
+        )
         s = only(plan("norm_fwd", 100, cols, BF16, "weight_fp32"))  # not at compile time
         assert (s["kernel"], s["vpt"], s["fixed"]) == ("norm_fwd_regs", 8, 0)
     assert kernels(plan("norm_fwd", 100, 65544, BF16)) == ["norm_fwd_long"]
@@ -118,12 +135,21 @@ def test_norm_fwd_float32():
     assert kernels(plan("norm_fwd", 100, 32776, F32)) == ["norm_fwd_long"]
 
 
-@pytest.mark.parametrize("dtype,cols,res32,want,fixed", [
-    (F32, 32768, False, "staged", 1024), (F32, 20004, False, "staged", 0),
-    (F32, 16388, False, "staged", 0), (F32, 16384, False, "regs", 0),
-    (F32, 32776, False, "long", 0), (BF16, 65536, False, "staged", 1024),
-    (F16, 40008, False, "staged", 0), (BF16, 65544, False, "long", 0),
-    (BF16, 40008, True, "long", 0), (BF16, 32768, False, "regs", 1024)])
+@pytest.mark.parametrize(
+    "dtype,cols,res32,want,fixed",
+    [
+        (F32, 32768, False, "staged", 1024),
+        (F32, 20004, False, "staged", 0),
+        (F32, 16388, False, "staged", 0),
+        (F32, 16384, False, "regs", 0),
+        (F32, 32776, False, "long", 0),
+        (BF16, 65536, False, "staged", 1024),
+        (F16, 40008, False, "staged", 0),
+        (BF16, 65544, False, "long", 0),
+        (BF16, 40008, True, "long", 0),
+        (BF16, 32768, False, "regs", 1024),
+    ],
+)
 def test_norm_fwd_add_forms(dtype, cols, res32, want, fixed):
     # The add forms' rows past 4 vectors a thread: the wide variant with the residual staged
     # in shared memory (RES = 2), refused where that does not fit (then norm_fwd_long).
@@ -145,6 +171,7 @@ def test_norm_fwd_add_forms(dtype, cols, res32, want, fixed):
 
 
 # ---- norm backward ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
 def test_norm_bwd_warp(dtype):
@@ -180,8 +207,14 @@ def test_norm_bwd_warp_overrides():
 
 def test_norm_bwd_bulk():
     # 16-bit rows of 520..1024 columns, sm_90: a row a pair of warps, 2..4 slots a pair
-    for cols, dsum, stages in ((1024, False, 4), (1024, True, 4), (776, False, 4),
-                               (768, False, 3), (768, True, 2), (520, False, 3)):
+    for cols, dsum, stages in (
+        (1024, False, 4),
+        (1024, True, 4),
+        (776, False, 4),
+        (768, False, 3),
+        (768, True, 2),
+        (520, False, 3),
+    ):
         steps = plan("norm_bwd", 4096, cols, BF16, "dsum" if dsum else "")
         assert kernels(steps) == ["norm_bwd_bulk", "norm_bwd_regs"], cols
         s = steps[0]
@@ -194,9 +227,19 @@ def test_norm_bwd_bulk():
     assert kernels(plan("norm_bwd", 4096, 1032, BF16)) == ["norm_bwd_regs"]
 
 
-@pytest.mark.parametrize("dtype,cols,tpb,cs", [
-    (BF16, 4096, 128, 2), (BF16, 5120, 160, 2), (F16, 8192, 256, 2), (BF16, 12288, 192, 4),
-    (F16, 16384, 256, 4), (BF16, 32768, 256, 8), (F32, 12288, 192, 8), (F32, 16384, 256, 8)])
+@pytest.mark.parametrize(
+    "dtype,cols,tpb,cs",
+    [
+        (BF16, 4096, 128, 2),
+        (BF16, 5120, 160, 2),
+        (F16, 8192, 256, 2),
+        (BF16, 12288, 192, 4),
+        (F16, 16384, 256, 4),
+        (BF16, 32768, 256, 8),
+        (F32, 12288, 192, 8),
+        (F32, 16384, 256, 8),
+    ],
+)
 def test_norm_bwd_fixed(dtype, cols, tpb, cs):
     for opts in ("", "rms", "dsum", "rms,dsum,grads=0"):
         s = plan("norm_bwd", 1000, cols, dtype, opts)[0]
@@ -207,15 +250,22 @@ def test_norm_bwd_fixed(dtype, cols, tpb, cs):
     if dtype != F32:  # float32 parameters are x's dtype there
         off.append(("weight_fp32", "", True))
     for opts, spec, sm90 in off:
-        assert "norm_bwd_fixed" not in kernels(plan("norm_bwd", 1000, cols, dtype, opts,
-                                                    sm90_code=sm90, spec=spec))
+        assert "norm_bwd_fixed" not in kernels(
+            plan("norm_bwd", 1000, cols, dtype, opts, sm90_code=sm90, spec=spec)
+        )
 
 
 def test_norm_bwd_regs_and_beyond():
     # 16-bit rows up to 8K columns: the prefetching norm_bwd_regs (2 vectors a thread)
     s = only(plan("norm_bwd", 1000, 6144, BF16))
     assert (s["kernel"], s["vpt"], s["pf"], s["stages"], s["tpr"], s["threads"]) == (
-        "norm_bwd_regs", 2, 1, 0, 384, 384)
+        "norm_bwd_regs",
+        2,
+        1,
+        0,
+        384,
+        384,
+    )
     s = only(plan("norm_bwd", 1000, 64, BF16))  # short rows share a 128-thread block
     assert (s["tpr"], s["threads"], s["blocks"]) == (4, 128, 1000 // 32 + 1)
     # float32 rows up to 4K: staged first (refused where the ring does not fit), then unstaged
@@ -236,7 +286,8 @@ def test_norm_bwd_regs_and_beyond():
     assert plan("norm_bwd", 1000, 65536, BF16)[0]["cluster"] == 16
     assert kernels(plan("norm_bwd", 1000, 65544, BF16)) == ["norm_bwd_row_sums+norm_bwd_tiles"]
     assert kernels(plan("norm_bwd", 1000, 20000, BF16, sm=80, sm90_code=False)) == [
-        "norm_bwd_row_sums+norm_bwd_tiles"]
+        "norm_bwd_row_sums+norm_bwd_tiles"
+    ]
     assert plan("norm_bwd", 1000, 20000, F32)[0]["lag"] == 0
 
 
@@ -252,6 +303,7 @@ def test_norm_bwd_scalar_path(cols):
 
 
 # ---- softmax ------------------------------------------------------------------------------
+
 
 def test_softmax_short_rows():
     s = only(plan("softmax_fwd", 16384, 1024, BF16))
@@ -279,7 +331,8 @@ def test_softmax_block_rows(dtype):
     assert kernels(steps) == ["softmax_cluster_kernel", "softmax_kernel"]
     assert (steps[0]["n"], steps[0]["p"], steps[1]["block"]) == (2, 4, 1024)
     assert kernels(plan("softmax_bwd", 100, 1024 * per, dtype, spec="softmax.cluster=0")) == [
-        "softmax_kernel"]
+        "softmax_kernel"
+    ]
 
 
 def test_softmax_odd_lengths():
@@ -297,13 +350,17 @@ def test_softmax_odd_lengths():
 def test_softmax_staged():
     # plain forward rows of 2049..65536 vectors, shares of at most 4096 vectors
     steps = plan("softmax_fwd", 64, 262144, BF16)
-    assert kernels(steps) == ["softmax_fwd_staged", "softmax_cluster_kernel",
-                              "softmax_kernel(split)"]
+    assert kernels(steps) == [
+        "softmax_fwd_staged",
+        "softmax_cluster_kernel",
+        "softmax_kernel(split)",
+    ]
     assert (steps[0]["n"], steps[0]["fixed"], steps[0]["share"]) == (8, 8, 4096)
     # past softmax.max_cluster (8) blocks of 4 vectors: 8 blocks of 8 vectors
     assert (steps[1]["n"], steps[1]["p"]) == (8, 8)
     assert (lambda s: (s["n"], s["p"]))(
-        plan("softmax_fwd", 64, 262144, BF16, spec="softmax.max_cluster=16")[1]) == (16, 4)
+        plan("softmax_fwd", 64, 262144, BF16, spec="softmax.max_cluster=16")[1]
+    ) == (16, 4)
     s = plan("softmax_fwd", 64, 300000, BF16)[0]  # uneven shares: shaped at run time
     assert (s["kernel"], s["n"], s["fixed"], s["share"]) == ("softmax_fwd_staged", 10, 0, 3750)
     s = plan("softmax_fwd", 64, 16392, BF16)[0]  # the shortest: 2049 vectors, one share
@@ -312,15 +369,18 @@ def test_softmax_staged():
     assert plan("softmax_fwd", 64, 8200, F32)[0]["kernel"] == "softmax_fwd_staged"
     # not: the backward, a scale <= 0, a causal mask, more than 16 shares, the override, and
     # past one share without clusters
-    for op, opts, cols, spec, sm90 in (("softmax_bwd", "", 262144, "", True),
-                                       ("softmax_fwd", "scale=-1", 262144, "", True),
-                                       ("softmax_fwd", "causal_q=64", 262144, "", True),
-                                       ("softmax_fwd", "", 524296, "", True),
-                                       ("softmax_fwd", "", 262144, "softmax.staged=0", True),
-                                       ("softmax_fwd", "", 262144, "softmax.cluster=0", True),
-                                       ("softmax_fwd", "", 262144, "", False)):
-        assert "softmax_fwd_staged" not in kernels(plan(op, 64, cols, BF16, opts, sm90_code=sm90,
-                                                        spec=spec)), (op, opts, cols, spec)
+    for op, opts, cols, spec, sm90 in (
+        ("softmax_bwd", "", 262144, "", True),
+        ("softmax_fwd", "scale=-1", 262144, "", True),
+        ("softmax_fwd", "causal_q=64", 262144, "", True),
+        ("softmax_fwd", "", 524296, "", True),
+        ("softmax_fwd", "", 262144, "softmax.staged=0", True),
+        ("softmax_fwd", "", 262144, "softmax.cluster=0", True),
+        ("softmax_fwd", "", 262144, "", False),
+    ):
+        assert "softmax_fwd_staged" not in kernels(
+            plan(op, 64, cols, BF16, opts, sm90_code=sm90, spec=spec)
+        ), (op, opts, cols, spec)
     # one share needs no cluster
     s = plan("softmax_fwd", 64, 32768, BF16, sm90_code=False)[0]
     assert s["kernel"] == "softmax_fwd_staged"
@@ -329,8 +389,12 @@ def test_softmax_staged():
 def test_softmax_causal():
     for cols, tpr in ((264, 32), (2048, 128), (16384, 1024)):
         s = only(plan("softmax_fwd", 4096, cols, BF16, "causal_q=2048"))
-        assert (s["kernel"], s["tpr"], s["block"], s["p"]) == ("softmax_causal_fwd", tpr,
-                                                               max(128, tpr), 2)
+        assert (s["kernel"], s["tpr"], s["block"], s["p"]) == (
+            "softmax_causal_fwd",
+            tpr,
+            max(128, tpr),
+            2,
+        )
         assert s["blocks"] == -(-4096 // max(1, 128 // tpr))
     # shorter rows, the override, float32, the backward: softmax_kernel's causal variant
     # (16-bit rows in blocks of up to 512 threads) or its plain form
@@ -343,6 +407,7 @@ def test_softmax_causal():
 
 
 # ---- the debug op and the overrides -------------------------------------------------------
+
 
 def test_plan_op_errors():
     with pytest.raises(RuntimeError, match="op must be norm_fwd, norm_bwd, softmax_fwd"):
@@ -357,6 +422,7 @@ def test_plan_op_errors():
 
 def test_overrides_spec_and_errors():
     from fused_ops.overrides import current, set_spec
+
     base = current()
     with overrides("norm.fixed=0"):
         assert current().endswith("norm.fixed=0")
@@ -364,15 +430,17 @@ def test_overrides_spec_and_errors():
             assert current().endswith("norm.fixed=0,pdl=0")
         assert current().endswith("norm.fixed=0")
     assert current() == base
-    for spec, msg in (("norm.fxed=0", "unknown key 'norm.fxed'"),
-                      ("norm.fixed=yes", "norm.fixed must be 0 or 1, but got 'yes'"),
-                      ("softmax.min_block=48", "softmax.min_block must be 32, 64 or 128"),
-                      ("softmax.max_cluster=17", "softmax.max_cluster must be an integer from 2"),
-                      ("matmul.kernel=fastest", "matmul.kernel must be auto, portable or hopper"),
-                      ("matmul.group_m=0", "matmul.group_m must be an integer from 1 to 1024"),
-                      ("matmul.group_m=8x", "matmul.group_m must be"),
-                      ("norm.bwd_bulk_stages=5", "norm.bwd_bulk_stages must be auto, 2, 3 or 4"),
-                      ("pdl", "expected key=value")):
+    for spec, msg in (
+        ("norm.fxed=0", "unknown key 'norm.fxed'"),
+        ("norm.fixed=yes", "norm.fixed must be 0 or 1, but got 'yes'"),
+        ("softmax.min_block=48", "softmax.min_block must be 32, 64 or 128"),
+        ("softmax.max_cluster=17", "softmax.max_cluster must be an integer from 2"),
+        ("matmul.kernel=fastest", "matmul.kernel must be auto, portable or hopper"),
+        ("matmul.group_m=0", "matmul.group_m must be an integer from 1 to 1024"),
+        ("matmul.group_m=8x", "matmul.group_m must be"),
+        ("norm.bwd_bulk_stages=5", "norm.bwd_bulk_stages must be auto, 2, 3 or 4"),
+        ("pdl", "expected key=value"),
+    ):
         with pytest.raises(RuntimeError, match=msg):
             set_spec(spec)
         assert current() == base  # a bad spec changes nothing
@@ -381,21 +449,33 @@ def test_overrides_spec_and_errors():
             pass
     assert current() == base
     # every key takes its documented values; the last of a key wins
-    set_spec(" norm.fixed = 0 ,, norm.bwd_pf=auto,norm.bwd_warps=24,softmax.max_cluster=2,"
-             "matmul.kernel=hopper,matmul.group_m=1024,pdl=1,norm.fixed=1")
+    set_spec(
+        " norm.fixed = 0 ,, norm.bwd_pf=auto,norm.bwd_warps=24,softmax.max_cluster=2,"
+        "matmul.kernel=hopper,matmul.group_m=1024,pdl=1,norm.fixed=1"
+    )
     set_spec(base)
 
 
 def test_overrides_from_environment():
     code = "import fused_ops.overrides as o; print(o.current())"
     env = dict(os.environ, FUSED_OPS_OVERRIDES="norm.stage=0,pdl=0")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "norm.stage=0,pdl=0"
     env["FUSED_OPS_OVERRIDES"] = "norm.stage=2"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert out.returncode != 0
     want = "FUSED_OPS_OVERRIDES='norm.stage=2': fused overrides: norm.stage must be 0 or 1"
     assert want in out.stderr
@@ -403,11 +483,20 @@ def test_overrides_from_environment():
 
 # ---- on the GPU: the kernels launched are the plan's ---------------------------------------
 
+
 def _device_plan(op, rows, cols, dtype, options=""):
     p = torch.cuda.get_device_properties(0)
     # sm_90 code runs on a compute capability 9.0 GPU of a build with sm_90a (the default)
-    return plan(op, rows, cols, dtype, options, sm=p.major * 10 + p.minor,
-                num_sms=p.multi_processor_count, sm90_code=(p.major, p.minor) == (9, 0))
+    return plan(
+        op,
+        rows,
+        cols,
+        dtype,
+        options,
+        sm=p.major * 10 + p.minor,
+        num_sms=p.multi_processor_count,
+        sm90_code=(p.major, p.minor) == (9, 0),
+    )
 
 
 def _launched(call, prefix):
@@ -423,36 +512,72 @@ def _planned(steps):
 
 
 @CUDA
-@pytest.mark.parametrize("dtype,cols,opts", [
-    (BF16, 4096, ""), (BF16, 4096, "residual"), (F16, 24576, "rms"), (BF16, 16392, ""),
-    (BF16, 65544, ""), (F32, 8192, ""), (F32, 20004, "residual"), (BF16, 4100, ""),
-    (BF16, 40008, "residual,rows_fp32")])
+@pytest.mark.parametrize(
+    "dtype,cols,opts",
+    [
+        (BF16, 4096, ""),
+        (BF16, 4096, "residual"),
+        (F16, 24576, "rms"),
+        (BF16, 16392, ""),
+        (BF16, 65544, ""),
+        (F32, 8192, ""),
+        (F32, 20004, "residual"),
+        (BF16, 4100, ""),
+        (BF16, 40008, "residual,rows_fp32"),
+    ],
+)
 def test_cuda_norm_launches_plan(dtype, cols, opts):
     rows = 64
     x = torch.randn(rows, cols, device="cuda", dtype=dtype)
-    r = torch.randn(rows, cols, device="cuda",
-                    dtype=torch.float32 if "rows_fp32" in opts else dtype)
+    r = torch.randn(
+        rows, cols, device="cuda", dtype=torch.float32 if "rows_fp32" in opts else dtype
+    )
     w = torch.randn(cols, device="cuda", dtype=dtype)
     if "residual" in opts:
-        fwd = lambda: torch.ops.fused.add_layer_norm(x, r, [cols], w, w, 1e-5,  # noqa: E731
-                                                     "rows_fp32" in opts)
+        fwd = lambda: torch.ops.fused.add_layer_norm(
+            x,
+            r,
+            [cols],
+            w,
+            w,
+            1e-5,  # noqa: E731
+            "rows_fp32" in opts,
+        )
     else:
         fwd = lambda: torch.ops.fused.rms_norm(x, [cols], w, 1e-5)  # noqa: E731
     want = _planned(_device_plan("norm_fwd", rows, cols, dtype, opts))
     got = _launched(fwd, "norm_")
     assert got in want, (got, want)
     _, mean, rstd = torch.ops.fused.layer_norm(x, [cols], w, w, 1e-5)
-    bwd = lambda: torch.ops.fused.layer_norm_backward(torch.randn_like(x), x, [cols],  # noqa: E731
-                                                      mean, rstd, w, w, [True, True])
+    bwd = lambda: torch.ops.fused.layer_norm_backward(
+        torch.randn_like(x),
+        x,
+        [cols],  # noqa: E731
+        mean,
+        rstd,
+        w,
+        w,
+        [True, True],
+    )
     want = _planned(_device_plan("norm_bwd", rows, cols, dtype))
     got = _launched(bwd, "norm_")
     assert got in want, (got, want)
 
 
 @CUDA
-@pytest.mark.parametrize("dtype,cols,causal", [
-    (BF16, 1024, False), (F32, 1024, False), (BF16, 32768, False), (BF16, 262144, False),
-    (F32, 1000001, False), (BF16, 2048, True), (F16, 256, True), (BF16, 1001, False)])
+@pytest.mark.parametrize(
+    "dtype,cols,causal",
+    [
+        (BF16, 1024, False),
+        (F32, 1024, False),
+        (BF16, 32768, False),
+        (BF16, 262144, False),
+        (F32, 1000001, False),
+        (BF16, 2048, True),
+        (F16, 256, True),
+        (BF16, 1001, False),
+    ],
+)
 def test_cuda_softmax_launches_plan(dtype, cols, causal):
     rows = 2048 if causal else 8
     x = torch.randn(1, rows, cols, device="cuda", dtype=dtype)
@@ -461,6 +586,5 @@ def test_cuda_softmax_launches_plan(dtype, cols, causal):
     got = _launched(lambda: torch.ops.fused.softmax(x, -1, causal=causal), "softmax_")
     assert got in want, (got, want)
     want = _planned(_device_plan("softmax_bwd", rows, cols, dtype, opts))
-    got = _launched(lambda: torch.ops.fused.softmax_backward(x, x, -1, causal=causal),
-                    "softmax_")
+    got = _launched(lambda: torch.ops.fused.softmax_backward(x, x, -1, causal=causal), "softmax_")
     assert got in want, (got, want)

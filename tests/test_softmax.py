@@ -6,8 +6,17 @@ import torch
 
 import fused_ops
 from fused_ops import reference
-from utils import (CUDA, DEVICES, DTYPES, assert_close, assert_graph_replay_matches_eager,
-                   cuda_kernel_names, input_views, poison_next_alloc)
+
+from utils import (
+    CUDA,
+    DEVICES,
+    DTYPES,
+    assert_close,
+    assert_graph_replay_matches_eager,
+    cuda_kernel_names,
+    input_views,
+    poison_next_alloc,
+)
 
 ops = torch.ops.fused
 INF = float("inf")
@@ -22,8 +31,32 @@ INF = float("inf")
 # block, then) the split path: chunk partials, then a second launch. The forward of rows of
 # 16-byte vectors past 16384 16-bit / 8192 float32 columns takes softmax_fwd_staged instead
 # (up to 16 even shares; softmax.staged=0 sends it to the paths above).
-LENGTHS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 257, 512, 513, 1000, 1024, 1025, 2048, 2049,
-           4096, 4097, 8192, 8193, 16384, 16385, 32768]
+LENGTHS = [
+    1,
+    2,
+    7,
+    31,
+    32,
+    33,
+    100,
+    255,
+    256,
+    257,
+    512,
+    513,
+    1000,
+    1024,
+    1025,
+    2048,
+    2049,
+    4096,
+    4097,
+    8192,
+    8193,
+    16384,
+    16385,
+    32768,
+]
 # Long rows: clusters of 2..16 blocks, and odd lengths (scalar clusters, then split).
 # 262144 runs once, below.
 LONG_LENGTHS = [32769, 40000, 50257, 65536, 65537, 131071, 131072, 151936]
@@ -35,8 +68,9 @@ CPU_LENGTHS = [1, 7, 33, 1000, 4097]
 
 def per_device(cpu_values, cuda_values):
     """(device, value) parameters: the CPU runs cpu_values, the GPU cuda_values."""
-    return ([("cpu", v) for v in cpu_values]
-            + [pytest.param("cuda", v, marks=CUDA) for v in cuda_values])
+    return [("cpu", v) for v in cpu_values] + [
+        pytest.param("cuda", v, marks=CUDA) for v in cuda_values
+    ]
 
 
 def fwd_ref(x, dim=-1, scale=1.0, causal=False, log=False):
@@ -90,6 +124,7 @@ def check_backward(y, dim=-1, scale=1.0, log=False, causal=False, msg=""):
 
 # --- forward and backward against float64, every strategy ------------------------------
 
+
 @pytest.mark.parametrize("device,length", per_device(CPU_LENGTHS, LENGTHS))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
@@ -118,7 +153,7 @@ def cancelling_rows(rows, length, log, device):
     big = big[big != 1]
     big = big[: big.numel() // 2 * 2].sort().values
     sign = torch.ones(big.numel(), dtype=torch.float64)
-    sign[big.numel() // 2:] = -1
+    sign[big.numel() // 2 :] = -1
     x = torch.randn(rows, length, dtype=torch.float64, generator=gen)
     x[:, big] = 0.0
     x[:, 1] = math.log(length)
@@ -208,7 +243,7 @@ def test_cuda_staged_rows(length, dtype, staged, knobs):
     # First half -inf, the rest near -100: blocks of a row with no finite entry while the
     # row's max is below -88 (exp(0 - max) overflows float32; the share's outputs are 0).
     x[8, : length // 2] = -INF
-    x[8, length // 2:] = torch.randn(length - length // 2, device="cuda") * 0.5 - 100
+    x[8, length // 2 :] = torch.randn(length - length // 2, device="cuda") * 0.5 - 100
     x = x.to(dtype)
     for log in (False, True):
         y = check_forward(x, log=log, msg=f"log={log} softmax.staged={staged}")
@@ -247,12 +282,18 @@ def test_cuda_short_row_blocks(dtype, min_block, knobs):
     # a 32-thread row (16-bit; float32 forward by default), else a 64-thread one.
     x = torch.randn(257, 1024, device="cuda").to(dtype)
     warp_row = dtype != torch.float32
-    for name, call in [("fwd", lambda: fused_ops.softmax(x)),
-                       ("bwd", lambda: ops.softmax_backward(x, x, -1))]:
+    for name, call in [
+        ("fwd", lambda: fused_ops.softmax(x)),
+        ("bwd", lambda: ops.softmax_backward(x, x, -1)),
+    ]:
         tpr = 32 if warp_row or (name == "fwd" and min_block == "32") else 64
         names = [n for n in cuda_kernel_names(call) if "softmax_kernel<" in n]
-        blocks = {int(m.group(1)) for n in names
-                  for m in [re.search(r"softmax_kernel<.*, \d+, \d+, (\d+), (?:false|0)>", n)] if m}
+        blocks = {
+            int(m.group(1))
+            for n in names
+            for m in [re.search(r"softmax_kernel<.*, \d+, \d+, (\d+), (?:false|0)>", n)]
+            if m
+        }
         assert blocks == {max(tpr, int(min_block))}, (name, names)
 
 
@@ -270,6 +311,7 @@ def test_cuda_staged_dispatch(knobs):
 
     def long_row(t, k):  # one row of k copies of t's rows
         return t.view(1, 4, 32768).expand(k, 4, 32768).reshape(1, k * 4 * 32768)
+
     # Clusters run here (sm_90 code on an sm_90 GPU, softmax.cluster not 0) if the
     # general path takes them for 65536 columns.
     knobs("softmax.staged=0")
@@ -278,8 +320,12 @@ def test_cuda_staged_dispatch(knobs):
     cases = [
         ("bf16", lambda: fused_ops.softmax(x), "1", True),
         ("65536", lambda: fused_ops.softmax(x.view(2, 65536)), "1", sm90),
-        ("262144", lambda: fused_ops.softmax(x.view(1, 4, 32768).expand(2, 4, 32768)
-                                              .reshape(1, 262144)), "1", sm90),
+        (
+            "262144",
+            lambda: fused_ops.softmax(x.view(1, 4, 32768).expand(2, 4, 32768).reshape(1, 262144)),
+            "1",
+            sm90,
+        ),
         ("98304 (3 blocks)", lambda: fused_ops.softmax(x[:3].reshape(1, 98304)), "1", sm90),
         ("24576", lambda: fused_ops.softmax(x[:, :24576]), "1", True),
         ("16384", lambda: fused_ops.softmax(x.view(8, 16384)), "1", False),
@@ -340,9 +386,16 @@ def test_cuda_many_rows(dtype):
 # 2-block cluster and the persistent cluster backward; 40000: the staged forward in two
 # shorter shares; 40001 (odd: scalar): the persistent clusters both ways; the causal form. The replay must equal an eager run bit for bit.
 @CUDA
-@pytest.mark.parametrize("shape,causal", [((300, 1024), False), ((24, 65536), False),
-                                          ((24, 40000), False), ((24, 40001), False),
-                                          ((2, 3, 256, 256), True)])
+@pytest.mark.parametrize(
+    "shape,causal",
+    [
+        ((300, 1024), False),
+        ((24, 65536), False),
+        ((24, 40000), False),
+        ((24, 40001), False),
+        ((2, 3, 256, 256), True),
+    ],
+)
 def test_cuda_graph_replay(shape, causal):
     x = (torch.randn(shape, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(shape, device="cuda").to(torch.bfloat16)
@@ -361,12 +414,22 @@ def test_cuda_graph_replay(shape, causal):
 
 # --- dims, views, special values ---------------------------------------------------------
 
-OTHER_DIMS = [((3, 5, 7), 0), ((3, 5, 7), 1), ((3, 5, 7), -2), ((3, 5, 7), -3),
-              ((4, 1030, 6), 1), ((6, 40), 0), ((2, 3, 4, 33), 2), ((9,), 0), ((9,), -1)]
+OTHER_DIMS = [
+    ((3, 5, 7), 0),
+    ((3, 5, 7), 1),
+    ((3, 5, 7), -2),
+    ((3, 5, 7), -3),
+    ((4, 1030, 6), 1),
+    ((6, 40), 0),
+    ((2, 3, 4, 33), 2),
+    ((9,), 0),
+    ((9,), -1),
+]
 
 
-@pytest.mark.parametrize("device,shape_dim",
-                         per_device([OTHER_DIMS[i] for i in (0, 3, 4, 6, 8)], OTHER_DIMS))
+@pytest.mark.parametrize(
+    "device,shape_dim", per_device([OTHER_DIMS[i] for i in (0, 3, 4, 6, 8)], OTHER_DIMS)
+)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_other_dims(device, shape_dim, dtype, log):
@@ -376,8 +439,11 @@ def test_other_dims(device, shape_dim, dtype, log):
         check_backward(y, dim, log=log, msg=f"dim={dim} view={name}")
     # The backward op also takes a non-contiguous grad_out.
     y = fwd(torch.randn(shape, device=device).to(dtype), dim, log=log)
-    dy = torch.randn(tuple(reversed(shape)), device=device).to(dtype).permute(
-        *reversed(range(len(shape))))
+    dy = (
+        torch.randn(tuple(reversed(shape)), device=device)
+        .to(dtype)
+        .permute(*reversed(range(len(shape))))
+    )
     assert_close(bwd(dy, y, dim, log=log), bwd_ref(dy, y, dim, log=log), dtype=dtype)
 
 
@@ -414,19 +480,20 @@ def special_rows(length, device, dtype):
     """Rows with scattered -inf, a single finite entry, all -inf, +inf, NaN."""
     x = torch.randn(7, length, device=device) * 3
     x[0, torch.rand(length, device=device) < 0.5] = -INF
-    x[0, length // 2] = 1.0                       # at least one finite entry
+    x[0, length // 2] = 1.0  # at least one finite entry
     x[1] = -INF
-    x[1, length - 1] = 0.5                        # only the last entry finite
-    x[2] = -INF                                   # all -inf: NaN, as torch
-    x[3, length // 3] = INF                       # +inf: NaN, as torch
-    x[4, 0] = float("nan")                        # NaN: NaN
-    x[5, : length // 2] = -INF                    # first half -inf
+    x[1, length - 1] = 0.5  # only the last entry finite
+    x[2] = -INF  # all -inf: NaN, as torch
+    x[3, length // 3] = INF  # +inf: NaN, as torch
+    x[4, 0] = float("nan")  # NaN: NaN
+    x[5, : length // 2] = -INF  # first half -inf
     # row 6 stays finite
     return x.to(dtype)
 
 
-@pytest.mark.parametrize("device,length",
-                         per_device([1, 2, 7, 1025], [1, 2, 7, 33, 1024, 1025, 4097, 20000]))
+@pytest.mark.parametrize(
+    "device,length", per_device([1, 2, 7, 1025], [1, 2, 7, 33, 1024, 1025, 4097, 20000])
+)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_special_values_as_torch(device, length, dtype):
     x = special_rows(length, device, dtype)
@@ -447,6 +514,7 @@ def test_cuda_special_values_long(dtype, length):
 
 # --- scale and causal --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("device,length", per_device([33], [7, 33, 1000, 4097]))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [0.125, 0.37, -0.5, 2.0])
@@ -456,8 +524,17 @@ def test_scale(device, length, dtype, scale):
         check_backward(y, scale=scale, msg=f"view={name}")
 
 
-CAUSAL_SHAPES = [(1, 1), (2, 2), (7, 7), (5, 9), (9, 5), (3, 4, 33, 33), (2, 1, 100, 300),
-                 (2, 1, 300, 100), (1, 2, 1025, 1025)]
+CAUSAL_SHAPES = [
+    (1, 1),
+    (2, 2),
+    (7, 7),
+    (5, 9),
+    (9, 5),
+    (3, 4, 33, 33),
+    (2, 1, 100, 300),
+    (2, 1, 300, 100),
+    (1, 2, 1025, 1025),
+]
 
 
 @pytest.mark.parametrize("device,shape", per_device(CAUSAL_SHAPES[:-1], CAUSAL_SHAPES))
@@ -485,12 +562,12 @@ def test_causal_special_values_as_torch(device, length, dtype, knobs):
     # backward. On CUDA 16-bit rows of 2048 / 16384 take kernels that skip the vectors past
     # a query's limit and write them from the row's state (Op::masked).
     x = torch.randn(1, 2, 64, length, device=device) * 3
-    x[0, 0, 0, 0] = -INF                  # query 0: its one key -inf
-    x[0, 0, 1, 1] = float("nan")          # query 1: a NaN
-    x[0, 0, 2, 0] = INF                   # query 2: +inf
-    x[0, 0, 40, :41] = -INF               # query 40: every unmasked key -inf
-    x[0, 1, 50, 7] = INF                  # query 50 of the second head: +inf
-    x[0, 1, 60, :30] = -INF               # query 60: half its keys -inf (finite row)
+    x[0, 0, 0, 0] = -INF  # query 0: its one key -inf
+    x[0, 0, 1, 1] = float("nan")  # query 1: a NaN
+    x[0, 0, 2, 0] = INF  # query 2: +inf
+    x[0, 0, 40, :41] = -INF  # query 40: every unmasked key -inf
+    x[0, 1, 50, 7] = INF  # query 50 of the second head: +inf
+    x[0, 1, 60, :30] = -INF  # query 60: half its keys -inf (finite row)
     x = x.to(dtype)
     mask = reference.causal_mask(64, length, device).expand(x.shape)
     native = torch.softmax(x.float().masked_fill(mask, -INF) * 0.5, -1)
@@ -500,7 +577,7 @@ def test_causal_special_values_as_torch(device, length, dtype, knobs):
         knobs(f"softmax.causal={env}")
         y = check_forward(x, scale=0.5, causal=True, msg=f"softmax.causal={env}")
         torch.testing.assert_close(y.isnan(), native.isnan())
-        assert y.isnan().all(-1).sum() == 5   # the five rows above, whole
+        assert y.isnan().all(-1).sum() == 5  # the five rows above, whole
         assert (y[~y.isnan().all(-1, keepdim=True).expand_as(y) & mask] == 0).all()
     dy = torch.randn_like(x)
     dx = bwd(dy, y, scale=0.5, causal=True)
@@ -530,18 +607,34 @@ def test_cuda_causal_dispatch(knobs):
     x = torch.randn(2, 4, 64, 2048, device="cuda", dtype=torch.bfloat16)
     cases = [
         ("bf16 causal", lambda: fused_ops.softmax(x, causal=True), "1", {"causal_fwd"}),
-        ("bf16 causal, softmax.causal=0", lambda: fused_ops.softmax(x, causal=True), "0",
-         {"true"}),
-        ("fp16 causal 16384", lambda: fused_ops.softmax(x.half().view(1, 1, 64, 16384),
-                                                        causal=True), "1", {"causal_fwd"}),
-        ("bf16 causal 264", lambda: fused_ops.softmax(x[..., :264], causal=True), "1",
-         {"causal_fwd"}),
-        ("bf16 causal 256", lambda: fused_ops.softmax(x[..., :256], causal=True), "1",
-         {"true"}),
-        ("bf16 causal, 2 bytes off 16", lambda: fused_ops.softmax(
-            x.flatten()[1:1 + 512 * 2000].view(2, 4, 64, 2000), causal=True), "1", {"true"}),
-        ("bf16 causal backward", lambda: ops.softmax_backward(x, x, -1, scale=1.0, causal=True),
-         "1", {"true"}),
+        ("bf16 causal, softmax.causal=0", lambda: fused_ops.softmax(x, causal=True), "0", {"true"}),
+        (
+            "fp16 causal 16384",
+            lambda: fused_ops.softmax(x.half().view(1, 1, 64, 16384), causal=True),
+            "1",
+            {"causal_fwd"},
+        ),
+        (
+            "bf16 causal 264",
+            lambda: fused_ops.softmax(x[..., :264], causal=True),
+            "1",
+            {"causal_fwd"},
+        ),
+        ("bf16 causal 256", lambda: fused_ops.softmax(x[..., :256], causal=True), "1", {"true"}),
+        (
+            "bf16 causal, 2 bytes off 16",
+            lambda: fused_ops.softmax(
+                x.flatten()[1 : 1 + 512 * 2000].view(2, 4, 64, 2000), causal=True
+            ),
+            "1",
+            {"true"},
+        ),
+        (
+            "bf16 causal backward",
+            lambda: ops.softmax_backward(x, x, -1, scale=1.0, causal=True),
+            "1",
+            {"true"},
+        ),
         ("float32 causal", lambda: fused_ops.softmax(x.float(), causal=True), "1", {"false"}),
         ("bf16 unmasked", lambda: fused_ops.softmax(x), "1", {"false"}),
     ]
@@ -553,10 +646,21 @@ def test_cuda_causal_dispatch(knobs):
 @CUDA
 @pytest.mark.parametrize("causal_fwd", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 2, 2048, 2048), (1, 2, 300, 8192), (1, 1, 200, 16384),
-                                   (3, 1, 129, 264), (2, 3, 300, 264), (1, 3, 100, 1000),
-                                   (1, 2, 77, 4096), (1, 1, 64, 20000), (1, 1, 3, 70000),
-                                   (2, 1, 257, 40000)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 2, 2048, 2048),
+        (1, 2, 300, 8192),
+        (1, 1, 200, 16384),
+        (3, 1, 129, 264),
+        (2, 3, 300, 264),
+        (1, 3, 100, 1000),
+        (1, 2, 77, 4096),
+        (1, 1, 64, 20000),
+        (1, 1, 3, 70000),
+        (2, 1, 257, 40000),
+    ],
+)
 def test_cuda_causal_large(dtype, shape, causal_fwd, knobs):
     # Attention scores at the benchmarked row length. 16-bit rows of 264 to 16384 columns
     # take softmax_causal_fwd forward (a row group of 32 to 1024 threads; 387 rows of 264:
@@ -592,9 +696,20 @@ def test_causal_matches_sdpa_convention(device):
 
 # --- autograd, gradcheck, opcheck, compile ------------------------------------------------
 
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kw", [dict(), dict(log=True), dict(scale=0.3), dict(causal=True),
-                                dict(scale=0.5, causal=True), dict(dim=0), dict(dim=1)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(log=True),
+        dict(scale=0.3),
+        dict(causal=True),
+        dict(scale=0.5, causal=True),
+        dict(dim=0),
+        dict(dim=1),
+    ],
+)
 def test_autograd(device, kw):
     kw = dict(kw)
     dim = kw.pop("dim", -1)
@@ -613,8 +728,9 @@ def test_autograd(device, kw):
     assert_close(xa.grad, xr.grad, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(scale=0.7), dict(causal=True),
-                                dict(scale=-1.3, causal=True)])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(scale=0.7), dict(causal=True), dict(scale=-1.3, causal=True)]
+)
 def test_gradcheck_float64(kw):
     x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: fused_ops.softmax(t, -1, **kw), (x,))
@@ -662,10 +778,13 @@ def test_compile_fullgraph(device):
 
 # --- modules -------------------------------------------------------------------------------
 
+
 def test_nn_modules_are_drop_in():
     x = torch.randn(3, 4, 5)
-    for fused_cls, torch_cls in [(fused_ops.nn.Softmax, torch.nn.Softmax),
-                                 (fused_ops.nn.LogSoftmax, torch.nn.LogSoftmax)]:
+    for fused_cls, torch_cls in [
+        (fused_ops.nn.Softmax, torch.nn.Softmax),
+        (fused_ops.nn.LogSoftmax, torch.nn.LogSoftmax),
+    ]:
         for dim in (0, 1, -1, 2):
             m, ref = fused_cls(dim=dim), torch_cls(dim=dim)
             assert isinstance(m, torch_cls)
@@ -679,11 +798,14 @@ def test_nn_modules_are_drop_in():
 
 # --- errors --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs(device):
     x = torch.randn(3, 4, device=device)
     # A bad dim is an IndexError, as in torch.
-    with pytest.raises(IndexError, match=r"fused::softmax: Dimension out of range.*\[-2, 1\].*got 2"):
+    with pytest.raises(
+        IndexError, match=r"fused::softmax: Dimension out of range.*\[-2, 1\].*got 2"
+    ):
         fused_ops.softmax(x, 2)
     with pytest.raises(IndexError, match=r"fused::log_softmax: Dimension out of range.*got -3"):
         fused_ops.log_softmax(x, -3)
@@ -695,11 +817,16 @@ def test_bad_inputs(device):
         fused_ops.log_softmax(torch.ones(3, dtype=torch.int32, device=device))
     with pytest.raises(RuntimeError, match="causal=True needs an input with at least 2 dims"):
         fused_ops.softmax(torch.randn(5, device=device), causal=True)
-    with pytest.raises(RuntimeError, match="causal=True takes the softmax over the last dim.*dim=0"):
+    with pytest.raises(
+        RuntimeError, match="causal=True takes the softmax over the last dim.*dim=0"
+    ):
         fused_ops.softmax(x, 0, causal=True)
-    with pytest.raises(RuntimeError, match="softmax_backward: causal=True needs an input with at least 2"):
-        ops.softmax_backward(torch.randn(5, device=device), torch.randn(5, device=device),
-                             causal=True)
+    with pytest.raises(
+        RuntimeError, match="softmax_backward: causal=True needs an input with at least 2"
+    ):
+        ops.softmax_backward(
+            torch.randn(5, device=device), torch.randn(5, device=device), causal=True
+        )
     with pytest.raises(RuntimeError, match="same shape"):
         ops.softmax_backward(torch.randn(3, device=device), torch.randn(4, device=device))
     with pytest.raises(RuntimeError, match="same dtype"):
@@ -720,9 +847,13 @@ def test_functional_matches_torch_signature():
     # Same positional arguments as torch.nn.functional (input, dim, _stacklevel, dtype);
     # scale and causal are keyword-only.
     x = torch.randn(3, 4)
-    torch.testing.assert_close(fused_ops.softmax(x, 0, 3, torch.float64),
-                               torch.nn.functional.softmax(x, 0, 3, torch.float64))
-    torch.testing.assert_close(fused_ops.log_softmax(x, 1, dtype=torch.float64),
-                               torch.nn.functional.log_softmax(x, 1, dtype=torch.float64))
+    torch.testing.assert_close(
+        fused_ops.softmax(x, 0, 3, torch.float64),
+        torch.nn.functional.softmax(x, 0, 3, torch.float64),
+    )
+    torch.testing.assert_close(
+        fused_ops.log_softmax(x, 1, dtype=torch.float64),
+        torch.nn.functional.log_softmax(x, 1, dtype=torch.float64),
+    )
     with pytest.raises(TypeError):
         fused_ops.softmax(x, -1, 3, None, 0.5)

@@ -3,15 +3,23 @@ seed_offset, linear_fwd's pre-activation): their backward must not have autograd
 zero tensor for each such output (a kernel each, on every backward; an M x N one for the
 pre-activation), and must stay correct when one of the differentiable outputs is unused
 (its gradient then arrives as None)."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fused_ops
+
 from utils import DEVICES, assert_close
 
-ZERO_FILLS = {"aten.zeros.default", "aten.zero_.default", "aten.fill_.Scalar",
-              "aten.zeros_like.default", "aten.new_zeros.default", "aten.full.default"}
+ZERO_FILLS = {
+    "aten.zeros.default",
+    "aten.zero_.default",
+    "aten.fill_.Scalar",
+    "aten.zeros_like.default",
+    "aten.new_zeros.default",
+    "aten.full.default",
+}
 
 
 class Ops(TorchDispatchMode):
@@ -91,8 +99,11 @@ def test_add_norm_one_output_used(device, kind, used):
     if kind == "layer":
         ref_out = torch.nn.functional.layer_norm(sd, (n,), *pd) if used == "normed" else sd
     else:
-        ref_out = torch.nn.functional.rms_norm(sd, (n,), pd[0], eps=torch.finfo(
-            torch.float32).eps) if used == "normed" else sd
+        ref_out = (
+            torch.nn.functional.rms_norm(sd, (n,), pd[0], eps=torch.finfo(torch.float32).eps)
+            if used == "normed"
+            else sd
+        )
     want = torch.autograd.grad(ref_out, [xd, rd, *pd], g.double(), allow_unused=True)
     for name, a, e in zip(["x", "residual", "weight", "bias"], got, want):
         if e is None:  # the sum alone does not depend on the parameters

@@ -1,4 +1,5 @@
 """Shared test helpers: devices and dtypes, tolerances, input views, output poisoning."""
+
 import os
 
 import pytest
@@ -21,8 +22,10 @@ MEMCHECK = os.environ.get("FUSED_OPS_MEMCHECK") == "1"
 def skip_under_memcheck(what):
     """Skip the calling test under compute-sanitizer (see MEMCHECK); the plain run checks it."""
     if MEMCHECK:
-        pytest.skip(f"{what} does not work under compute-sanitizer with the caching allocator "
-                    "off (run_parallel --tool)")
+        pytest.skip(
+            f"{what} does not work under compute-sanitizer with the caching allocator "
+            "off (run_parallel --tool)"
+        )
 
 
 # (rtol, atol) for comparing an op's output in `dtype` with a float64 reference.
@@ -39,8 +42,11 @@ def assert_close(actual, ref, dtype=None, rtol=None, atol=None, msg=""):
     dtype = dtype or actual.dtype
     r, a = TOL[dtype]
     torch.testing.assert_close(
-        actual.double().cpu(), ref.double().cpu(), rtol=rtol if rtol is not None else r,
-        atol=atol if atol is not None else a, equal_nan=True,
+        actual.double().cpu(),
+        ref.double().cpu(),
+        rtol=rtol if rtol is not None else r,
+        atol=atol if atol is not None else a,
+        equal_nan=True,
         msg=(lambda default: f"{msg}\n{default}") if msg else None,  # keep torch's details
     )
 
@@ -49,6 +55,7 @@ def input_views(shape, dtype, device, scale=1.0):
     """Yield (name, tensor) views of fresh random data with the given logical shape:
     contiguous, transposed (dense but not contiguous), strided with gaps, and offset by one
     element from an aligned allocation (misaligned for 16-byte vector loads)."""
+
     def rand(*s):
         return (torch.randn(*s, dtype=torch.float32, device=device) * scale).to(dtype)
 

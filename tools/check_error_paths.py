@@ -16,6 +16,7 @@ it switched to, if any). --build --unchecked builds with the machine's default c
 where setup.py would replace it: the crash its check prevents. Exit status 0 only when nothing crashed and every op raised on at
 least one bad input.
 """
+
 import argparse
 import os
 import shutil
@@ -72,6 +73,7 @@ def bad_calls(schema, device, torch):
                 else:
                     yield torch.randn(4, 8, device=device)
                 first = False
+
         tensors = gen()
         args, kwargs = [], {}
         for arg in schema.arguments:
@@ -90,10 +92,14 @@ def child(device):
     """Calls every fused op with bad inputs on `device`; prints one line per call."""
     sys.path.insert(0, ROOT)  # the extension as built in this checkout
     import torch
+
     import fused_ops  # noqa: F401  (registers the ops)
 
-    names = sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
-                   if n.startswith("fused::"))
+    names = sorted(
+        n.split("::", 1)[1]
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("fused::")
+    )
     print(f"{len(names)} ops registered under torch.ops.fused", flush=True)
     silent = []
     for name in names:
@@ -134,21 +140,31 @@ def run(cmd, what):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build", action="store_true",
-                    help="rebuild in place with this machine's default compiler settings first")
-    ap.add_argument("--unchecked", action="store_true",
-                    help="with --build: FUSED_OPS_BUILD_CHECKS=0, so the default compiler is used "
-                         "even where setup.py would replace it (to see what its check prevents)")
-    ap.add_argument("--devices", default=None,
-                    help="comma-separated (default: cpu, and cuda where a GPU is)")
+    ap.add_argument(
+        "--build",
+        action="store_true",
+        help="rebuild in place with this machine's default compiler settings first",
+    )
+    ap.add_argument(
+        "--unchecked",
+        action="store_true",
+        help="with --build: FUSED_OPS_BUILD_CHECKS=0, so the default compiler is used "
+        "even where setup.py would replace it (to see what its check prevents)",
+    )
+    ap.add_argument(
+        "--devices", default=None, help="comma-separated (default: cpu, and cuda where a GPU is)"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child)
 
     if args.build:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("CC", "CXX", "CUDAHOSTCXX", "FUSED_OPS_BUILD_CHECKS")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("CC", "CXX", "CUDAHOSTCXX", "FUSED_OPS_BUILD_CHECKS")
+        }
         env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
         if args.unchecked:
             env["FUSED_OPS_BUILD_CHECKS"] = "0"
@@ -164,34 +180,62 @@ def main():
             return 1
 
     py = [sys.executable, "-X", "faulthandler"]
-    info = subprocess.run(py + ["-c", "from fused_ops import _build_info as b; "
-                                "print(b.CXX, '| nvcc host:', getattr(b, 'CUDA_HOST_CC', None))"],
-                          cwd=ROOT, capture_output=True, text=True)
+    info = subprocess.run(
+        py
+        + [
+            "-c",
+            "from fused_ops import _build_info as b; "
+            "print(b.CXX, '| nvcc host:', getattr(b, 'CUDA_HOST_CC', None))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     print(f"extension built with: {info.stdout.strip() or info.stderr.strip()[-300:]}")
     default = shutil.which("c++")
-    version = default and subprocess.run([default, "--version"], capture_output=True,
-                                         text=True).stdout
-    print(f"this machine's default c++: {default} ({version.splitlines()[0] if version else '?'})"
-          if default else "this machine has no c++ on PATH")
+    version = (
+        default and subprocess.run([default, "--version"], capture_output=True, text=True).stdout
+    )
+    print(
+        f"this machine's default c++: {default} ({version.splitlines()[0] if version else '?'})"
+        if default
+        else "this machine has no c++ on PATH"
+    )
 
     if args.devices:
         devices = args.devices.split(",")
     else:
-        has_gpu = subprocess.run(py + ["-c", "import torch; print(torch.cuda.is_available())"],
-                                 capture_output=True, text=True).stdout.strip() == "True"
+        has_gpu = (
+            subprocess.run(
+                py + ["-c", "import torch; print(torch.cuda.is_available())"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            == "True"
+        )
         devices = ["cpu"] + (["cuda"] if has_gpu else [])
     failures = []
     for device in devices:
-        failures.append(run(py + [os.path.abspath(__file__), "--child", device],
-                            f"bad inputs to every op on {device}"))
-    failures.append(run(py + ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
-                              "-k", ERROR_TESTS], "the suite's error-path tests"))
+        failures.append(
+            run(
+                py + [os.path.abspath(__file__), "--child", device],
+                f"bad inputs to every op on {device}",
+            )
+        )
+    failures.append(
+        run(
+            py + ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", "-k", ERROR_TESTS],
+            "the suite's error-path tests",
+        )
+    )
     failures = [f for f in failures if f]
     print()
     for f in failures:
         print(f"check_error_paths: {f}")
-    print("check_error_paths: " + ("FAIL" if failures else
-                                   "PASS (every op raised a Python exception, nothing crashed)"))
+    print(
+        "check_error_paths: "
+        + ("FAIL" if failures else "PASS (every op raised a Python exception, nothing crashed)")
+    )
     return 1 if failures else 0
 
 

@@ -3,6 +3,7 @@ folder that exists (external http(s) / mailto links and pure #anchors are not ch
 
     python tools/check_links.py          # exit status 1 and one line per broken link
 """
+
 import os
 import re
 import subprocess
@@ -15,8 +16,12 @@ def markdown_files(root):
     out = subprocess.run(["git", "ls-files", "*.md"], cwd=root, capture_output=True, text=True)
     if out.returncode == 0 and out.stdout.strip():
         return out.stdout.split()
-    return [os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root)
-            for f in fs if f.endswith(".md")]
+    return [
+        os.path.relpath(os.path.join(d, f), root)
+        for d, _, fs in os.walk(root)
+        for f in fs
+        if f.endswith(".md")
+    ]
 
 
 def broken_links(root):

@@ -19,6 +19,7 @@ writes evict them. Two other ways to start each repetition with its inputs out o
 one 1 GiB copy ceiling (harness flush). `run` is benchmarks/run.py with the read flush or
 the rotation everywhere (its ceilings keep the harness's flush).
 """
+
 import itertools
 import os
 import sys
@@ -71,13 +72,20 @@ def sets_for(nbytes: int) -> int:
 
 def sizes():
     harness.require_cuda("flush_kind")
-    timers = {"write": harness.Timer(budget_ms=20), "read": ReadFlushTimer(budget_ms=20),
-              "rotate": NoFlushTimer(budget_ms=20)}
+    timers = {
+        "write": harness.Timer(budget_ms=20),
+        "read": ReadFlushTimer(budget_ms=20),
+        "rotate": NoFlushTimer(budget_ms=20),
+    }
     ceil = harness.measure_ceilings(timers["write"])["copy_gbps"]
-    print(f"{torch.cuda.get_device_name()}: ceiling {ceil:,.0f} GB/s (1 GiB copy, "
-          f"harness flush); L2 flush buffer {timers['write'].flush_bytes / MIB:.0f} MiB")
-    print(f"{'bytes a tensor':>15} {'flush':>6} {'copy us':>9} {'copy %':>7} {'x+y us':>9} "
-          f"{'x+y %':>7}")
+    print(
+        f"{torch.cuda.get_device_name()}: ceiling {ceil:,.0f} GB/s (1 GiB copy, "
+        f"harness flush); L2 flush buffer {timers['write'].flush_bytes / MIB:.0f} MiB"
+    )
+    print(
+        f"{'bytes a tensor':>15} {'flush':>6} {'copy us':>9} {'copy %':>7} {'x+y us':>9} "
+        f"{'x+y %':>7}"
+    )
     for mib in [16, 32, 48, 64, 96, 128, 256]:
         n = mib * MIB // 2
         k = sets_for(2 * n * 2)
@@ -91,8 +99,11 @@ def sizes():
                 sets = k if kind == "rotate" else 1
                 t_copy = timer.measure(rotation(sets, copy))["median_us"]
                 t_add = timer.measure(rotation(sets, add))["median_us"]
-                print(f"{mib:>11} MiB {kind:>6} {t_copy:>9.1f} {pct(t_copy, 2):>7.1f} "
-                      f"{t_add:>9.1f} {pct(t_add, 3):>7.1f}", flush=True)
+                print(
+                    f"{mib:>11} MiB {kind:>6} {t_copy:>9.1f} {pct(t_copy, 2):>7.1f} "
+                    f"{t_add:>9.1f} {pct(t_add, 3):>7.1f}",
+                    flush=True,
+                )
         del src, other
 
 
@@ -105,6 +116,7 @@ def main():
     if len(sys.argv) < 3 or sys.argv[2] not in ("read", "rotate"):
         sys.exit(__doc__)
     from benchmarks import run
+
     base, ceilings = harness.Timer, harness.measure_ceilings
     # run.py builds its Timer through the module; its ceilings keep the harness's flush.
     harness.measure_ceilings = lambda timer: ceilings(base(budget_ms=timer.budget_ms))
@@ -119,16 +131,17 @@ def main():
 def rotate_inputs():
     """run_plan's inputs as K sets and its steps rotating over them (see rotation)."""
     make_inputs, make_step = harness.make_inputs, harness.make_step
+
     def many_inputs(case, shape, dtype, pass_, device="cuda", seed=0):
         first = make_inputs(case, shape, dtype, pass_, device, seed)
         nbytes = sum(t.nbytes for t in first.values() if isinstance(t, torch.Tensor))
         k = sets_for(nbytes)
-        return [first] + [make_inputs(case, shape, dtype, pass_, device, seed + i)
-                          for i in range(1, k)]
+        return [first] + [
+            make_inputs(case, shape, dtype, pass_, device, seed + i) for i in range(1, k)
+        ]
 
     def rotating_step(fn, inputs, pass_, grad_names=(), seed=1):
-        return rotation(len(inputs), lambda i: make_step(fn, inputs[i], pass_, grad_names,
-                                                         seed))
+        return rotation(len(inputs), lambda i: make_step(fn, inputs[i], pass_, grad_names, seed))
 
     harness.make_inputs, harness.make_step = many_inputs, rotating_step
 

@@ -11,6 +11,7 @@ zero crossing the float32 accumulation's own error is many ulps of a tiny value)
 for the elements with pre-activation z < -1.5, where 1 + tanh(u) is small and a tanh-based
 form cancels.
 """
+
 import sys
 
 import torch
@@ -24,7 +25,7 @@ dtype = torch.bfloat16
 if "--dtype" in args:
     i = args.index("--dtype")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args[i + 1]]
-    del args[i:i + 2]
+    del args[i : i + 2]
 shapes = args or ["4096x4096x4096"]
 mant = 8 if dtype == torch.bfloat16 else 11  # significant bits
 
@@ -41,7 +42,7 @@ print(torch.cuda.get_device_name(), dtype)
 for s in shapes:
     m, n, k = (int(v) for v in s.split("x"))
     x = torch.randn(m, k, device="cuda", dtype=dtype)
-    w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+    w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
     b = torch.randn(n, device="cuda", dtype=dtype)
     z = x.double() @ w.double().t() + b.double()
     y = reference.gelu(z, "tanh")
@@ -58,8 +59,10 @@ for s in shapes:
         torch.cuda.synchronize()
         d = ulps(out, y)
         d[y.abs() < 1e-3] = 0
-        off = (out != best)
-        print(f"  {name:<28} differs from the rounded exact value: {off.double().mean().item() * 100:6.2f}%"
-              f"  max {d.max().item():8.2f} ulp  mean {d.mean().item():.3f} ulp"
-              f" | z < -1.5: {off[neg].double().mean().item() * 100:6.2f}%"
-              f"  max {d[neg].max().item():8.2f} ulp  max abs err {(out.double() - y)[neg].abs().max().item():.2e}")
+        off = out != best
+        print(
+            f"  {name:<28} differs from the rounded exact value: {off.double().mean().item() * 100:6.2f}%"
+            f"  max {d.max().item():8.2f} ulp  mean {d.mean().item():.3f} ulp"
+            f" | z < -1.5: {off[neg].double().mean().item() * 100:6.2f}%"
+            f"  max {d[neg].max().item():8.2f} ulp  max abs err {(out.double() - y)[neg].abs().max().item():.2e}"
+        )

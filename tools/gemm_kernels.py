@@ -12,6 +12,7 @@ source page: `ncu --profile-from-start off --section SourceCounters -o R python
 gemm_kernels.py ncu "cublas mm,cublasLt bias+gelu" 16384x4096x4096`, then `ncu -i R.ncu-rep
 --page source --print-source sass --csv`.
 """
+
 import sys
 
 import torch
@@ -23,8 +24,13 @@ mode, args = sys.argv[1], sys.argv[2:]
 wanted = None
 if mode == "ncu":
     wanted, args = args[0].split(","), args[1:]
-shapes = args or ["4096x4096x4096", "8192x8192x8192", "16384x4096x4096", "4096x16384x4096",
-                  "16384x4096x16384"]
+shapes = args or [
+    "4096x4096x4096",
+    "8192x8192x8192",
+    "16384x4096x4096",
+    "4096x16384x4096",
+    "16384x4096x16384",
+]
 torch.manual_seed(0)
 print(torch.cuda.get_device_name())
 for s in shapes:

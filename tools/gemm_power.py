@@ -19,6 +19,7 @@ comes down: what the harness's short bursts see). The activation pass on the pro
 spare warps that raised the question needs a build of commit 2cf44f9
 (FUSED_OPS_MATMUL_ACT_PASS=producer|consumer there).
 """
+
 import argparse
 import datetime
 import statistics
@@ -30,12 +31,26 @@ import torch
 
 from linear_cases import linear_cases
 
-CASES = ("fused mm", "fused +bias+gelu_tanh", "cublas mm", "cublasLt bias+gelu",
-         "eager F.gelu(F.linear)")
+CASES = (
+    "fused mm",
+    "fused +bias+gelu_tanh",
+    "cublas mm",
+    "cublasLt bias+gelu",
+    "eager F.gelu(F.linear)",
+)
 parser = argparse.ArgumentParser(description="SM clock and board power per GEMM case")
-parser.add_argument("shapes", nargs="*", metavar="MxNxK",
-                    default=["4096x4096x4096", "8192x8192x8192", "16384x4096x4096",
-                             "4096x16384x4096", "16384x4096x16384"])
+parser.add_argument(
+    "shapes",
+    nargs="*",
+    metavar="MxNxK",
+    default=[
+        "4096x4096x4096",
+        "8192x8192x8192",
+        "16384x4096x4096",
+        "4096x16384x4096",
+        "16384x4096x16384",
+    ],
+)
 parser.add_argument("--seconds", type=float, default=2.0)
 parser.add_argument("--constant", action="store_true")
 parser.add_argument("--cases", type=lambda v: tuple(v.split(",")), default=CASES)
@@ -43,10 +58,18 @@ args = parser.parse_args()
 torch.manual_seed(0)
 samples = []  # (epoch seconds, MHz, W average, W instant)
 proc = subprocess.Popen(
-    ["nvidia-smi", "-i", str(torch.cuda.current_device()),
-     "--query-gpu=timestamp,clocks.sm,power.draw,power.draw.instant",
-     "--format=csv,noheader,nounits", "-lms", "20"],
-    stdout=subprocess.PIPE, text=True)
+    [
+        "nvidia-smi",
+        "-i",
+        str(torch.cuda.current_device()),
+        "--query-gpu=timestamp,clocks.sm,power.draw,power.draw.instant",
+        "--format=csv,noheader,nounits",
+        "-lms",
+        "20",
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+)
 
 
 def read_samples():
@@ -96,10 +119,12 @@ try:
             us0 = events[0][0].elapsed_time(events[0][1]) * 1e3 / 8
             window = [smp for smp in samples if t0 + (t1 - t0) / 2 <= smp[0] <= t1]
             tf = 2 * m * n * k / (us * 1e-6) / 1e12
-            print(f"{s:>16} {name:<24} {us:9.1f} us {tf:6.0f} TFLOP/s  "
-                  f"SM {median_of(window, 1):6.0f} MHz  {median_of(window, 2):5.0f} W "
-                  f"(instant {median_of(window, 3):5.0f} W, {len(window)} samples); "
-                  f"first batch {2 * m * n * k / (us0 * 1e-6) / 1e12:6.0f} TFLOP/s")
+            print(
+                f"{s:>16} {name:<24} {us:9.1f} us {tf:6.0f} TFLOP/s  "
+                f"SM {median_of(window, 1):6.0f} MHz  {median_of(window, 2):5.0f} W "
+                f"(instant {median_of(window, 3):5.0f} W, {len(window)} samples); "
+                f"first batch {2 * m * n * k / (us0 * 1e-6) / 1e12:6.0f} TFLOP/s"
+            )
 finally:
     proc.terminate()
     proc.wait()

@@ -4,6 +4,7 @@ between kernels). A large difference means the GPU waits for the host's launches
 
     python tools/host_gap.py
 """
+
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
@@ -24,5 +25,7 @@ for rows, cols in [(16384, 4096), (4096, 12288), (4096, 16384), (4096, 32768)]:
     for name, f in cases.items():
         eager = do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3
         graph = do_bench_cudagraph(f, rep=200, return_mode="median") * 1e3
-        print(f"{rows}x{cols:<6} {name:<10} eager {eager:8.1f} us  graph {graph:8.1f} us  "
-              f"gap {eager - graph:+6.1f} us")
+        print(
+            f"{rows}x{cols:<6} {name:<10} eager {eager:8.1f} us  graph {graph:8.1f} us  "
+            f"gap {eager - graph:+6.1f} us"
+        )

@@ -8,6 +8,7 @@ the GPU idle between kernels).
 One argument per row; impl: fused (default), native, compile, ... (the case's
 implementations).
 """
+
 import sys
 
 import torch
@@ -37,8 +38,11 @@ def split(op, shape, pass_, dtype, impl):
             for _ in range(REPS):
                 run()
             timer.sync()
-        return {e.key: (e.device_time_total / REPS, e.count / REPS)
-                for e in prof.key_averages() if e.device_time_total > 0}
+        return {
+            e.key: (e.device_time_total / REPS, e.count / REPS)
+            for e in prof.key_averages()
+            if e.device_time_total > 0
+        }
 
     flush = kernels(timer.flush)
     both = kernels(lambda: (timer.flush(), step()))

@@ -1,6 +1,7 @@
 """The linear-layer cases the dev timing scripts share (linear_epilogue.py, gemm_power.py):
 bf16 x [M, K], weight [N, K] scaled to O(1) outputs, bias [N], and each implementation as
 a zero-argument callable by name."""
+
 import torch
 import torch.nn.functional as F
 
@@ -13,10 +14,10 @@ def linear_cases(shape, constant=False):
     m, n, k = (int(v) for v in shape.split("x"))
     if constant:
         x = torch.full((m, k), 0.5, device="cuda", dtype=torch.bfloat16)
-        w = torch.full((n, k), k ** -0.5, device="cuda", dtype=torch.bfloat16)
+        w = torch.full((n, k), k**-0.5, device="cuda", dtype=torch.bfloat16)
     else:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     return (m, n, k), {
         "fused mm": lambda: fused_ops.linear(x, w),

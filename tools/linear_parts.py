@@ -5,6 +5,7 @@ MN-major). do_bench medians (us), two interleaved rounds, the better one printed
 
     python tools/linear_parts.py [MxNxK ...]
 """
+
 import sys
 
 import torch
@@ -14,8 +15,13 @@ from triton.testing import do_bench
 import fused_ops  # noqa: F401  (registers torch.ops.fused)
 
 ops = torch.ops.fused
-shapes = sys.argv[1:] or ["4096x4096x4096", "16384x4096x4096", "4096x16384x4096",
-                          "8192x8192x8192", "16384x4096x16384"]
+shapes = sys.argv[1:] or [
+    "4096x4096x4096",
+    "16384x4096x4096",
+    "4096x16384x4096",
+    "8192x8192x8192",
+    "16384x4096x16384",
+]
 torch.manual_seed(0)
 print(torch.cuda.get_device_name())
 for s in shapes:
@@ -33,8 +39,9 @@ for s in shapes:
         "fwd eager addmm": lambda: F.linear(x, w, b),
         "fwd eager addmm+gelu": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
         "dZ fused act_backward+bias": lambda: ops.linear_act_backward(dy, z, "gelu_tanh", True),
-        "dZ eager gelu_backward+sum": lambda: (
-            torch.ops.aten.gelu_backward(dy, z, approximate="tanh").sum(0)),
+        "dZ eager gelu_backward+sum": lambda: torch.ops.aten.gelu_backward(
+            dy, z, approximate="tanh"
+        ).sum(0),
         "dX fused dZ W": lambda: ops.matmul(dz, w),
         "dX cublas dZ W": lambda: torch.mm(dz, w),
         "dW fused dZ^T X": lambda: ops.matmul(dz.t(), x),

@@ -12,6 +12,7 @@ native / compile records of its row: times of two runs, which the note must say.
 header gains NEW's argv (as argv_<n>) and the note; then regenerate the table with
 `python benchmarks/run.py --report <json> --out DIR --no-plots`.
 """
+
 import argparse
 import json
 

@@ -14,12 +14,13 @@ SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (1024, 1024, 8192))
 with overrides("matmul.kernel=portable"):  # the portable kernel even on Hopper
     for m, n, k in SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)  # A, K-major
-        xt = x.t().contiguous().t()                                  # A, MN-major
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-        layouts = {"TN": (x, w.t()), "NN": (x, w.t().contiguous()),
-                   "TT": (xt, w.t().contiguous())}
+        xt = x.t().contiguous().t()  # A, MN-major
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        layouts = {"TN": (x, w.t()), "NN": (x, w.t().contiguous()), "TT": (xt, w.t().contiguous())}
         for name, (a, b) in layouts.items():
             err = ((fused_ops.matmul(a, b).float() - (a @ b).float()).abs().max()).item()
             ms = do_bench(lambda: fused_ops.matmul(a, b), warmup=50, rep=300)
-            print(f"  {m}x{n}x{k} {name}: {ms * 1e3:8.1f} us {2 * m * n * k / ms / 1e9:6.1f} "
-                  f"TFLOP/s (max |diff| vs torch.mm {err:.3g})")
+            print(
+                f"  {m}x{n}x{k} {name}: {ms * 1e3:8.1f} us {2 * m * n * k / ms / 1e9:6.1f} "
+                f"TFLOP/s (max |diff| vs torch.mm {err:.3g})"
+            )

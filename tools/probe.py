@@ -4,6 +4,7 @@
 
 pass: fwd (the forward op) or bwd (the backward op alone, on a saved y / mean, rstd).
 """
+
 import sys
 
 import torch
@@ -12,7 +13,8 @@ import fused_ops  # noqa: F401  (registers torch.ops.fused)
 
 op, shape, pas = sys.argv[1], sys.argv[2], sys.argv[3]
 dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
-    sys.argv[4] if len(sys.argv) > 4 else "bf16"]
+    sys.argv[4] if len(sys.argv) > 4 else "bf16"
+]
 dims = [int(s) for s in shape.split("x")]
 F = torch.ops.fused
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -21,11 +23,17 @@ dy = torch.randn_like(x)
 n = dims[-1]
 causal = op == "softmax_causal"
 if op in ("softmax", "softmax_causal", "log_softmax"):
-    fwd = (lambda: F.softmax(x, -1, scale=0.125, causal=causal)) if op != "log_softmax" else (
-        lambda: F.log_softmax(x, -1))
+    fwd = (
+        (lambda: F.softmax(x, -1, scale=0.125, causal=causal))
+        if op != "log_softmax"
+        else (lambda: F.log_softmax(x, -1))
+    )
     y = fwd()
-    bwd = (lambda: F.softmax_backward(dy, y, -1, scale=0.125, causal=causal)) if op != "log_softmax" else (
-        lambda: F.log_softmax_backward(dy, y, -1))
+    bwd = (
+        (lambda: F.softmax_backward(dy, y, -1, scale=0.125, causal=causal))
+        if op != "log_softmax"
+        else (lambda: F.log_softmax_backward(dy, y, -1))
+    )
 elif op in ("layer_norm", "rms_norm"):
     w = torch.randn(n, device=DEV, dtype=dtype)
     b = torch.randn(n, device=DEV, dtype=dtype)

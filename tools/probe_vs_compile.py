@@ -11,6 +11,7 @@ one process, for Nsight Compute to profile side by side. On the GPU machine:
 bf16.
 Only the last fused call and the last compiled call run inside the profiled range.
 """
+
 import sys
 
 import torch
@@ -29,8 +30,9 @@ if op == "rms_norm":
     comp = lambda: compiled(x, w)
 elif op == "layer_norm":
     fused = lambda: fused_ops.layer_norm(x, (n,), w, b)
-    compiled = torch.compile(lambda x, w, b: reference.layer_norm(x, x.shape[-1:], w, b),
-                             dynamic=False)
+    compiled = torch.compile(
+        lambda x, w, b: reference.layer_norm(x, x.shape[-1:], w, b), dynamic=False
+    )
     comp = lambda: compiled(x, w, b)
 elif op == "softmax":
     fused = lambda: fused_ops.softmax(x)

@@ -5,6 +5,7 @@ the "## " or "### " heading that names the GPU (each GPU has its own table):
     python tools/readme_rows.py benchmarks/results/NVIDIA_H200.md \
         benchmarks/results/README.md "NVIDIA H200"
 """
+
 import argparse
 import sys
 
@@ -22,7 +23,7 @@ def main():
     md = open(a.md).read().split("\n")
     start = next(i for i, line in enumerate(md) if line.startswith("| op | variant | pass |"))
     rows = {}
-    for line in md[start + 2:]:
+    for line in md[start + 2 :]:
         if not line.startswith("|"):
             break
         rows[key(line)] = line

@@ -6,13 +6,25 @@ torch.mm rate for matmul / linear), and the speed-up over native PyTorch and tor
 
     python tools/results_summary.py benchmarks/results/*.json
 """
+
 import json
 import os
 import statistics
 import sys
 
-OPS = ["gelu", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm",
-       "add_rms_norm", "dropout", "bias_dropout_add", "matmul", "linear"]
+OPS = [
+    "gelu",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "rms_norm",
+    "add_layer_norm",
+    "add_rms_norm",
+    "dropout",
+    "bias_dropout_add",
+    "matmul",
+    "linear",
+]
 SHORT_GPU = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA H200": "H200"}
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -34,14 +46,20 @@ def typical_worst(records, field, fmt, where=True):
 
 
 def summary(paths):
-    lines = ["| op | GPU | rows | fused, % of ceiling: typical (worst) | × native | × compile |",
-             "|---|---|---:|---|---|---|"]
+    lines = [
+        "| op | GPU | rows | fused, % of ceiling: typical (worst) | × native | × compile |",
+        "|---|---|---:|---|---|---|",
+    ]
     runs = []
     for path in paths:
         with open(path) as f:
             data = json.load(f)
-        runs.append((SHORT_GPU.get(data["header"]["device"], data["header"]["device"]),
-                     [r for r in data["records"] if r["impl"] == "fused" and not r.get("error")]))
+        runs.append(
+            (
+                SHORT_GPU.get(data["header"]["device"], data["header"]["device"]),
+                [r for r in data["records"] if r["impl"] == "fused" and not r.get("error")],
+            )
+        )
     for op in OPS:
         for gpu, records in runs:
             rows = [r for r in records if r["op"] == op]
@@ -56,6 +74,8 @@ def summary(paths):
 
 if __name__ == "__main__":
     paths = sys.argv[1:] or sorted(
-        os.path.join("benchmarks/results", f) for f in os.listdir("benchmarks/results")
-        if f.endswith(".json"))
+        os.path.join("benchmarks/results", f)
+        for f in os.listdir("benchmarks/results")
+        if f.endswith(".json")
+    )
     print(summary(paths))

@@ -16,6 +16,7 @@ compile column is torch.compile of the same composition. "fused_inplace" writes 
 gradient over the logits in the backward (inplace_backward=True); "liger" is Liger-Kernel's
 LigerCrossEntropyLoss (which always does) where it is installed.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -50,9 +51,11 @@ def _impls():
         "native": _native,
         "unfused": _native,
         "fused_precompute": lambda logits, target: fused_ops.cross_entropy(
-            logits, target, precompute_grad=True),
+            logits, target, precompute_grad=True
+        ),
         "fused_inplace": lambda logits, target: fused_ops.cross_entropy(
-            logits, target, inplace_backward=True),
+            logits, target, inplace_backward=True
+        ),
     }
     try:
         from liger_kernel.transformers import LigerCrossEntropyLoss

@@ -13,6 +13,7 @@ What autograd keeps for backward is in each record's fwd_held_bytes (the harness
 memory held after the forward: outputs plus saved tensors): F.dropout keeps a one-byte mask
 per element, the fused op 16 bytes. benchmarks/dropout_memory.py prints the comparison alone.
 """
+
 import math
 
 import torch
@@ -25,7 +26,6 @@ from fused_ops import reference
 P = 0.1
 # 16384x1024 is 32 MiB in bf16; the others 128 MiB (the >= 64 MB target).
 SHAPES = [(16384, 1024), (16384, 4096), (4096, 32768), (8192, 8192)]
-
 
 
 def dropout_bytes(shape, dtype, pass_):
@@ -48,8 +48,11 @@ def _dropout_inputs(shape, dtype, device):
 
 
 def _bda_inputs(shape, dtype, device):
-    return {"x": _randn(shape, dtype, device), "bias": _randn(shape[-1:], dtype, device),
-            "residual": _randn(shape, dtype, device)}
+    return {
+        "x": _randn(shape, dtype, device),
+        "bias": _randn(shape[-1:], dtype, device),
+        "residual": _randn(shape, dtype, device),
+    }
 
 
 CASES = [

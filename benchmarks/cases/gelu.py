@@ -4,6 +4,7 @@ Minimum bytes (n = numel, s = element size):
   fwd:      read x, write y                               2 n s
   fwd+bwd:  fwd + backward reading dy and x, writing dx   2 n s + 3 n s = 5 n s
 """
+
 import math
 
 import torch
@@ -15,7 +16,6 @@ from fused_ops import reference
 
 # 8192x8192 and 4096x32768 are 128 MiB in bf16 (the >= 64 MB target); 16384x1024 is 32 MiB.
 SHAPES = [(16384, 1024), (16384, 4096), (4096, 32768), (8192, 8192)]
-
 
 
 def gelu_bytes(shape, dtype, pass_):

@@ -12,6 +12,7 @@ native is what Hugging Face models do: F.linear, then F.cross_entropy(logits.flo
 compile is torch.compile of it; "liger" is Liger-Kernel's LigerFusedLinearCrossEntropyLoss
 where it is installed.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +38,7 @@ def _make_inputs(shape, dtype, device):
     n, h, v = shape
     return {
         "hidden": torch.randn(n, h, device=device, dtype=torch.float32).to(dtype),
-        "weight": (torch.randn(v, h, device=device, dtype=torch.float32) / h ** 0.5).to(dtype),
+        "weight": (torch.randn(v, h, device=device, dtype=torch.float32) / h**0.5).to(dtype),
         "target": torch.randint(0, v, (n,), device=device),
     }
 
@@ -48,8 +49,9 @@ def _native(hidden, weight, target):
 
 def _impls():
     impls = {
-        "fused": lambda hidden, weight, target: fused_ops.linear_cross_entropy(hidden, weight,
-                                                                                target),
+        "fused": lambda hidden, weight, target: fused_ops.linear_cross_entropy(
+            hidden, weight, target
+        ),
         "native": _native,
         "unfused": _native,
     }

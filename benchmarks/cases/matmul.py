@@ -15,6 +15,7 @@ Extra implementations:
   "cublaslt": torch._addmm_activation(bias, x, w.t(), use_gelu=True), cuBLASLt's own
               bias + GeLU(tanh) epilogue.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -23,8 +24,13 @@ from benchmarks.harness import Case
 from fused_ops import reference
 from fused_ops.overrides import overrides
 
-SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 16384, 4096),
-          (16384, 4096, 16384)]
+SHAPES = [
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (16384, 4096, 4096),
+    (4096, 16384, 4096),
+    (16384, 4096, 16384),
+]
 QUICK = [(8192, 8192, 8192)]
 
 
@@ -32,6 +38,7 @@ def _portable(fn):
     def run(**inputs):
         with overrides("matmul.kernel=portable"):
             return fn(**inputs)
+
     return run
 
 
@@ -53,15 +60,19 @@ def _rand(*shape, device, dtype, scale=1.0):
 
 def _matmul_inputs(shape, dtype, device):
     m, n, k = shape
-    return {"a": _rand(m, k, device=device, dtype=dtype),
-            "b": _rand(n, k, device=device, dtype=dtype, scale=k ** -0.5).t()}
+    return {
+        "a": _rand(m, k, device=device, dtype=dtype),
+        "b": _rand(n, k, device=device, dtype=dtype, scale=k**-0.5).t(),
+    }
 
 
 def _linear_inputs(shape, dtype, device):
     m, n, k = shape
-    return {"x": _rand(m, k, device=device, dtype=dtype),
-            "w": _rand(n, k, device=device, dtype=dtype, scale=k ** -0.5),
-            "b": _rand(n, device=device, dtype=dtype)}
+    return {
+        "x": _rand(m, k, device=device, dtype=dtype),
+        "w": _rand(n, k, device=device, dtype=dtype, scale=k**-0.5),
+        "b": _rand(n, device=device, dtype=dtype),
+    }
 
 
 def _fused_matmul(a, b):

@@ -14,6 +14,7 @@ fwd+bwd = fwd + bwd; the bwd pass times the backward alone (its bytes above). Th
 residual form is `s = x + residual; F.layer_norm(s)` (what a pre-norm block runs without a
 fused kernel).
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -23,8 +24,15 @@ from fused_ops import reference
 
 # tokens x hidden: 16384x1024 is 32 MiB in bf16; the rest are >= 64 MiB (the target size);
 # 5120 and 12288 are the common non-power-of-two hidden sizes.
-SHAPES = [(16384, 1024), (16384, 4096), (16384, 5120), (8192, 8192), (4096, 12288),
-          (4096, 16384), (4096, 32768)]
+SHAPES = [
+    (16384, 1024),
+    (16384, 4096),
+    (16384, 5120),
+    (8192, 8192),
+    (4096, 12288),
+    (4096, 16384),
+    (4096, 32768),
+]
 QUICK = [(16384, 4096)]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -107,10 +115,12 @@ CASES = [
         grad_inputs=("x", "residual", "w", "b"),
         impls={
             "fused": lambda x, residual, w, b: fused_ops.add_layer_norm(
-                x, residual, x.shape[-1:], w, b),
+                x, residual, x.shape[-1:], w, b
+            ),
             "native": _native_add(lambda s, w, b: F.layer_norm(s, s.shape[-1:], w, b)),
             "unfused": lambda x, residual, w, b: reference.add_layer_norm(
-                x, residual, x.shape[-1:], w, b),
+                x, residual, x.shape[-1:], w, b
+            ),
         },
         passes=PASSES,
         bytes=_norm_bytes(True, True),
@@ -124,11 +134,9 @@ CASES = [
         make_inputs=_inputs(False, True),
         grad_inputs=("x", "residual", "w"),
         impls={
-            "fused": lambda x, residual, w: fused_ops.add_rms_norm(
-                x, residual, x.shape[-1:], w),
+            "fused": lambda x, residual, w: fused_ops.add_rms_norm(x, residual, x.shape[-1:], w),
             "native": _native_add(lambda s, w: F.rms_norm(s, s.shape[-1:], w)),
-            "unfused": lambda x, residual, w: reference.add_rms_norm(
-                x, residual, x.shape[-1:], w),
+            "unfused": lambda x, residual, w: reference.add_rms_norm(x, residual, x.shape[-1:], w),
         },
         passes=PASSES,
         bytes=_norm_bytes(False, True),

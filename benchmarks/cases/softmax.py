@@ -13,6 +13,7 @@ Minimum bytes (n = numel, s = element size):
   bwd:      the backward alone                                   (2 f + 1) n s
 The fused kernels move exactly these bytes (masked keys are never read).
 """
+
 import math
 
 import torch
@@ -30,7 +31,6 @@ SHAPES = [(16384, 1024), (16384, 4096), (4096, 32768), (1024, 131072), (256, 262
 # one-query decode step is the plain softmax above, not this case.
 CAUSAL_SHAPES = [(8, 16, 2048, 2048)]
 CAUSAL_SCALE = 1 / math.sqrt(128)  # a head dim of 128
-
 
 
 def softmax_bytes(shape, dtype, pass_):
@@ -95,8 +95,7 @@ CASES = [
         impls={
             "fused": lambda x, mask: fused_ops.softmax(x, -1, scale=CAUSAL_SCALE, causal=True),
             "native": _native_causal,
-            "unfused": lambda x, mask: reference.softmax(x, -1, scale=CAUSAL_SCALE,
-                                                         causal=True),
+            "unfused": lambda x, mask: reference.softmax(x, -1, scale=CAUSAL_SCALE, causal=True),
         },
         bytes=causal_bytes,
     ),

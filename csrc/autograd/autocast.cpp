@@ -62,8 +62,7 @@ at::Tensor matmul_autocast(const at::Tensor& a, const at::Tensor& b) {
 }
 
 template <c10::DeviceType D>
-at::Tensor linear_autocast(const at::Tensor& x, const at::Tensor& w, const OptT& b,
-                           OptStr act) {
+at::Tensor linear_autocast(const at::Tensor& x, const at::Tensor& w, const OptT& b, OptStr act) {
   Cast<D> c;
   const auto t = Cast<D>::lower();
   return linear_op().call(Cast<D>::to(t, x), Cast<D>::to(t, w), Cast<D>::to(t, b), act);
@@ -82,8 +81,8 @@ Tensor2 linear_fwd_autocast(const at::Tensor& x, const at::Tensor& w, const OptT
 constexpr auto kCUDA = c10::DeviceType::CUDA;
 using F32 = Cast<kCUDA>;
 
-Tensor3 layer_norm_autocast(const at::Tensor& x, at::IntArrayRef ns, const OptT& w,
-                            const OptT& b, double eps) {
+Tensor3 layer_norm_autocast(const at::Tensor& x, at::IntArrayRef ns, const OptT& w, const OptT& b,
+                            double eps) {
   F32 c;
   return layer_norm_op().call(F32::to(at::kFloat, x), ns, F32::to(at::kFloat, w),
                               F32::to(at::kFloat, b), eps);

@@ -14,13 +14,13 @@
 // ATen composition runs instead (composite()), which carries them; its values agree with
 // the kernels' within rounding. Ordinary training never takes that path.
 #pragma once
-#include <ATen/core/Tensor.h>
 #include <ATen/FuncTorchTLS.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
 
@@ -37,10 +37,10 @@ c10::TypedOperatorHandle<Sig> lookup_op(const char* name) {
 }
 
 // Defines `FN()`, the typed handle of the op NAME whose C++ signature is the rest.
-#define FUSED_OP(FN, NAME, ...)                                                   \
-  inline const c10::TypedOperatorHandle<__VA_ARGS__>& FN() {                      \
-    static const auto handle = ::fused::autograd::lookup_op<__VA_ARGS__>(NAME);   \
-    return handle;                                                                \
+#define FUSED_OP(FN, NAME, ...)                                                 \
+  inline const c10::TypedOperatorHandle<__VA_ARGS__>& FN() {                    \
+    static const auto handle = ::fused::autograd::lookup_op<__VA_ARGS__>(NAME); \
+    return handle;                                                              \
   }
 
 inline bool has_tangent(const at::Tensor& t) {

@@ -70,8 +70,8 @@ at::Tensor dropout_grad(const at::Tensor& dy, const at::Tensor& so, double p) {
 }
 
 struct Dropout : torch::autograd::Function<Dropout> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double p,
-                               bool training, OptGen generator) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double p, bool training,
+                               OptGen generator) {
     at::AutoDispatchBelowADInplaceOrView below;
     auto [y, so] = dropout_op().call(x, p, training, std::move(generator));
     ctx->mark_non_differentiable({so});
@@ -84,8 +84,7 @@ struct Dropout : torch::autograd::Function<Dropout> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list out(4);
     if (!grads[0].defined()) return out;
-    out[0] = dropout_grad(grads[0], ctx->get_saved_variables()[0],
-                          ctx->saved_data["p"].toDouble());
+    out[0] = dropout_grad(grads[0], ctx->get_saved_variables()[0], ctx->saved_data["p"].toDouble());
     return out;
   }
 };
@@ -117,8 +116,8 @@ struct BiasDropoutAdd : torch::autograd::Function<BiasDropoutAdd> {
                                const at::Tensor& residual, double p, bool training,
                                OptGen generator) {
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, so] = bias_dropout_add_op().call(x, bias, residual, p, training,
-                                                std::move(generator));
+    auto [out, so] =
+        bias_dropout_add_op().call(x, bias, residual, p, training, std::move(generator));
     ctx->mark_non_differentiable({so});
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({so});
@@ -153,9 +152,8 @@ struct BiasDropoutAdd : torch::autograd::Function<BiasDropoutAdd> {
   }
 };
 
-Tensor2 bias_dropout_add_autograd(const at::Tensor& x, const OptT& bias,
-                                  const at::Tensor& residual, double p, bool training,
-                                  OptGen generator) {
+Tensor2 bias_dropout_add_autograd(const at::Tensor& x, const OptT& bias, const at::Tensor& residual,
+                                  double p, bool training, OptGen generator) {
   if (composite(x, bias, residual)) {
     auto [mask, so] = mask_composite(x, p, training, std::move(generator));
     const at::Tensor xb = bias.has_value() && bias->defined() ? x + *bias : x;

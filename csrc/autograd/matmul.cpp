@@ -52,7 +52,8 @@ struct Matmul : torch::autograd::Function<Matmul> {
     if (!g.defined()) return out;
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &a = saved[0], &b = saved[1];
-    if (ctx->needs_input_grad(0)) out[0] = reduce_to_shape(matmul_op().call(g, b.transpose(-1, -2)), a.sizes());
+    if (ctx->needs_input_grad(0))
+      out[0] = reduce_to_shape(matmul_op().call(g, b.transpose(-1, -2)), a.sizes());
     if (ctx->needs_input_grad(1)) {
       if (a.dim() == 3 && b.dim() == 2) {  // one GEMM over all rows instead of a batch + sum
         out[1] = matmul_op().call(a.reshape({-1, a.size(-1)}).t(), g.reshape({-1, g.size(-1)}));

@@ -20,9 +20,10 @@ FUSED_OP(layer_norm_op, "fused::layer_norm",
 FUSED_OP(rms_norm_op, "fused::rms_norm",
          Tensor2(const at::Tensor&, at::IntArrayRef, const OptT&, std::optional<double>))
 FUSED_OP(add_layer_norm_op, "fused::add_layer_norm",
-         std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-             const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&,
-             double, bool))
+         std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&,
+                                                                    const at::Tensor&,
+                                                                    at::IntArrayRef, const OptT&,
+                                                                    const OptT&, double, bool))
 FUSED_OP(add_rms_norm_op, "fused::add_rms_norm",
          Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&,
                  std::optional<double>, bool))
@@ -56,8 +57,8 @@ at::Tensor sum_batch(const at::Tensor& t, int64_t batch_dims) {
 }
 
 // The statistics recomputed from x with differentiable ops: (x - mean or x, rstd).
-std::pair<at::Tensor, at::Tensor> centered_and_rstd(const at::Tensor& xf, int64_t k,
-                                                    bool layer, double eps) {
+std::pair<at::Tensor, at::Tensor> centered_and_rstd(const at::Tensor& xf, int64_t k, bool layer,
+                                                    double eps) {
   const auto dims = dims_from(xf.dim() - k, xf.dim());
   at::Tensor xc = layer ? xf - xf.mean(dims, true) : xf;
   return {xc, at::rsqrt((xc * xc).mean(dims, true) + eps)};
@@ -89,8 +90,8 @@ std::pair<at::Tensor, at::Tensor> stats_composite(const at::Tensor& x, int64_t k
 // (dx, dweight, dbias) of y = norm(x) * weight + bias, with differentiable ATen ops that
 // recompute the statistics from x, so the result differentiates again correctly.
 Tensor3 norm_backward_composite(const at::Tensor& dy, const at::Tensor& x, int64_t k,
-                                const at::Tensor& w, const at::Tensor& b, bool layer,
-                                double eps, bool want_w, bool want_b) {
+                                const at::Tensor& w, const at::Tensor& b, bool layer, double eps,
+                                bool want_w, bool want_b) {
   const at::ScalarType acc = acc_dtype(x);
   const auto dims = dims_from(x.dim() - k, x.dim());
   auto [xc, r] = centered_and_rstd(x.to(acc), k, layer, eps);
@@ -172,9 +173,9 @@ Tensor3 layer_norm_autograd(const at::Tensor& x, at::IntArrayRef ns, const OptT&
                             const OptT& bias, double eps) {
   if (composite(x, weight, bias)) {
     auto [mean, rstd] = stats_composite(x, static_cast<int64_t>(ns.size()), true, eps);
-    at::Tensor y = norm_forward_composite(x, static_cast<int64_t>(ns.size()),
-                                          value_or_undefined(weight), value_or_undefined(bias),
-                                          true, eps, x.scalar_type());
+    at::Tensor y =
+        norm_forward_composite(x, static_cast<int64_t>(ns.size()), value_or_undefined(weight),
+                               value_or_undefined(bias), true, eps, x.scalar_type());
     return {y, mean, rstd};
   }
   if (!must_record(x, weight, bias)) {
@@ -190,16 +191,16 @@ Tensor2 rms_norm_autograd(const at::Tensor& x, at::IntArrayRef ns, const OptT& w
   if (composite(x, weight)) {
     const double e = eps.value_or(rms_default_eps(x.scalar_type()));
     const int64_t k = static_cast<int64_t>(ns.size());
-    at::Tensor y = norm_forward_composite(x, k, value_or_undefined(weight), at::Tensor(), false,
-                                          e, x.scalar_type());
+    at::Tensor y = norm_forward_composite(x, k, value_or_undefined(weight), at::Tensor(), false, e,
+                                          x.scalar_type());
     return {y, stats_composite(x, k, false, e).second};
   }
   if (!must_record(x, weight)) {
     at::AutoDispatchBelowADInplaceOrView below;
     return rms_norm_op().call(x, ns, weight, eps);
   }
-  auto out = Norm::apply(x, ns, weight, OptT(), eps.value_or(rms_default_eps(x.scalar_type())),
-                         false);
+  auto out =
+      Norm::apply(x, ns, weight, OptT(), eps.value_or(rms_default_eps(x.scalar_type())), false);
   return {out[0], out[1]};
 }
 
@@ -213,9 +214,9 @@ at::ScalarType sum_dtype(const at::Tensor& x, bool residual_in_fp32) {
 
 struct AddNorm : torch::autograd::Function<AddNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
-                               const at::Tensor& residual, at::IntArrayRef ns,
-                               const OptT& weight, const OptT& bias, std::optional<double> eps,
-                               bool residual_in_fp32, bool layer) {
+                               const at::Tensor& residual, at::IntArrayRef ns, const OptT& weight,
+                               const OptT& bias, std::optional<double> eps, bool residual_in_fp32,
+                               bool layer) {
     at::AutoDispatchBelowADInplaceOrView below;
     at::Tensor y, s, mean, rstd;
     if (layer) {
@@ -223,8 +224,7 @@ struct AddNorm : torch::autograd::Function<AddNorm> {
           add_layer_norm_op().call(x, residual, ns, weight, bias, *eps, residual_in_fp32);
       ctx->mark_non_differentiable({mean, rstd});
     } else {
-      std::tie(y, s, rstd) =
-          add_rms_norm_op().call(x, residual, ns, weight, eps, residual_in_fp32);
+      std::tie(y, s, rstd) = add_rms_norm_op().call(x, residual, ns, weight, eps, residual_in_fp32);
       ctx->mark_non_differentiable({rstd});
     }
     ctx->set_materialize_grads(false);
@@ -273,8 +273,8 @@ struct AddNorm : torch::autograd::Function<AddNorm> {
       const OptT dso = dsum.defined() ? OptT(dsum) : std::nullopt;
       if (layer) {
         const OptT bo = b.defined() ? OptT(b) : std::nullopt;
-        std::tie(ds, dw, db) = add_layer_norm_backward_op().call(dy, dso, s, ns, mean, rstd, wo,
-                                                                 bo, {want_w, want_b});
+        std::tie(ds, dw, db) =
+            add_layer_norm_backward_op().call(dy, dso, s, ns, mean, rstd, wo, bo, {want_w, want_b});
       } else {
         std::tie(ds, dw) = add_rms_norm_backward_op().call(dy, dso, s, ns, rstd, wo, want_w);
       }
@@ -288,14 +288,15 @@ struct AddNorm : torch::autograd::Function<AddNorm> {
 };
 
 // The add forms' composite forward (forward-mode AD): s rounded as the kernels round it.
-std::pair<at::Tensor, at::Tensor> add_norm_forward_composite(
-    const at::Tensor& x, const at::Tensor& residual, int64_t k, const OptT& weight,
-    const OptT& bias, bool layer, double eps, bool residual_in_fp32) {
+std::pair<at::Tensor, at::Tensor> add_norm_forward_composite(const at::Tensor& x,
+                                                             const at::Tensor& residual, int64_t k,
+                                                             const OptT& weight, const OptT& bias,
+                                                             bool layer, double eps,
+                                                             bool residual_in_fp32) {
   const at::ScalarType acc = acc_dtype(x);
   const at::Tensor s = (x.to(acc) + residual.to(acc)).to(sum_dtype(x, residual_in_fp32));
-  const at::Tensor y = norm_forward_composite(s, k, value_or_undefined(weight),
-                                              value_or_undefined(bias), layer, eps,
-                                              x.scalar_type());
+  const at::Tensor y = norm_forward_composite(
+      s, k, value_or_undefined(weight), value_or_undefined(bias), layer, eps, x.scalar_type());
   return {y, s};
 }
 
@@ -304,8 +305,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_autogr
     const OptT& bias, double eps, bool residual_in_fp32) {
   if (composite(x, residual, weight, bias)) {
     const int64_t k = static_cast<int64_t>(ns.size());
-    auto [y, s] = add_norm_forward_composite(x, residual, k, weight, bias, true, eps,
-                                             residual_in_fp32);
+    auto [y, s] =
+        add_norm_forward_composite(x, residual, k, weight, bias, true, eps, residual_in_fp32);
     auto [mean, rstd] = stats_composite(s, k, true, eps);
     return {y, s, mean, rstd};
   }
@@ -318,9 +319,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_autogr
   return {out[0], out[1], out[2], out[3]};
 }
 
-Tensor3 add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& residual,
-                              at::IntArrayRef ns, const OptT& weight,
-                              std::optional<double> eps, bool residual_in_fp32) {
+Tensor3 add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef ns,
+                              const OptT& weight, std::optional<double> eps,
+                              bool residual_in_fp32) {
   if (composite(x, residual, weight)) {
     const double e = eps.value_or(rms_default_eps(x.scalar_type()));
     const int64_t k = static_cast<int64_t>(ns.size());

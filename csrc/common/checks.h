@@ -14,10 +14,10 @@ inline bool is_float_dtype(at::ScalarType t) {
 
 inline void check_float(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(is_float_dtype(t.scalar_type()), op, ": expected ", name,
-              " to be float32, float16, bfloat16 (or float64 on CPU), but got ",
-              t.scalar_type());
+              " to be float32, float16, bfloat16 (or float64 on CPU), but got ", t.scalar_type());
   TORCH_CHECK(t.device().is_cpu() || t.scalar_type() != at::kDouble, op, ": ", name,
-              " is float64 on ", t.device(), "; the CUDA kernels take float32, float16 "
+              " is float64 on ", t.device(),
+              "; the CUDA kernels take float32, float16 "
               "and bfloat16");
 }
 
@@ -29,9 +29,8 @@ inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const ch
 
 inline void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op,
                              const char* name_a, const char* name_b) {
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": expected ", name_a, " and ",
-              name_b, " to have the same dtype, but got ", a.scalar_type(), " and ",
-              b.scalar_type());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": expected ", name_a, " and ", name_b,
+              " to have the same dtype, but got ", a.scalar_type(), " and ", b.scalar_type());
 }
 
 inline void check_same_shape(const at::Tensor& a, const at::Tensor& b, const char* op,
@@ -51,8 +50,8 @@ namespace fused {
 inline GeluKind parse_gelu_approximate(std::string_view s, const char* op) {
   if (s == "none") return GeluKind::kNone;
   if (s == "tanh") return GeluKind::kTanh;
-  TORCH_CHECK(false, op, ": expected approximate to be 'none' or 'tanh', but got '",
-              std::string(s), "'");
+  TORCH_CHECK(false, op, ": expected approximate to be 'none' or 'tanh', but got '", std::string(s),
+              "'");
 }
 
 }  // namespace fused

@@ -73,8 +73,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes,
                                           uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_addr(smem)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(smem)),
       "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
@@ -105,15 +105,17 @@ __device__ __forceinline__ void push_to_peer(S* slot, uint64_t* bar, int rank, c
   if constexpr (sizeof(S) == 8) {
     uint64_t u;
     memcpy(&u, &v, 8);
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(a),
-                 "l"(u), "r"(b)
-                 : "memory");
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(a),
+        "l"(u), "r"(b)
+        : "memory");
   } else {
     uint32_t u;
     memcpy(&u, &v, 4);
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(a),
-                 "r"(u), "r"(b)
-                 : "memory");
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(a),
+        "r"(u), "r"(b)
+        : "memory");
   }
 }
 

@@ -79,7 +79,8 @@ inline XentInput xent_input(const at::Tensor& logits) {
 inline void xent_check(const at::Tensor& logits, const at::Tensor& target, double label_smoothing,
                        const char* op) {
   check_float(logits, op, "logits");
-  TORCH_CHECK(logits.dim() >= 1, op, ": expected logits of shape [..., V] with at least 1 dim, "
+  TORCH_CHECK(logits.dim() >= 1, op,
+              ": expected logits of shape [..., V] with at least 1 dim, "
               "but got a 0-d tensor");
   TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
               ": expected target to be int64 (or int32) class indices, but got ",
@@ -89,13 +90,18 @@ inline void xent_check(const at::Tensor& logits, const at::Tensor& target, doubl
   const int64_t rows = c10::multiply_integers(lead);
   const bool same = target.sizes() == lead;
   const bool flat = target.dim() == 1 && target.size(0) == rows;
-  TORCH_CHECK(same || flat, op, ": expected target of shape ", lead, " (the logits' shape "
-              "without the class dim) or [", rows, "], but got ", target.sizes(),
-              " for logits of shape ", logits.sizes());
-  TORCH_CHECK(logits.size(-1) > 0 || rows == 0, op, ": expected at least one class, but got "
-              "logits of shape ", logits.sizes());
-  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": expected label_smoothing "
-              "in [0, 1], but got ", label_smoothing);
+  TORCH_CHECK(same || flat, op, ": expected target of shape ", lead,
+              " (the logits' shape "
+              "without the class dim) or [",
+              rows, "], but got ", target.sizes(), " for logits of shape ", logits.sizes());
+  TORCH_CHECK(logits.size(-1) > 0 || rows == 0, op,
+              ": expected at least one class, but got "
+              "logits of shape ",
+              logits.sizes());
+  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+              ": expected label_smoothing "
+              "in [0, 1], but got ",
+              label_smoothing);
 }
 
 // The per-row outputs (loss, lse): float32, float64 for float64 logits, of target's shape.
@@ -107,15 +113,15 @@ inline at::Tensor xent_row_output(const at::Tensor& logits, const at::Tensor& ta
 // The checks of the backward's extra arguments: grad_loss and lse, per row, of the forward's
 // row dtype.
 inline void xent_check_backward(const at::Tensor& grad_loss, const at::Tensor& logits,
-                                const at::Tensor& target, const at::Tensor& lse,
-                                const char* op) {
+                                const at::Tensor& target, const at::Tensor& lse, const char* op) {
   const auto dt = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   check_same_device(logits, grad_loss, op, "logits", "grad_loss");
   check_same_device(logits, lse, op, "logits", "lse");
-  TORCH_CHECK(lse.scalar_type() == dt && grad_loss.scalar_type() == dt, op, ": expected "
-              "grad_loss and lse to be ", dt, " (the forward's per-row dtype for ",
-              logits.scalar_type(), " logits), but got ", grad_loss.scalar_type(), " and ",
-              lse.scalar_type());
+  TORCH_CHECK(lse.scalar_type() == dt && grad_loss.scalar_type() == dt, op,
+              ": expected "
+              "grad_loss and lse to be ",
+              dt, " (the forward's per-row dtype for ", logits.scalar_type(), " logits), but got ",
+              grad_loss.scalar_type(), " and ", lse.scalar_type());
   TORCH_CHECK(lse.numel() == target.numel() && grad_loss.numel() == target.numel(), op,
               ": expected grad_loss and lse with one value per row (", target.numel(),
               "), but got ", grad_loss.sizes(), " and ", lse.sizes());

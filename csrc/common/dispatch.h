@@ -9,8 +9,7 @@
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
 
 // CUDA: float32, float16, bfloat16.
-#define FUSED_DISPATCH_CUDA(TYPE, NAME, ...)                   \
-  AT_DISPATCH_SWITCH(TYPE, NAME,                               \
-                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
-                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)  \
-                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+#define FUSED_DISPATCH_CUDA(TYPE, NAME, ...)                                     \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                                 \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE( \
+                         at::kHalf, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))

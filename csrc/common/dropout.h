@@ -17,8 +17,8 @@ namespace fused {
 
 inline void check_dropout_p(double p, const char* op) {
   // Written so that NaN fails too.
-  TORCH_CHECK(p >= 0.0 && p <= 1.0, op,
-              ": dropout probability has to be between 0 and 1, but got ", p);
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, op, ": dropout probability has to be between 0 and 1, but got ",
+              p);
 }
 
 // What a kernel needs to apply the mask: an element is kept when its Philox word is below
@@ -53,7 +53,8 @@ inline DropoutParams dropout_params(double p, bool training, const char* op) {
 inline void check_seed_offset(const at::Tensor& so, const at::Tensor& like, const char* op) {
   TORCH_CHECK(so.scalar_type() == at::kLong && so.dim() == 1 && so.numel() == 2, op,
               ": expected seed_offset to be the int64 tensor of 2 elements returned by the "
-              "forward op, but got ", so.scalar_type(), " of shape ", so.sizes());
+              "forward op, but got ",
+              so.scalar_type(), " of shape ", so.sizes());
   check_same_device(like, so, op, "grad_out", "seed_offset");
 }
 
@@ -82,9 +83,8 @@ inline void check_bias_dropout_add(const at::Tensor& x, const std::optional<at::
   if (bias.has_value()) {
     check_same_device(x, *bias, op, "x", "bias");
     check_same_dtype(x, *bias, op, "x", "bias");
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(-1), op,
-                ": expected bias of shape [", x.size(-1), "] (the last dimension of x), but got ",
-                bias->sizes());
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(-1), op, ": expected bias of shape [",
+                x.size(-1), "] (the last dimension of x), but got ", bias->sizes());
   }
 }
 

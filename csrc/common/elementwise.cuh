@@ -17,8 +17,8 @@ struct Ptrs {
 
 template <typename T, int V, int UNROLL, int NIN, typename F>
 __global__ void __launch_bounds__(128)
-elementwise_kernel(F f, T* __restrict__ out, Ptrs<T, NIN> in, int64_t n) {
-  grid_dependency_wait();  // launched early (launch_early): nothing global before this
+    elementwise_kernel(F f, T* __restrict__ out, Ptrs<T, NIN> in, int64_t n) {
+  grid_dependency_wait();       // launched early (launch_early): nothing global before this
   const int64_t n_vec = n / V;  // whole vectors; the remainder (< V) is the tail
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x * UNROLL) + threadIdx.x;
   Vec<T, V> a[NIN][UNROLL];
@@ -40,8 +40,8 @@ elementwise_kernel(F f, T* __restrict__ out, Ptrs<T, NIN> in, int64_t n) {
         if constexpr (NIN == 1) {
           r.v[j] = static_cast<T>(f(static_cast<float>(a[0][u].v[j])));
         } else {
-          r.v[j] = static_cast<T>(
-              f(static_cast<float>(a[0][u].v[j]), static_cast<float>(a[1][u].v[j])));
+          r.v[j] =
+              static_cast<T>(f(static_cast<float>(a[0][u].v[j]), static_cast<float>(a[1][u].v[j])));
         }
       }
       store_vec<T, V>(out + i * V, r);

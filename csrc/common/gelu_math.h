@@ -17,9 +17,9 @@ namespace fused {
 
 enum class GeluKind : int { kNone = 0, kTanh = 1 };
 
-constexpr float kSqrt1_2 = 0.70710678118654752440f;     // 1/sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1/sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286535588f; // sqrt(2/pi)
+constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1/sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2/pi)
 constexpr float kGeluCoeff = 0.044715f;
 
 template <GeluKind K>
@@ -57,8 +57,8 @@ FUSED_HD float gelu_grad(float x) {
 // ~25 instructions per element; docs/design/gelu.md#tried-not-kept). exp2_approx / rcp_approx:
 // common/fast_math.cuh.
 
-constexpr float kHalfLog2e = 0.72134752044448170368f;      // log2(e) / 2
-constexpr float kInv2Sqrt2 = 0.35355339059327376220f;      // 1 / (2 sqrt 2)
+constexpr float kHalfLog2e = 0.72134752044448170368f;  // log2(e) / 2
+constexpr float kInv2Sqrt2 = 0.35355339059327376220f;  // 1 / (2 sqrt 2)
 
 // 1 / d0 and 1 / d1 through one reciprocal (1/d0 = d1 / (d0 d1)): the paired GeLU forms of
 // the GEMM epilogue, whose bound is the special-function unit (docs/design/matmul.md#design).
@@ -169,14 +169,18 @@ __device__ __forceinline__ float gelu_grad_fast(float x) {
 // What a kernel storing T should call: fast forms for 16-bit T, accurate ones for float.
 template <typename T, GeluKind K>
 __device__ __forceinline__ float gelu_fwd_for(float x) {
-  if constexpr (sizeof(T) == 2) return gelu_fwd_fast<K>(x);
-  else return gelu_fwd<K>(x);
+  if constexpr (sizeof(T) == 2)
+    return gelu_fwd_fast<K>(x);
+  else
+    return gelu_fwd<K>(x);
 }
 
 template <typename T, GeluKind K>
 __device__ __forceinline__ float gelu_grad_for(float x) {
-  if constexpr (sizeof(T) == 2) return gelu_grad_fast<K>(x);
-  else return gelu_grad<K>(x);
+  if constexpr (sizeof(T) == 2)
+    return gelu_grad_fast<K>(x);
+  else
+    return gelu_grad<K>(x);
 }
 #endif  // __CUDACC__
 

@@ -112,13 +112,13 @@ bool allow_dynamic_smem_once(Kernel kernel, int bytes) {
 // an SM at once, 0 where that shared memory does not fit a block; queried once a shape.
 template <typename Kernel>
 int resident_blocks(Kernel kernel, int threads, size_t smem) {
-  return cached_launch_query(reinterpret_cast<const void*>(kernel), threads,
-                             static_cast<int>(smem), [&] {
-    if (!allow_dynamic_smem(kernel, smem)) return 0;
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    return n;
-  });
+  return cached_launch_query(
+      reinterpret_cast<const void*>(kernel), threads, static_cast<int>(smem), [&] {
+        if (!allow_dynamic_smem(kernel, smem)) return 0;
+        int n = 0;
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+        return n;
+      });
 }
 
 // Whether the code of `kernel` that runs on this device was compiled for sm_90 or later:
@@ -129,14 +129,14 @@ int resident_blocks(Kernel kernel, int threads, size_t smem) {
 template <typename Kernel>
 bool runs_sm90_code(Kernel kernel) {
   return cached_launch_query(reinterpret_cast<const void*>(kernel), 0, 0, [&] {
-    if (at::cuda::getCurrentDeviceProperties()->major < 9) return 0;
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-      (void)cudaGetLastError();  // an answer, not an error to keep
-      return 0;
-    }
-    return (fa.ptxVersion > 0 ? fa.ptxVersion : fa.binaryVersion) >= 90 ? 1 : 0;
-  }) != 0;
+           if (at::cuda::getCurrentDeviceProperties()->major < 9) return 0;
+           cudaFuncAttributes fa;
+           if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+             (void)cudaGetLastError();  // an answer, not an error to keep
+             return 0;
+           }
+           return (fa.ptxVersion > 0 ? fa.ptxVersion : fa.binaryVersion) >= 90 ? 1 : 0;
+         }) != 0;
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched with it (early_start on a
@@ -208,9 +208,8 @@ struct ClusterLaunch {
   int max_active(Kernel kernel) {
     int n = 0;
     const bool ok =
-        (blocks <= 8 ||
-         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-             cudaSuccess) &&
+        (blocks <= 8 || cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                             1) == cudaSuccess) &&
         cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess;
     (void)cudaGetLastError();
     return ok ? n : 0;

@@ -23,8 +23,8 @@ using MatmulRun = at::Tensor (*)(const at::Tensor&, const at::Tensor&);
 using LinearRun = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&,
                                                          const std::optional<at::Tensor>&,
                                                          LinearAct, bool);
-using ActBackwardRun = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&,
-                                                              const at::Tensor&, LinearAct, bool);
+using ActBackwardRun = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&,
+                                                              LinearAct, bool);
 
 template <MatmulRun RUN>
 at::Tensor matmul_op(const at::Tensor& a, const at::Tensor& b) {
@@ -64,12 +64,12 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_op(const at::Tensor& grad
 }
 
 // Registers the four matmul ops of one backend: m.impl for the entry points above.
-#define FUSED_REGISTER_MATMUL_OPS(m, RUN_MATMUL, RUN_LINEAR, RUN_ACT_BACKWARD)              \
-  do {                                                                                    \
-    m.impl("matmul", &::fused::matmul_op<RUN_MATMUL>);                                    \
-    m.impl("linear", &::fused::linear_op<RUN_LINEAR>);                                    \
-    m.impl("linear_fwd", &::fused::linear_fwd_op<RUN_LINEAR>);                            \
-    m.impl("linear_act_backward", &::fused::linear_act_backward_op<RUN_ACT_BACKWARD>);    \
+#define FUSED_REGISTER_MATMUL_OPS(m, RUN_MATMUL, RUN_LINEAR, RUN_ACT_BACKWARD)         \
+  do {                                                                                 \
+    m.impl("matmul", &::fused::matmul_op<RUN_MATMUL>);                                 \
+    m.impl("linear", &::fused::linear_op<RUN_LINEAR>);                                 \
+    m.impl("linear_fwd", &::fused::linear_fwd_op<RUN_LINEAR>);                         \
+    m.impl("linear_act_backward", &::fused::linear_act_backward_op<RUN_ACT_BACKWARD>); \
   } while (0)
 
 }  // namespace fused

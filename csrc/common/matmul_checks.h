@@ -38,13 +38,13 @@ inline void check_matmul_args(const at::Tensor& a, const at::Tensor& b, const ch
   check_float(a, op, "a");
   check_same_dtype(a, b, op, "a", "b");
   check_same_device(a, b, op, "a", "b");
-  TORCH_CHECK(a.dim() == 2 || a.dim() == 3, op, ": expected a to be 2-D or 3-D, but got ",
-              a.dim(), "-D with shape ", a.sizes());
-  TORCH_CHECK(b.dim() == 2 || b.dim() == 3, op, ": expected b to be 2-D or 3-D, but got ",
-              b.dim(), "-D with shape ", b.sizes());
+  TORCH_CHECK(a.dim() == 2 || a.dim() == 3, op, ": expected a to be 2-D or 3-D, but got ", a.dim(),
+              "-D with shape ", a.sizes());
+  TORCH_CHECK(b.dim() == 2 || b.dim() == 3, op, ": expected b to be 2-D or 3-D, but got ", b.dim(),
+              "-D with shape ", b.sizes());
   TORCH_CHECK(a.size(-1) == b.size(-2), op, ": shapes ", a.sizes(), " and ", b.sizes(),
-              " cannot be multiplied (a.size(-1) = ", a.size(-1), " must equal b.size(-2) = ",
-              b.size(-2), ")");
+              " cannot be multiplied (a.size(-1) = ", a.size(-1),
+              " must equal b.size(-2) = ", b.size(-2), ")");
   if (a.dim() == 3 && b.dim() == 3) {
     TORCH_CHECK(a.size(0) == b.size(0) || a.size(0) == 1 || b.size(0) == 1, op,
                 ": batch sizes of a ", a.sizes(), " and b ", b.sizes(),
@@ -59,17 +59,18 @@ inline void check_linear_args(const at::Tensor& x, const at::Tensor& w,
   check_same_dtype(x, w, op, "x", "weight");
   check_same_device(x, w, op, "x", "weight");
   TORCH_CHECK(x.dim() >= 1, op, ": expected x to have at least 1 dimension, but got a scalar");
-  TORCH_CHECK(w.dim() == 2, op, ": expected weight to be 2-D [out_features, in_features], "
-              "but got shape ", w.sizes());
+  TORCH_CHECK(w.dim() == 2, op,
+              ": expected weight to be 2-D [out_features, in_features], "
+              "but got shape ",
+              w.sizes());
   TORCH_CHECK(x.size(-1) == w.size(1), op, ": x.size(-1) = ", x.size(-1),
               " must equal weight.size(1) (in_features) = ", w.size(1), " (x ", x.sizes(),
               ", weight ", w.sizes(), ")");
   if (bias.has_value()) {
     check_same_dtype(x, *bias, op, "x", "bias");
     check_same_device(x, *bias, op, "x", "bias");
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == w.size(0), op,
-                ": expected bias of shape [", w.size(0), "] (out_features), but got ",
-                bias->sizes());
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == w.size(0), op, ": expected bias of shape [",
+                w.size(0), "] (out_features), but got ", bias->sizes());
   }
 }
 

@@ -48,16 +48,16 @@ struct NormBackward {
 // rows and cols of x for normalized_shape, with the shape checks torch's norms make.
 inline std::pair<int64_t, int64_t> norm_rows_cols(const at::Tensor& x, at::IntArrayRef ns,
                                                   const char* op) {
-  TORCH_CHECK(!ns.empty(), op, ": expected normalized_shape to have at least one dimension, "
+  TORCH_CHECK(!ns.empty(), op,
+              ": expected normalized_shape to have at least one dimension, "
               "but got []");
   const int64_t k = static_cast<int64_t>(ns.size());
   TORCH_CHECK(x.dim() >= k && x.sizes().slice(x.dim() - k).equals(ns), op,
-              ": expected x to end with normalized_shape=", ns, ", but got x of shape ",
-              x.sizes());
+              ": expected x to end with normalized_shape=", ns, ", but got x of shape ", x.sizes());
   const int64_t cols = c10::multiply_integers(ns);
   const int64_t rows = c10::multiply_integers(x.sizes().slice(0, x.dim() - k));
-  TORCH_CHECK(cols <= std::numeric_limits<int32_t>::max(), op,
-              ": normalized_shape holds ", cols, " elements; at most 2^31 - 1 are supported");
+  TORCH_CHECK(cols <= std::numeric_limits<int32_t>::max(), op, ": normalized_shape holds ", cols,
+              " elements; at most 2^31 - 1 are supported");
   return {rows, cols};
 }
 
@@ -79,17 +79,20 @@ inline at::ScalarType norm_stat_dtype(const at::Tensor& x) {
 // F.rms_norm's default eps: the machine epsilon of x's dtype.
 inline double rms_default_eps(at::ScalarType t) {
   switch (t) {
-    case at::kDouble: return std::numeric_limits<double>::epsilon();
-    case at::kHalf: return 0.0009765625;      // 2^-10
-    case at::kBFloat16: return 0.0078125;     // 2^-7
-    default: return std::numeric_limits<float>::epsilon();
+    case at::kDouble:
+      return std::numeric_limits<double>::epsilon();
+    case at::kHalf:
+      return 0.0009765625;  // 2^-10
+    case at::kBFloat16:
+      return 0.0078125;  // 2^-7
+    default:
+      return std::numeric_limits<float>::epsilon();
   }
 }
 
 inline NormForward prepare_norm_forward(const char* op, bool layer, const at::Tensor& x,
                                         const std::optional<at::Tensor>& residual,
-                                        at::IntArrayRef ns,
-                                        const std::optional<at::Tensor>& weight,
+                                        at::IntArrayRef ns, const std::optional<at::Tensor>& weight,
                                         const std::optional<at::Tensor>& bias, double eps,
                                         bool residual_in_fp32) {
   check_float(x, op, "x");
@@ -116,8 +119,7 @@ inline NormForward prepare_norm_forward(const char* op, bool layer, const at::Te
                 ": expected residual to have x's dtype (", x.scalar_type(),
                 ") or float32, but got ", r.scalar_type());
     if (residual_in_fp32 && x.scalar_type() != at::kDouble) sum_dtype = at::kFloat;
-    if (r.scalar_type() == sum_dtype || r.scalar_type() != at::kFloat ||
-        sum_dtype == at::kDouble) {
+    if (r.scalar_type() == sum_dtype || r.scalar_type() != at::kFloat || sum_dtype == at::kDouble) {
       // The kernels read the residual in the sum's dtype (a 16-bit residual into a float32
       // sum, or a float32 one into a float64 sum, converts exactly).
       p.residual = r.to(sum_dtype).contiguous();
@@ -142,14 +144,11 @@ inline NormForward prepare_norm_forward(const char* op, bool layer, const at::Te
 }
 
 // grad_out, the normalized rows x (input or sum), saved stats and parameters.
-inline NormBackward prepare_norm_backward(const char* op, bool layer, const at::Tensor& dy,
-                                          const std::optional<at::Tensor>& dsum,
-                                          const at::Tensor& x, at::IntArrayRef ns,
-                                          const std::optional<at::Tensor>& mean,
-                                          const at::Tensor& rstd,
-                                          const std::optional<at::Tensor>& weight,
-                                          const std::optional<at::Tensor>& bias,
-                                          bool want_dweight, bool want_dbias, bool add_form) {
+inline NormBackward prepare_norm_backward(
+    const char* op, bool layer, const at::Tensor& dy, const std::optional<at::Tensor>& dsum,
+    const at::Tensor& x, at::IntArrayRef ns, const std::optional<at::Tensor>& mean,
+    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, bool want_dweight, bool want_dbias, bool add_form) {
   check_float(dy, op, "grad_out");
   check_float(x, op, add_form ? "sum" : "x");
   const char* xname = add_form ? "sum" : "x";
@@ -203,8 +202,10 @@ inline NormBackward prepare_norm_backward(const char* op, bool layer, const at::
   want_dweight = want_dweight && p.weight.defined();
   want_dbias = want_dbias && bias.has_value() && bias->defined();
   if (want_dweight && want_dbias) {
-    TORCH_CHECK(dw_dtype == db_dtype, op, ": expected weight and bias to have the same dtype, "
-                "but got ", dw_dtype, " and ", db_dtype);
+    TORCH_CHECK(dw_dtype == db_dtype, op,
+                ": expected weight and bias to have the same dtype, "
+                "but got ",
+                dw_dtype, " and ", db_dtype);
   }
   p.dx = at::empty(x.sizes(), x.options());
   if (want_dweight) p.dweight = at::empty(ns, dy.options().dtype(dw_dtype));
@@ -236,8 +237,8 @@ template <NormForwardFn run>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_op(
     const at::Tensor& x, at::IntArrayRef ns, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps) {
-  NormForward p = prepare_norm_forward("fused::layer_norm", true, x, std::nullopt, ns, weight,
-                                       bias, eps, false);
+  NormForward p = prepare_norm_forward("fused::layer_norm", true, x, std::nullopt, ns, weight, bias,
+                                       eps, false);
   run_if_nonempty(run, p);
   return {p.y, p.mean, p.rstd};
 }
@@ -246,9 +247,9 @@ template <NormForwardFn run>
 std::tuple<at::Tensor, at::Tensor> rms_norm_op(const at::Tensor& x, at::IntArrayRef ns,
                                                const std::optional<at::Tensor>& weight,
                                                std::optional<double> eps) {
-  NormForward p = prepare_norm_forward("fused::rms_norm", false, x, std::nullopt, ns, weight,
-                                       std::nullopt,
-                                       eps.value_or(rms_default_eps(x.scalar_type())), false);
+  NormForward p =
+      prepare_norm_forward("fused::rms_norm", false, x, std::nullopt, ns, weight, std::nullopt,
+                           eps.value_or(rms_default_eps(x.scalar_type())), false);
   run_if_nonempty(run, p);
   return {p.y, p.rstd};
 }
@@ -258,8 +259,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_op(
     const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef ns,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
     bool residual_in_fp32) {
-  NormForward p = prepare_norm_forward("fused::add_layer_norm", true, x, residual, ns, weight,
-                                       bias, eps, residual_in_fp32);
+  NormForward p = prepare_norm_forward("fused::add_layer_norm", true, x, residual, ns, weight, bias,
+                                       eps, residual_in_fp32);
   run_if_nonempty(run, p);
   return {p.y, p.sum, p.mean, p.rstd};
 }
@@ -268,10 +269,9 @@ template <NormForwardFn run>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_op(
     const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef ns,
     const std::optional<at::Tensor>& weight, std::optional<double> eps, bool residual_in_fp32) {
-  NormForward p = prepare_norm_forward("fused::add_rms_norm", false, x, residual, ns, weight,
-                                       std::nullopt,
-                                       eps.value_or(rms_default_eps(x.scalar_type())),
-                                       residual_in_fp32);
+  NormForward p =
+      prepare_norm_forward("fused::add_rms_norm", false, x, residual, ns, weight, std::nullopt,
+                           eps.value_or(rms_default_eps(x.scalar_type())), residual_in_fp32);
   run_if_nonempty(run, p);
   return {p.y, p.sum, p.rstd};
 }
@@ -281,22 +281,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_op(
     const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef ns, const at::Tensor& mean,
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, std::array<bool, 2> mask) {
-  NormBackward p = prepare_norm_backward("fused::layer_norm_backward", true, dy, std::nullopt,
-                                         x, ns, mean, rstd, weight, bias, mask[0], mask[1],
-                                         false);
+  NormBackward p = prepare_norm_backward("fused::layer_norm_backward", true, dy, std::nullopt, x,
+                                         ns, mean, rstd, weight, bias, mask[0], mask[1], false);
   run_if_nonempty(run, p);
   return {p.dx, norm_grad_or_empty(p.dweight, dy), norm_grad_or_empty(p.dbias, dy)};
 }
 
 template <NormBackwardFn run>
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_op(const at::Tensor& dy,
-                                                        const at::Tensor& x, at::IntArrayRef ns,
-                                                        const at::Tensor& rstd,
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_op(const at::Tensor& dy, const at::Tensor& x,
+                                                        at::IntArrayRef ns, const at::Tensor& rstd,
                                                         const std::optional<at::Tensor>& weight,
                                                         bool weight_grad) {
-  NormBackward p = prepare_norm_backward("fused::rms_norm_backward", false, dy, std::nullopt,
-                                         x, ns, std::nullopt, rstd, weight, std::nullopt,
-                                         weight_grad, false, false);
+  NormBackward p =
+      prepare_norm_backward("fused::rms_norm_backward", false, dy, std::nullopt, x, ns,
+                            std::nullopt, rstd, weight, std::nullopt, weight_grad, false, false);
   run_if_nonempty(run, p);
   return {p.dx, norm_grad_or_empty(p.dweight, dy)};
 }
@@ -307,8 +305,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward_op(
     at::IntArrayRef ns, const at::Tensor& mean, const at::Tensor& rstd,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     std::array<bool, 2> mask) {
-  NormBackward p = prepare_norm_backward("fused::add_layer_norm_backward", true, dy, dsum, sum,
-                                         ns, mean, rstd, weight, bias, mask[0], mask[1], true);
+  NormBackward p = prepare_norm_backward("fused::add_layer_norm_backward", true, dy, dsum, sum, ns,
+                                         mean, rstd, weight, bias, mask[0], mask[1], true);
   run_if_nonempty(run, p);
   return {p.dx, norm_grad_or_empty(p.dweight, dy), norm_grad_or_empty(p.dbias, dy)};
 }
@@ -318,24 +316,24 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_op(
     const at::Tensor& dy, const std::optional<at::Tensor>& dsum, const at::Tensor& sum,
     at::IntArrayRef ns, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
     bool weight_grad) {
-  NormBackward p = prepare_norm_backward("fused::add_rms_norm_backward", false, dy, dsum, sum,
-                                         ns, std::nullopt, rstd, weight, std::nullopt,
-                                         weight_grad, false, true);
+  NormBackward p =
+      prepare_norm_backward("fused::add_rms_norm_backward", false, dy, dsum, sum, ns, std::nullopt,
+                            rstd, weight, std::nullopt, weight_grad, false, true);
   run_if_nonempty(run, p);
   return {p.dx, norm_grad_or_empty(p.dweight, dy)};
 }
 
 // Registers every norm op of one backend: m.impl for the eight entry points above.
-#define FUSED_REGISTER_NORM_OPS(m, RUN_FWD, RUN_BWD)                                        \
-  do {                                                                                     \
-    m.impl("layer_norm", &::fused::layer_norm_op<RUN_FWD>);                                \
-    m.impl("rms_norm", &::fused::rms_norm_op<RUN_FWD>);                                    \
-    m.impl("add_layer_norm", &::fused::add_layer_norm_op<RUN_FWD>);                        \
-    m.impl("add_rms_norm", &::fused::add_rms_norm_op<RUN_FWD>);                            \
-    m.impl("layer_norm_backward", &::fused::layer_norm_backward_op<RUN_BWD>);              \
-    m.impl("rms_norm_backward", &::fused::rms_norm_backward_op<RUN_BWD>);                  \
-    m.impl("add_layer_norm_backward", &::fused::add_layer_norm_backward_op<RUN_BWD>);      \
-    m.impl("add_rms_norm_backward", &::fused::add_rms_norm_backward_op<RUN_BWD>);          \
+#define FUSED_REGISTER_NORM_OPS(m, RUN_FWD, RUN_BWD)                                  \
+  do {                                                                                \
+    m.impl("layer_norm", &::fused::layer_norm_op<RUN_FWD>);                           \
+    m.impl("rms_norm", &::fused::rms_norm_op<RUN_FWD>);                               \
+    m.impl("add_layer_norm", &::fused::add_layer_norm_op<RUN_FWD>);                   \
+    m.impl("add_rms_norm", &::fused::add_rms_norm_op<RUN_FWD>);                       \
+    m.impl("layer_norm_backward", &::fused::layer_norm_backward_op<RUN_BWD>);         \
+    m.impl("rms_norm_backward", &::fused::rms_norm_backward_op<RUN_BWD>);             \
+    m.impl("add_layer_norm_backward", &::fused::add_layer_norm_backward_op<RUN_BWD>); \
+    m.impl("add_rms_norm_backward", &::fused::add_rms_norm_backward_op<RUN_BWD>);     \
   } while (0)
 
 }  // namespace fused

@@ -90,10 +90,9 @@ FUSED_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c
   return Philox4{{c0, c1, c2, c3}};
 }
 
-FUSED_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                               uint32_t k0, uint32_t k1) {
-  return philox4x32_10(c0, c1, c2, c3,
-                       philox_key(static_cast<uint64_t>(k1) << 32 | k0));
+FUSED_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                               uint32_t k1) {
+  return philox4x32_10(c0, c1, c2, c3, philox_key(static_cast<uint64_t>(k1) << 32 | k0));
 }
 
 // The four 32-bit words for elements 4*group .. 4*group+3 of a tensor, drawn from generator

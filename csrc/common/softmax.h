@@ -21,8 +21,10 @@ namespace fused {
 inline int64_t softmax_wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);
   // An IndexError in Python, as torch's "Dimension out of range".
-  TORCH_CHECK_INDEX(dim >= -n && dim < n, op, ": Dimension out of range (expected to be in "
-                    "range of [", -n, ", ", n - 1, "], but got ", dim, ")");
+  TORCH_CHECK_INDEX(dim >= -n && dim < n, op,
+                    ": Dimension out of range (expected to be in "
+                    "range of [",
+                    -n, ", ", n - 1, "], but got ", dim, ")");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -30,10 +32,14 @@ inline int64_t softmax_wrap_dim(int64_t dim, int64_t ndim, const char* op) {
 // scaled_dot_product_attention(is_causal=True) does (top-left aligned when Lq != Lk).
 inline void softmax_check_causal(const at::Tensor& x, int64_t wrapped_dim, int64_t dim,
                                  const char* op) {
-  TORCH_CHECK(x.dim() >= 2, op, ": causal=True needs an input with at least 2 dims "
-              "(..., query, key), but got a ", x.dim(), "-d input of shape ", x.sizes());
-  TORCH_CHECK(wrapped_dim == x.dim() - 1, op, ": causal=True takes the softmax over the last "
-              "dim (keys); expected dim=-1 (or ", x.dim() - 1, "), but got dim=", dim);
+  TORCH_CHECK(x.dim() >= 2, op,
+              ": causal=True needs an input with at least 2 dims "
+              "(..., query, key), but got a ",
+              x.dim(), "-d input of shape ", x.sizes());
+  TORCH_CHECK(wrapped_dim == x.dim() - 1, op,
+              ": causal=True takes the softmax over the last "
+              "dim (keys); expected dim=-1 (or ",
+              x.dim() - 1, "), but got dim=", dim);
 }
 
 // The [rows, len] view of a tensor for a softmax over `dim` (already wrapped).

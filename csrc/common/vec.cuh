@@ -2,8 +2,8 @@
 // 4 floats or 8 halves. Use them only when every pointer involved is 16-byte aligned
 // (can_vectorize); otherwise take the scalar path.
 #pragma once
-#include <cstdint>
 #include <cuda_runtime.h>
+#include <cstdint>
 
 namespace fused {
 

@@ -8,9 +8,9 @@
 //   backward  dx_j = g ((1 + 2 z lse) softmax_j - eps / V - (1 - eps) [j = t]), 0 where ignored
 // A target outside [0, V) that is not ignore_index is an error here (checked before any
 // kernel runs), as in F.cross_entropy.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <torch/library.h>
@@ -46,33 +46,33 @@ void forward_rows(const T* x, const XentRows& l, const int64_t* target, R* loss,
   const int64_t V = l.len;
   at::parallel_for(0, l.rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1)),
                    [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t t = target[r];
-      if (t == ignore_index) {
-        loss[r] = R(0);
-        lse[r] = R(0);
-        continue;
-      }
-      const T* xr = x + xent_row_offset(l, r);
-      A m = -std::numeric_limits<A>::infinity();
-      for (int64_t j = 0; j < V; ++j) m = std::fmax(m, static_cast<A>(xr[j]));
-      // An all -inf row: subtract 0 instead of -inf (sum 0, lse -inf, as torch).
-      const A off = std::isinf(m) && m < 0 ? A(0) : m;
-      double s = 0, sx = 0;
-      for (int64_t j = 0; j < V; ++j) {
-        const A v = static_cast<A>(xr[j]);
-        s += std::exp(v - off);
-        sx += v;
-      }
-      const double L = static_cast<double>(off) + std::log(s);
-      const double eps = eps_d;
-      double out = (1.0 - eps) * (L - static_cast<double>(static_cast<A>(xr[t])));
-      if (eps != 0.0) out += eps * (L - sx / static_cast<double>(V));
-      if (z_d != 0.0) out += z_d * L * L;
-      loss[r] = static_cast<R>(out);
-      lse[r] = static_cast<R>(L);
-    }
-  });
+                     for (int64_t r = begin; r < end; ++r) {
+                       const int64_t t = target[r];
+                       if (t == ignore_index) {
+                         loss[r] = R(0);
+                         lse[r] = R(0);
+                         continue;
+                       }
+                       const T* xr = x + xent_row_offset(l, r);
+                       A m = -std::numeric_limits<A>::infinity();
+                       for (int64_t j = 0; j < V; ++j) m = std::fmax(m, static_cast<A>(xr[j]));
+                       // An all -inf row: subtract 0 instead of -inf (sum 0, lse -inf, as torch).
+                       const A off = std::isinf(m) && m < 0 ? A(0) : m;
+                       double s = 0, sx = 0;
+                       for (int64_t j = 0; j < V; ++j) {
+                         const A v = static_cast<A>(xr[j]);
+                         s += std::exp(v - off);
+                         sx += v;
+                       }
+                       const double L = static_cast<double>(off) + std::log(s);
+                       const double eps = eps_d;
+                       double out = (1.0 - eps) * (L - static_cast<double>(static_cast<A>(xr[t])));
+                       if (eps != 0.0) out += eps * (L - sx / static_cast<double>(V));
+                       if (z_d != 0.0) out += z_d * L * L;
+                       loss[r] = static_cast<R>(out);
+                       lse[r] = static_cast<R>(L);
+                     }
+                   });
 }
 
 template <typename T, typename R>
@@ -83,25 +83,25 @@ void backward_rows(const R* grad, const T* x, const XentRows& lx, T* dx, const X
   const int64_t V = lx.len;
   at::parallel_for(0, lx.rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1)),
                    [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + xent_row_offset(lx, r);
-      T* dr = dx + xent_row_offset(ld, r);
-      const int64_t t = target[r];
-      if (t == ignore_index) {
-        for (int64_t j = 0; j < V; ++j) dr[j] = T(0);
-        continue;
-      }
-      const A g = static_cast<A>(grad[r]);
-      const A L = static_cast<A>(lse[r]);
-      const A a = g * (A(1) + A(2) * static_cast<A>(z_d) * L);
-      const A b = g * static_cast<A>(eps_d / static_cast<double>(V));
-      const A c = g * static_cast<A>(1.0 - eps_d);
-      for (int64_t j = 0; j < V; ++j) {
-        const A v = a * std::exp(static_cast<A>(xr[j]) - L) - b;
-        dr[j] = static_cast<T>(j == t ? v - c : v);
-      }
-    }
-  });
+                     for (int64_t r = begin; r < end; ++r) {
+                       const T* xr = x + xent_row_offset(lx, r);
+                       T* dr = dx + xent_row_offset(ld, r);
+                       const int64_t t = target[r];
+                       if (t == ignore_index) {
+                         for (int64_t j = 0; j < V; ++j) dr[j] = T(0);
+                         continue;
+                       }
+                       const A g = static_cast<A>(grad[r]);
+                       const A L = static_cast<A>(lse[r]);
+                       const A a = g * (A(1) + A(2) * static_cast<A>(z_d) * L);
+                       const A b = g * static_cast<A>(eps_d / static_cast<double>(V));
+                       const A c = g * static_cast<A>(1.0 - eps_d);
+                       for (int64_t j = 0; j < V; ++j) {
+                         const A v = a * std::exp(static_cast<A>(xr[j]) - L) - b;
+                         dr[j] = static_cast<T>(j == t ? v - c : v);
+                       }
+                     }
+                   });
 }
 
 // target as int64, contiguous (int32 targets are widened once).
@@ -110,9 +110,9 @@ at::Tensor long_target(const at::Tensor& target) {
 }
 
 std::tuple<at::Tensor, at::Tensor> cross_entropy_cpu(const at::Tensor& logits,
-                                                     const at::Tensor& target,
-                                                     int64_t ignore_index, double label_smoothing,
-                                                     double z_loss, bool /*inplace_backward*/) {
+                                                     const at::Tensor& target, int64_t ignore_index,
+                                                     double label_smoothing, double z_loss,
+                                                     bool /*inplace_backward*/) {
   const char* op = "fused::cross_entropy";
   xent_check(logits, target, label_smoothing, op);
   at::Tensor loss = xent_row_output(logits, target);
@@ -147,8 +147,7 @@ void backward_into(const at::Tensor& grad_loss, const XentInput& in, at::Tensor&
 
 at::Tensor cross_entropy_backward_cpu(const at::Tensor& grad_loss, const at::Tensor& logits,
                                       const at::Tensor& target, const at::Tensor& lse,
-                                      int64_t ignore_index, double label_smoothing,
-                                      double z_loss) {
+                                      int64_t ignore_index, double label_smoothing, double z_loss) {
   const char* op = "fused::cross_entropy_backward";
   xent_check(logits, target, label_smoothing, op);
   xent_check_backward(grad_loss, logits, target, lse, op);
@@ -176,8 +175,7 @@ void cross_entropy_backward_inplace_cpu(const at::Tensor& grad_loss, const at::T
   XentInput in = xent_input(logits);
   // Rows read and written in place (each element is read before it is written); a layout
   // the kernel cannot address is computed in a contiguous copy and copied back.
-  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing,
-                z_loss);
+  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing, z_loss);
   if (!in.x.is_same(logits)) logits.copy_(in.x.view(logits.sizes()));
 }
 
@@ -188,8 +186,8 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_with_grad_cpu(const at::Tensor&
                                                                double z_loss, bool mean) {
   const char* op = "fused::cross_entropy_with_grad";
   xent_check(logits, target, label_smoothing, op);
-  auto [rows, lse] = cross_entropy_cpu(logits, target, ignore_index, label_smoothing, z_loss,
-                                       false);
+  auto [rows, lse] =
+      cross_entropy_cpu(logits, target, ignore_index, label_smoothing, z_loss, false);
   const at::Tensor count = target.ne(ignore_index).sum().to(rows.scalar_type());
   at::Tensor dx = at::empty(logits.sizes(), logits.options());
   if (dx.numel() > 0) {
@@ -209,9 +207,10 @@ void cross_entropy_scale_inplace_cpu(const at::Tensor& grad, const at::Tensor& s
   const char* op = "fused::cross_entropy_scale_";
   check_float(grad, op, "grad");
   check_same_device(grad, scale, op, "grad", "scale");
-  TORCH_CHECK(scale.numel() == 1 && scale.is_floating_point(), op, ": expected scale to be "
-              "one floating-point value, but got ", scale.scalar_type(), " of shape ",
-              scale.sizes());
+  TORCH_CHECK(scale.numel() == 1 && scale.is_floating_point(), op,
+              ": expected scale to be "
+              "one floating-point value, but got ",
+              scale.scalar_type(), " of shape ", scale.sizes());
   if (scale.item<double>() != 1.0) grad.mul_(scale.reshape({}));
 }
 

@@ -81,8 +81,8 @@ void draws8(const PhiloxKey& key, uint64_t offset, bool bits16, int64_t g, uint3
 // unrounded value mask * scale * (x + bias) (bias_dropout_add_backward sums it for dbias).
 // out may alias x (in-place dropout): each element is read before it is written.
 template <typename T>
-void dropout_cpu_kernel(const T* x, const T* bias, const T* res, T* out, acc_t<T>* kept,
-                        int64_t n, int64_t cols, SeedOffset so, const DropoutParams& d) {
+void dropout_cpu_kernel(const T* x, const T* bias, const T* res, T* out, acc_t<T>* kept, int64_t n,
+                        int64_t cols, SeedOffset so, const DropoutParams& d) {
   using A = acc_t<T>;
   const A scale = static_cast<A>(d.scale);
   const int64_t groups = (n + 7) / 8;  // eight draws at a time (draws8)
@@ -112,17 +112,15 @@ void dropout_cpu_kernel(const T* x, const T* bias, const T* res, T* out, acc_t<T
 
 // Runs the kernel over contiguous tensors (any may be undefined except x and out).
 void run_cpu(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& res,
-             const at::Tensor& out, const at::Tensor& kept, SeedOffset so,
-             const DropoutParams& d) {
+             const at::Tensor& out, const at::Tensor& kept, SeedOffset so, const DropoutParams& d) {
   if (x.numel() == 0) return;
   const int64_t cols = x.dim() > 0 ? x.size(-1) : 1;
   FUSED_DISPATCH_CPU(x.scalar_type(), "fused::dropout", [&] {
     dropout_cpu_kernel<scalar_t>(
         x.const_data_ptr<scalar_t>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
-        res.defined() ? res.const_data_ptr<scalar_t>() : nullptr,
-        out.mutable_data_ptr<scalar_t>(),
-        kept.defined() ? kept.mutable_data_ptr<acc_t<scalar_t>>() : nullptr, x.numel(), cols,
-        so, d);
+        res.defined() ? res.const_data_ptr<scalar_t>() : nullptr, out.mutable_data_ptr<scalar_t>(),
+        kept.defined() ? kept.mutable_data_ptr<acc_t<scalar_t>>() : nullptr, x.numel(), cols, so,
+        d);
   });
 }
 
@@ -184,15 +182,15 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cpu(const at::Tensor& x_in,
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cpu(const at::Tensor& grad_out,
                                                                  const at::Tensor& seed_offset,
                                                                  double p) {
-  const DropoutParams d = dropout_backward_params(grad_out, seed_offset, p, true,
-                                                  "fused::bias_dropout_add_backward");
+  const DropoutParams d =
+      dropout_backward_params(grad_out, seed_offset, p, true, "fused::bias_dropout_add_backward");
   const at::Tensor g = grad_out.contiguous();
   const int64_t cols = g.size(-1);
   at::Tensor dx = at::empty_like(g, at::MemoryFormat::Contiguous);
   const at::ScalarType acc = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   // grad_x in the math type, summed over rows for grad_bias (at::sum is deterministic on CPU).
-  at::Tensor kept = at::empty({g.numel() / std::max<int64_t>(cols, 1), cols},
-                              g.options().dtype(acc));
+  at::Tensor kept =
+      at::empty({g.numel() / std::max<int64_t>(cols, 1), cols}, g.options().dtype(acc));
   const SeedOffset so = d.random() ? read_seed_offset(seed_offset) : SeedOffset{};
   run_cpu(g, {}, {}, dx, kept, so, d);
   at::Tensor dbias = at::sum(kept, {0}).to(g.scalar_type());

@@ -53,8 +53,8 @@ at::Tensor gelu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& x,
     at::parallel_for(0, xc.numel(), 32768, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         acc_t<scalar_t> v = static_cast<acc_t<scalar_t>>(in[i]);
-        acc_t<scalar_t> d = kind == GeluKind::kNone ? gelu_grad<GeluKind::kNone>(v)
-                                                    : gelu_grad<GeluKind::kTanh>(v);
+        acc_t<scalar_t> d =
+            kind == GeluKind::kNone ? gelu_grad<GeluKind::kNone>(v) : gelu_grad<GeluKind::kTanh>(v);
         out[i] = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(g[i]) * d);
       }
     });

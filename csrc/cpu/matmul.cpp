@@ -40,8 +40,8 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b) {
 // z = x W^T + bias in the accumulation type; returns (act(z), z) in x's dtype, the second
 // only when want_preact.
 std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Tensor& w,
-                                               const std::optional<at::Tensor>& bias,
-                                               LinearAct act, bool want_preact) {
+                                               const std::optional<at::Tensor>& bias, LinearAct act,
+                                               bool want_preact) {
   const auto acc = acc_dtype(x.scalar_type());
   at::Tensor z = at::matmul(x.to(acc), w.to(acc).t()).contiguous();
   at::Tensor y = at::empty(z.sizes(), x.options());
@@ -81,8 +81,8 @@ std::tuple<at::Tensor, at::Tensor> act_backward_cpu(const at::Tensor& grad_out,
     scalar_t* dzp = dz.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, z.numel(), 16384, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        dzp[i] = static_cast<scalar_t>(static_cast<A>(gp[i]) *
-                                       act_grad(static_cast<A>(zp[i]), act));
+        dzp[i] =
+            static_cast<scalar_t>(static_cast<A>(gp[i]) * act_grad(static_cast<A>(zp[i]), act));
       }
     });
     if (bias_grad) {

@@ -151,8 +151,6 @@ void backward_cpu(NormBackward& p) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  FUSED_REGISTER_NORM_OPS(m, forward_cpu, backward_cpu);
-}
+TORCH_LIBRARY_IMPL(fused, CPU, m) { FUSED_REGISTER_NORM_OPS(m, forward_cpu, backward_cpu); }
 
 }  // namespace fused

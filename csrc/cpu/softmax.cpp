@@ -31,23 +31,26 @@ void forward_rows(const T* x, T* y, int64_t rows, int64_t len, double scale_d, i
   const A neg_inf = -std::numeric_limits<A>::infinity();
   at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(len, 1)),
                    [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * len;
-      T* yr = y + r * len;
-      // Keys at and past `limit` are masked (-inf).
-      const int64_t limit = causal_q > 0 ? std::min(len, r % causal_q + 1) : len;
-      A m = neg_inf;
-      for (int64_t j = 0; j < limit; ++j) m = std::fmax(m, static_cast<A>(xr[j]) * scale);
-      double sum = 0;  // row sums in double: a serial float sum loses digits on long rows
-      for (int64_t j = 0; j < limit; ++j) sum += std::exp(static_cast<A>(xr[j]) * scale - m);
-      const A s = static_cast<A>(sum);
-      const A log_s = std::log(s);
-      for (int64_t j = 0; j < len; ++j) {
-        const A v = j < limit ? static_cast<A>(xr[j]) * scale : neg_inf;
-        yr[j] = static_cast<T>(LOG ? (v - m) - log_s : std::exp(v - m) / s);
-      }
-    }
-  });
+                     for (int64_t r = begin; r < end; ++r) {
+                       const T* xr = x + r * len;
+                       T* yr = y + r * len;
+                       // Keys at and past `limit` are masked (-inf).
+                       const int64_t limit = causal_q > 0 ? std::min(len, r % causal_q + 1) : len;
+                       A m = neg_inf;
+                       for (int64_t j = 0; j < limit; ++j)
+                         m = std::fmax(m, static_cast<A>(xr[j]) * scale);
+                       double sum =
+                           0;  // row sums in double: a serial float sum loses digits on long rows
+                       for (int64_t j = 0; j < limit; ++j)
+                         sum += std::exp(static_cast<A>(xr[j]) * scale - m);
+                       const A s = static_cast<A>(sum);
+                       const A log_s = std::log(s);
+                       for (int64_t j = 0; j < len; ++j) {
+                         const A v = j < limit ? static_cast<A>(xr[j]) * scale : neg_inf;
+                         yr[j] = static_cast<T>(LOG ? (v - m) - log_s : std::exp(v - m) / s);
+                       }
+                     }
+                   });
 }
 
 template <bool LOG, typename T>
@@ -57,51 +60,54 @@ void backward_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t len, do
   const A scale = static_cast<A>(scale_d);
   at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(len, 1)),
                    [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* dyr = dy + r * len;
-      const T* yr = y + r * len;
-      T* dxr = dx + r * len;
-      // causal: y is 0 at masked keys (j >= limit); they are not read, and dx there is
-      // the formula at dy = y = 0 (so 0), as on CUDA.
-      const int64_t limit = causal_q > 0 ? std::min(len, r % causal_q + 1) : len;
-      double sum = 0;
-      for (int64_t j = 0; j < limit; ++j) {
-        sum += LOG ? static_cast<double>(dyr[j])
-                   : static_cast<double>(dyr[j]) * static_cast<double>(yr[j]);
-      }
-      const A dot = static_cast<A>(sum);
-      for (int64_t j = 0; j < len; ++j) {
-        const A g = j < limit ? static_cast<A>(dyr[j]) : A(0);
-        const A v = j < limit ? static_cast<A>(yr[j]) : A(0);
-        dxr[j] = static_cast<T>(LOG ? g - std::exp(v) * dot : scale * v * (g - dot));
-      }
-    }
-  });
+                     for (int64_t r = begin; r < end; ++r) {
+                       const T* dyr = dy + r * len;
+                       const T* yr = y + r * len;
+                       T* dxr = dx + r * len;
+                       // causal: y is 0 at masked keys (j >= limit); they are not read, and dx
+                       // there is the formula at dy = y = 0 (so 0), as on CUDA.
+                       const int64_t limit = causal_q > 0 ? std::min(len, r % causal_q + 1) : len;
+                       double sum = 0;
+                       for (int64_t j = 0; j < limit; ++j) {
+                         sum += LOG ? static_cast<double>(dyr[j])
+                                    : static_cast<double>(dyr[j]) * static_cast<double>(yr[j]);
+                       }
+                       const A dot = static_cast<A>(sum);
+                       for (int64_t j = 0; j < len; ++j) {
+                         const A g = j < limit ? static_cast<A>(dyr[j]) : A(0);
+                         const A v = j < limit ? static_cast<A>(yr[j]) : A(0);
+                         dxr[j] =
+                             static_cast<T>(LOG ? g - std::exp(v) * dot : scale * v * (g - dot));
+                       }
+                     }
+                   });
 }
 
 template <bool LOG>
 at::Tensor forward_cpu(const at::Tensor& x, int64_t dim, double scale, bool causal,
                        const char* op) {
-  return softmax_forward(x, dim, causal, op, [&](const at::Tensor& in, at::Tensor& out,
-                                                 int64_t rows, int64_t len, int64_t causal_q) {
-    FUSED_DISPATCH_CPU(in.scalar_type(), "fused::softmax", [&] {
-      forward_rows<LOG>(in.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), rows,
-                        len, scale, causal_q);
-    });
-  });
+  return softmax_forward(
+      x, dim, causal, op,
+      [&](const at::Tensor& in, at::Tensor& out, int64_t rows, int64_t len, int64_t causal_q) {
+        FUSED_DISPATCH_CPU(in.scalar_type(), "fused::softmax", [&] {
+          forward_rows<LOG>(in.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), rows,
+                            len, scale, causal_q);
+        });
+      });
 }
 
 template <bool LOG>
-at::Tensor backward_cpu(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
-                        double scale, bool causal, const char* op) {
+at::Tensor backward_cpu(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim, double scale,
+                        bool causal, const char* op) {
   return softmax_backward(grad_out, y, dim, causal, op,
                           [&](const at::Tensor& g, const at::Tensor& yr, at::Tensor& dx,
                               int64_t rows, int64_t len, int64_t causal_q) {
-    FUSED_DISPATCH_CPU(yr.scalar_type(), "fused::softmax_backward", [&] {
-      backward_rows<LOG>(g.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
-                         dx.mutable_data_ptr<scalar_t>(), rows, len, scale, causal_q);
-    });
-  });
+                            FUSED_DISPATCH_CPU(yr.scalar_type(), "fused::softmax_backward", [&] {
+                              backward_rows<LOG>(
+                                  g.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
+                                  dx.mutable_data_ptr<scalar_t>(), rows, len, scale, causal_q);
+                            });
+                          });
 }
 
 at::Tensor softmax_cpu(const at::Tensor& x, int64_t dim, double scale, bool causal) {
@@ -117,8 +123,7 @@ at::Tensor softmax_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y,
   return backward_cpu<false>(grad_out, y, dim, scale, causal, "fused::softmax_backward");
 }
 
-at::Tensor log_softmax_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y,
-                                    int64_t dim) {
+at::Tensor log_softmax_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim) {
   return backward_cpu<true>(grad_out, y, dim, 1.0, false, "fused::log_softmax_backward");
 }
 

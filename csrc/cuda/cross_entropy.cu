@@ -179,7 +179,6 @@ __device__ __forceinline__ void write_row(const T* in, T* out, int V, bool vec_o
   }
 }
 
-
 // The gradient of one row, given its loss gradient g, lse L and target t (in [0, V)):
 // dx_j = g ((1 + 2 z L) exp(x_j - L) - eps / V - (1 - eps) [j = t]).
 template <typename T, int BLOCK, bool LAST_USE = false>
@@ -212,10 +211,10 @@ __device__ __forceinline__ bool same_alignment(const void* a, const void* b) {
 // row in L2 when the rows in flight fit there (see grad_block_for).
 template <typename T, int BLOCK, bool GRAD>
 __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
-xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ target,
-                float* __restrict__ loss, float* __restrict__ lse, int64_t ignore_index,
-                float eps, float z, T* __restrict__ dx, Rows ld,
-                const float* __restrict__ grad_scale) {
+    xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ target,
+                    float* __restrict__ loss, float* __restrict__ lse, int64_t ignore_index,
+                    float eps, float z, T* __restrict__ dx, Rows ld,
+                    const float* __restrict__ grad_scale) {
   constexpr int VEC = kVecElems<T>;
   using Reduce = cub::BlockReduce<Stats, BLOCK>;
   __shared__ typename Reduce::TempStorage storage;
@@ -235,8 +234,8 @@ xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ tar
         loss[r] = v;
         lse[r] = v;
       }
-      if constexpr (GRAD) fill_row<T, BLOCK>(row, drow, V, same_alignment(row, drow),
-                                             t == ignore_index);
+      if constexpr (GRAD)
+        fill_row<T, BLOCK>(row, drow, V, same_alignment(row, drow), t == ignore_index);
       continue;
     }
     // x[target] is loaded first, so its latency hides behind the row's.
@@ -285,8 +284,7 @@ xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ tar
     }
     __syncthreads();  // storage is reused by the next row; lse_shared is written
     if constexpr (GRAD) {
-      grad_row<T, BLOCK, true>(row, drow, V, same_alignment(row, drow), g, lse_shared, t, eps,
-                               z);
+      grad_row<T, BLOCK, true>(row, drow, V, same_alignment(row, drow), g, lse_shared, t, eps, z);
       __syncthreads();  // lse_shared is read before the next row writes it
     }
   }
@@ -294,9 +292,9 @@ xent_fwd_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ tar
 
 template <typename T, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
-xent_bwd_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x, Rows lx, T* dx,
-                Rows ld, const int64_t* __restrict__ target, const float* __restrict__ lse,
-                int64_t ignore_index, float eps, float z) {
+    xent_bwd_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x, Rows lx, T* dx,
+                    Rows ld, const int64_t* __restrict__ target, const float* __restrict__ lse,
+                    int64_t ignore_index, float eps, float z) {
   // x and dx may be the same memory (in place): no __restrict__ on them. Each element is
   // read before it is written, by the same thread.
   const int V = lx.len;
@@ -332,19 +330,26 @@ int grad_block_for(int64_t row_bytes) {
 template <typename F>
 void with_grad_block(int block, F&& f) {
   switch (block) {
-    case 1024: return f(std::integral_constant<int, 1024>{});
-    case 512: return f(std::integral_constant<int, 512>{});
-    case 256: return f(std::integral_constant<int, 256>{});
-    default: return f(std::integral_constant<int, 64>{});
+    case 1024:
+      return f(std::integral_constant<int, 1024>{});
+    case 512:
+      return f(std::integral_constant<int, 512>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    default:
+      return f(std::integral_constant<int, 64>{});
   }
 }
 
 template <typename F>
 void with_block(int block, F&& f) {
   switch (block) {
-    case 512: return f(std::integral_constant<int, 512>{});
-    case 256: return f(std::integral_constant<int, 256>{});
-    default: return f(std::integral_constant<int, 64>{});
+    case 512:
+      return f(std::integral_constant<int, 512>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    default:
+      return f(std::integral_constant<int, 64>{});
   }
 }
 
@@ -353,8 +358,10 @@ unsigned row_grid(int64_t rows) {
 }
 
 void check_len(int64_t V, const char* op) {
-  TORCH_CHECK(V <= std::numeric_limits<int>::max(), op, ": expected at most 2^31 - 1 classes, "
-              "but got ", V);
+  TORCH_CHECK(V <= std::numeric_limits<int>::max(), op,
+              ": expected at most 2^31 - 1 classes, "
+              "but got ",
+              V);
 }
 
 at::Tensor long_target(const at::Tensor& target) {
@@ -447,8 +454,7 @@ void cross_entropy_backward_inplace_cuda(const at::Tensor& grad_loss, const at::
   c10::cuda::CUDAGuard guard(logits.device());
   XentInput in = xent_input(logits);
   // A layout the kernel cannot address is computed in its contiguous copy, copied back.
-  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing,
-                z_loss);
+  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing, z_loss);
   if (!in.x.is_same(logits)) logits.copy_(in.x.view(logits.sizes()));
 }
 
@@ -516,9 +522,10 @@ void cross_entropy_scale_inplace_cuda(const at::Tensor& grad, const at::Tensor& 
   const char* op = "fused::cross_entropy_scale_";
   check_float(grad, op, "grad");
   check_same_device(grad, scale, op, "grad", "scale");
-  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat, op, ": expected scale "
-              "to be one float32 value, but got ", scale.scalar_type(), " of shape ",
-              scale.sizes());
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat, op,
+              ": expected scale "
+              "to be one float32 value, but got ",
+              scale.scalar_type(), " of shape ", scale.sizes());
   if (grad.numel() == 0) return;
   c10::cuda::CUDAGuard guard(grad.device());
   if (!grad.is_contiguous() || !is_aligned(grad.data_ptr())) {

@@ -20,12 +20,12 @@
 // Bytes: dropout fwd/bwd 2 * n * sizeof(T); bias_dropout_add fwd 3 * n * sizeof(T) (+ bias),
 // bwd 2 * n * sizeof(T) (+ partial sums); docs/design/dropout.md#roofline-and-standing.
 #include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <ATen/cuda/PhiloxUtils.cuh>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
+#include <ATen/cuda/PhiloxUtils.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -55,9 +55,9 @@ constexpr int kGroupsPerThread = 2;
 // Where a kernel gets its Philox key and counter base: forward unpacks the generator's
 // state (and records what it used in seed_offset), backward reads seed_offset back.
 struct RngArgs {
-  at::PhiloxCudaState state;     // forward: this call's generator state
-  const int64_t* saved;          // backward: seed_offset from forward, else nullptr
-  int64_t* record;               // forward: seed_offset to fill, else nullptr
+  at::PhiloxCudaState state;  // forward: this call's generator state
+  const int64_t* saved;       // backward: seed_offset from forward, else nullptr
+  int64_t* record;            // forward: seed_offset to fill, else nullptr
 };
 
 __device__ __forceinline__ void rng_seed_offset(const RngArgs& a, uint64_t& seed,
@@ -205,16 +205,16 @@ __device__ __forceinline__ void store_group(T* p, int64_t e0, int64_t n, const V
 
 template <typename T>
 struct DropoutArgs {
-  const T* x;         // input (grad_out in backward)
-  const T* bias;      // [cols] or nullptr
-  const T* res;       // residual, or nullptr
-  T* out;             // may alias x (in-place dropout): every element is read before written
-  int64_t n;          // elements
-  int64_t cols;       // x.size(-1): bias index = i % cols
-  int64_t col_step;   // (kThreads * V) % cols: column advance between a thread's groups
-  uint32_t threshold; // keep iff the element's draw < threshold
-  float scale;        // 1 / (1 - p)
-  bool bits16;        // 16-bit draws (DropoutParams::bits16)
+  const T* x;          // input (grad_out in backward)
+  const T* bias;       // [cols] or nullptr
+  const T* res;        // residual, or nullptr
+  T* out;              // may alias x (in-place dropout): every element is read before written
+  int64_t n;           // elements
+  int64_t cols;        // x.size(-1): bias index = i % cols
+  int64_t col_step;    // (kThreads * V) % cols: column advance between a thread's groups
+  uint32_t threshold;  // keep iff the element's draw < threshold
+  float scale;         // 1 / (1 - p)
+  bool bits16;         // 16-bit draws (DropoutParams::bits16)
   RngArgs rng;
 };
 
@@ -222,9 +222,8 @@ struct DropoutArgs {
 // loads in flight per input), then the mask and the stores. FULL: every group is whole and
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
 template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16>
-__device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first,
-                                               int64_t col, const PhiloxKey& key,
-                                               uint64_t offset) {
+__device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first, int64_t col,
+                                               const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
   Vec<T, V> xv[U], rv[U], bv[U];
 #pragma unroll
@@ -268,9 +267,8 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
 // A thread's work: the straight-line vector path when all its groups are whole, else the
 // guarded one.
 template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16>
-__device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t first,
-                                             int64_t col, const PhiloxKey& key,
-                                             uint64_t offset) {
+__device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t first, int64_t col,
+                                             const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
   if constexpr (VEC) {
     const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
@@ -301,9 +299,8 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
   if constexpr (BIAS) {
     const uint64_t e = static_cast<uint64_t>(first) * V;
     const uint64_t c = static_cast<uint64_t>(a.cols);
-    col = static_cast<int64_t>(((e | c) >> 32) == 0
-                                   ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c)
-                                   : e % c);
+    col = static_cast<int64_t>(
+        ((e | c) >> 32) == 0 ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c) : e % c);
   }
   if (DROP && a.bits16) {
     dropout_body<T, V, VEC, BIAS, RES, DROP, true>(a, first, col, key, offset);
@@ -475,7 +472,7 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cuda(const at::Tensor& x_in,
 constexpr int kGradTX = 32;  // lanes along columns (a warp covers kGradTX * V columns)
 constexpr int kGradThreads = 256;
 constexpr int kGradTY = kGradThreads / kGradTX;  // warps along rows
-constexpr int kGradRows = 4;  // rows each thread loads before computing
+constexpr int kGradRows = 4;                     // rows each thread loads before computing
 constexpr int kGradMinBlocks = 3;  // resident blocks per SM the register budget allows
 
 // kGradRows rows r, r + kGradTY, ... of one thread's V columns from c0: loads first, then
@@ -486,8 +483,7 @@ template <typename T, int V, bool VEC, bool DROP, bool B16, bool FULL>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
                                                int64_t cols, int64_t c0, const PhiloxKey& key,
-                                               uint64_t offset, uint32_t threshold,
-                                               float scale) {
+                                               uint64_t offset, uint32_t threshold, float scale) {
   Vec<T, V> g[kGradRows];
 #pragma unroll
   for (int rr = 0; rr < kGradRows; ++rr) {
@@ -525,15 +521,14 @@ template <typename T, int V, bool VEC, bool DROP, bool B16>
 __device__ __forceinline__ void bias_grad_walk(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
                                                int64_t cols, int64_t c0, const PhiloxKey& key,
-                                               uint64_t offset, uint32_t threshold,
-                                               float scale) {
+                                               uint64_t offset, uint32_t threshold, float scale) {
   for (; r < r_end; r += kGradTY * kGradRows) {
     if (r + (kGradRows - 1) * kGradTY < r_end) {
       bias_grad_rows<T, V, VEC, DROP, B16, true>(dy, dx, acc, r, r_end, cols, c0, key, offset,
                                                  threshold, scale);
     } else {
-      bias_grad_rows<T, V, VEC, DROP, B16, false>(dy, dx, acc, r, r_end, cols, c0, key,
-                                                  offset, threshold, scale);
+      bias_grad_rows<T, V, VEC, DROP, B16, false>(dy, dx, acc, r, r_end, cols, c0, key, offset,
+                                                  threshold, scale);
     }
   }
 }
@@ -572,8 +567,8 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
 
   if (c0 < cols) {  // VEC: cols % V == 0, so the whole group is inside the row
     if (DROP && bits16) {
-      bias_grad_walk<T, V, VEC, DROP, true>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key,
-                                            offset, threshold, scale);
+      bias_grad_walk<T, V, VEC, DROP, true>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key, offset,
+                                            threshold, scale);
     } else {
       bias_grad_walk<T, V, VEC, DROP, false>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key,
                                              offset, threshold, scale);
@@ -632,19 +627,19 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
   at::Tensor partial = at::empty({chunks, cols}, g.options().dtype(at::kFloat));
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
-  launch_early(kernel, grid, dim3(kGradThreads), 0, g.const_data_ptr<T>(),
-               dx.mutable_data_ptr<T>(), partial.mutable_data_ptr<float>(), saved, rows, cols,
-               rows_per_chunk, d.threshold, static_cast<float>(d.scale), d.bits16);
+  launch_early(kernel, grid, dim3(kGradThreads), 0, g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
+               partial.mutable_data_ptr<float>(), saved, rows, cols, rows_per_chunk, d.threshold,
+               static_cast<float>(d.scale), d.bits16);
   launch_early(bias_grad_finish<T>, dim3(static_cast<unsigned>(ceil_div(cols, kGradThreads))),
-               dim3(kGradThreads), 0, partial.const_data_ptr<float>(),
-               dbias.mutable_data_ptr<T>(), chunks, cols);
+               dim3(kGradThreads), 0, partial.const_data_ptr<float>(), dbias.mutable_data_ptr<T>(),
+               chunks, cols);
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tensor& grad_out,
                                                                   const at::Tensor& seed_offset,
                                                                   double p) {
-  const DropoutParams d = dropout_backward_params(grad_out, seed_offset, p, true,
-                                                  "fused::bias_dropout_add_backward");
+  const DropoutParams d =
+      dropout_backward_params(grad_out, seed_offset, p, true, "fused::bias_dropout_add_backward");
   c10::cuda::CUDAGuard guard(grad_out.device());
   const at::Tensor g = grad_out.contiguous();
   const int64_t cols = g.size(-1);

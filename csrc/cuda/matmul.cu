@@ -53,10 +53,11 @@ void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
   if (choice != Choice::kPortable) {
     const auto r = matmul::launch_sm90_gemm(p, dtype, stream);
     if (r == matmul::Sm90Result::kLaunched) return;
-    TORCH_CHECK(r != matmul::Sm90Result::kUnavailable || choice != Choice::kHopper,
-                "fused::matmul: the override matmul.kernel=hopper is set, but the Hopper kernel is not "
-                "available here (it needs a compute capability 9.0 GPU with room for its shared "
-                "memory pipeline and a build with sm_90a, e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
+    TORCH_CHECK(
+        r != matmul::Sm90Result::kUnavailable || choice != Choice::kHopper,
+        "fused::matmul: the override matmul.kernel=hopper is set, but the Hopper kernel is not "
+        "available here (it needs a compute capability 9.0 GPU with room for its shared "
+        "memory pipeline and a build with sm_90a, e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
   }
   if (dtype == at::kBFloat16) {
     matmul::launch_portable_gemm<__nv_bfloat16>(p, stream);
@@ -89,8 +90,8 @@ struct MatView {
 // longer rounds it up (tests/run_parallel.py --memcheck).
 bool chunks_inside_storage(const at::Tensor& t, int64_t sb, int64_t ld, int64_t lines,
                            int64_t len) {
-  const int64_t avail = static_cast<int64_t>(t.storage().nbytes()) / t.element_size() -
-                        t.storage_offset();
+  const int64_t avail =
+      static_cast<int64_t>(t.storage().nbytes()) / t.element_size() - t.storage_offset();
   return (t.size(0) - 1) * sb + (lines - 1) * ld + round_up8(len) <= avail;
 }
 
@@ -122,17 +123,18 @@ MatView prepare_operand(const at::Tensor& t, bool allow_col_major = true) {
 }
 
 // out[batch, M, N] = act(a[batch?, M, K] b[batch?, K, N] + bias), z = the pre-activation.
-void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
-                const at::Tensor* bias, at::Tensor* z, LinearAct act) {
+void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out, const at::Tensor* bias,
+                at::Tensor* z, LinearAct act) {
   const int64_t batch = std::max(a3.size(0), b3.size(0));
   const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   TORCH_CHECK(M <= kMax && N <= kMax && K <= kMax && batch <= kMax,
-              "fused::matmul: dimensions must be below 2^31, got batch ", batch, ", M ", M,
-              ", N ", N, ", K ", K);
+              "fused::matmul: dimensions must be below 2^31, got batch ", batch, ", M ", M, ", N ",
+              N, ", K ", K);
   MatView A = prepare_operand(a3);
   const MatView B = prepare_operand(b3);
-  if (!A.row_major && !B.row_major) A = prepare_operand(a3, false);  // see matmul_portable_launch.cuh
+  if (!A.row_major && !B.row_major)
+    A = prepare_operand(a3, false);  // see matmul_portable_launch.cuh
   at::Tensor bias_c;
   if (bias != nullptr) bias_c = bias->contiguous();
   GemmProblem p;
@@ -191,9 +193,9 @@ __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict
   float s[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) s[e] = 0.f;
-  // Unrolled, and guarded rather than left by a break, so that the loads of four rows are
-  // in flight together (one row at a time left the pass latency-bound:
-  // docs/design/matmul.md#tried-not-kept).
+    // Unrolled, and guarded rather than left by a break, so that the loads of four rows are
+    // in flight together (one row at a time left the pass latency-bound:
+    // docs/design/matmul.md#tried-not-kept).
 #pragma unroll 4
   for (int r = threadIdx.y; r < kRowsPerBlock; r += 8) {
     const int64_t row = row0 + r;
@@ -205,7 +207,8 @@ __global__ void act_backward_kernel(const T* __restrict__ g, const T* __restrict
         Vec<T, VEC> out;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float d = static_cast<float>(gv.v[e]) * gelu_grad_for<T, K>(static_cast<float>(zv.v[e]));
+          const float d =
+              static_cast<float>(gv.v[e]) * gelu_grad_for<T, K>(static_cast<float>(zv.v[e]));
           out.v[e] = static_cast<T>(d);
           s[e] += d;
         }
@@ -255,8 +258,7 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
   if (a.dim() == 3 && b.dim() == 2 && a.is_contiguous()) {
     // One tall GEMM instead of a batch of short ones.
     at::Tensor out2 = out.view({1, batch * M, N});
-    gemm_16bit(a.reshape({1, batch * M, a.size(2)}), b3, out2, nullptr, nullptr,
-               LinearAct::kNone);
+    gemm_16bit(a.reshape({1, batch * M, a.size(2)}), b3, out2, nullptr, nullptr, LinearAct::kNone);
   } else {
     gemm_16bit(a3, b3, out, nullptr, nullptr, LinearAct::kNone);
   }
@@ -265,8 +267,8 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
 
 // y = act(x W^T + bias) (and z = x W^T + bias when want_preact), shaped [..., out].
 std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Tensor& w,
-                                               const std::optional<at::Tensor>& bias,
-                                               LinearAct act, bool want_preact) {
+                                               const std::optional<at::Tensor>& bias, LinearAct act,
+                                               bool want_preact) {
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t K = w.size(1), N = w.size(0);
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -283,9 +285,8 @@ std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Te
       at::Tensor bias_c = bias_p ? bias_p->contiguous() : at::Tensor();
       y = want_preact ? at::empty_like(mm) : mm;  // in place unless both are needed
       const int threads = 256;
-      launch_early(bias_act_kernel<float>, dim3(elementwise_grid(M * N, threads)), dim3(threads),
-                   0, mm.const_data_ptr<float>(),
-                   want_preact ? mm.mutable_data_ptr<float>() : nullptr,
+      launch_early(bias_act_kernel<float>, dim3(elementwise_grid(M * N, threads)), dim3(threads), 0,
+                   mm.const_data_ptr<float>(), want_preact ? mm.mutable_data_ptr<float>() : nullptr,
                    y.mutable_data_ptr<float>(), bias_p ? bias_c.const_data_ptr<float>() : nullptr,
                    M * N, N, static_cast<int>(act));
     } else {

@@ -10,10 +10,10 @@
 // and batch strides are in elements; a batch stride of 0 broadcasts the operand.
 // C (and Z) are dense row-major [batch, M, N].
 #pragma once
-#include <cstdint>
-#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cstdint>
+#include <type_traits>
 
 #include "common/gelu_math.h"
 
@@ -26,14 +26,14 @@ enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2 };
 struct GemmProblem {
   const void* a;
   const void* b;
-  void* c;             // output, [batch, M, N] dense
-  void* z;             // pre-activation output (same layout) or nullptr
-  const void* bias;    // [N] or nullptr
-  int64_t lda, ldb;    // leading dimensions (elements)
+  void* c;                                 // output, [batch, M, N] dense
+  void* z;                                 // pre-activation output (same layout) or nullptr
+  const void* bias;                        // [N] or nullptr
+  int64_t lda, ldb;                        // leading dimensions (elements)
   int64_t batch_stride_a, batch_stride_b;  // 0 = broadcast
   int M, N, K, batch;
-  int act;             // Act
-  int group_m;         // tile-rows per group of the tile order (tile_coords)
+  int act;      // Act
+  int group_m;  // tile-rows per group of the tile order (tile_coords)
   bool a_kmajor, b_kmajor;
 };
 
@@ -44,8 +44,12 @@ template <>
 struct Elem<__nv_bfloat16> {
   using pair = __nv_bfloat162;
   static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
-  static __device__ __forceinline__ pair pack(float x, float y) { return __floats2bfloat162_rn(x, y); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+    return __float2bfloat16(v);
+  }
+  static __device__ __forceinline__ pair pack(float x, float y) {
+    return __floats2bfloat162_rn(x, y);
+  }
 };
 template <>
 struct Elem<__half> {
@@ -67,9 +71,12 @@ __device__ __forceinline__ float apply_act(float z, int act) {
 // libdevice erff/expf + IEEE division), which keeps the epilogue short next to the MMAs.
 template <typename T, int ACT>
 __device__ __forceinline__ float act_for(float z) {
-  if constexpr (ACT == kActGelu) return gelu_fwd_for<T, GeluKind::kNone>(z);
-  else if constexpr (ACT == kActGeluTanh) return gelu_fwd_for<T, GeluKind::kTanh>(z);
-  else return z;
+  if constexpr (ACT == kActGelu)
+    return gelu_fwd_for<T, GeluKind::kNone>(z);
+  else if constexpr (ACT == kActGeluTanh)
+    return gelu_fwd_for<T, GeluKind::kTanh>(z);
+  else
+    return z;
 }
 
 // ACT of two outputs (v0, v1), in place. Both GeLUs on 16-bit T take their paired forms, one

@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
   constexpr uint32_t B_NI2 = sizeof(T) * (B_KMAJOR ? 16 * TB::PITCH : 16);
   constexpr uint32_t B_KK = sizeof(T) * (B_KMAJOR ? 16 : 16 * TB::PITCH);
 
-  auto load_frags = [&](uint32_t (&af)[MI][4], uint32_t (&bf)[NI][2], int stage, int step) {
+  auto load_frags = [&](uint32_t(&af)[MI][4], uint32_t(&bf)[NI][2], int stage, int step) {
     const uint32_t a = sA + stage * A_STAGE + a_lane + step * A_KK;
     const uint32_t b = sB + stage * B_STAGE + b_lane + step * B_KK;
 #pragma unroll
@@ -238,9 +238,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
     // can be partial (see TileLoader).
     const int k_last = (k_tiles - 1) * BK;
     TileLoader<T, TA::ROWS, TA::COLS, TA::PITCH, Cfg::THREADS, A_KMAJOR> la(A, p.lda, m0, k_last,
-                                                                          p.M);
+                                                                            p.M);
     TileLoader<T, TB::ROWS, TB::COLS, TB::PITCH, Cfg::THREADS, B_KMAJOR> lb(B, p.ldb, n0, k_last,
-                                                                          p.N);
+                                                                            p.N);
     // Copies the next k-tile into stage and steps the loaders one k-tile down.
     auto load_next = [&](int stage, bool k_edge) {
       if (k_edge) {
@@ -262,8 +262,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    // Prologue: STAGES - 1 tiles in flight. Every step commits a group (possibly empty) so
-    // that wait_group counts stay uniform.
+          // Prologue: STAGES - 1 tiles in flight. Every step commits a group (possibly empty) so
+          // that wait_group counts stay uniform.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < k_tiles) load_next(s, s == 0);

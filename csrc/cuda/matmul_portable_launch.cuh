@@ -35,8 +35,8 @@ template <typename T, typename Cfg, bool AK, bool BK>
 void launch_portable_layout(const GemmProblem& p, cudaStream_t stream) {
   auto kernel = portable_gemm_kernel<T, Cfg, AK, BK>;
   constexpr int smem = Cfg::template smem_bytes<AK, BK>();
-  TORCH_CHECK(allow_dynamic_smem_once(kernel, smem), "fused::matmul: the portable kernel's ",
-              smem, " bytes of shared memory a block are more than this GPU allows");
+  TORCH_CHECK(allow_dynamic_smem_once(kernel, smem), "fused::matmul: the portable kernel's ", smem,
+              " bytes of shared memory a block are more than this GPU allows");
   const int64_t tiles = ceil_div(p.M, Cfg::BM) * ceil_div(p.N, Cfg::BN);
   TORCH_CHECK(tiles < (int64_t(1) << 31), "fused::matmul: problem too large (", tiles, " tiles)");
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(p.batch, 65535)));
@@ -67,9 +67,9 @@ void launch_portable_gemm(const GemmProblem& p, cudaStream_t stream) {
   const int64_t big_tiles = ceil_div(p.M, BigCfg::BM) * ceil_div(p.N, BigCfg::BN) * p.batch;
   const auto* prop = at::cuda::getCurrentDeviceProperties();
   // The largest of the three compiled layouts' pipelines (launch_portable_cfg).
-  constexpr size_t big_smem = std::max({BigCfg::smem_bytes<true, true>(),
-                                        BigCfg::smem_bytes<true, false>(),
-                                        BigCfg::smem_bytes<false, false>()});
+  constexpr size_t big_smem =
+      std::max({BigCfg::smem_bytes<true, true>(), BigCfg::smem_bytes<true, false>(),
+                BigCfg::smem_bytes<false, false>()});
   const bool big_fits = big_smem <= prop->sharedMemPerBlockOptin;
   if (big_fits && big_tiles >= prop->multiProcessorCount) {
     launch_portable_cfg<T, BigCfg>(p, stream);

@@ -47,12 +47,12 @@ namespace {
 template <int BN_>
 struct HopperConfig {
   static constexpr int BM = 128, BN = BN_, BK = 64;
-  static constexpr int CONSUMERS = 2;                  // warpgroups, 64 rows each
+  static constexpr int CONSUMERS = 2;  // warpgroups, 64 rows each
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr int STAGES = BN == 256 ? 4 : 6;     // ~192 KB of the 227 KB either way
+  static constexpr int STAGES = BN == 256 ? 4 : 6;  // ~192 KB of the 227 KB either way
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK;
   static constexpr int STAGE_BYTES = (A_ELEMS + B_ELEMS) * 2;
-  static constexpr int ACC = BN / 2;                   // fp32 accumulators per thread
+  static constexpr int ACC = BN / 2;  // fp32 accumulators per thread
   static_assert(ACC * 128 == 64 * BN, "a warpgroup holds a 64 x BN fp32 tile");
   // Epilogue scratch: per consumer warp, EPI_BUFS pieces of 16 rows x 64 columns (128 B a
   // row), 128-byte swizzled as TMA reads them (16-byte chunk c of row r at chunk c ^ (r % 8)):
@@ -160,7 +160,9 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
   return d;
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -176,59 +178,66 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 }
 
 // The one asm statement behind wgmma_m64n256k16, for TYPE "bf16" or "f16".
-#define FUSED_WGMMA_M64N256K16_ASM(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " \
-      "{" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-      "}, %128, %129, p, 1, 1, %131, %132;\n}\n" \
-      : \
-      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+#define FUSED_WGMMA_M64N256K16_ASM(TYPE)                                                           \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE                                 \
+      " "                                                                                          \
+      "{"                                                                                          \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "           \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "           \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "           \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "     \
+      "%111, "                                                                                     \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
+      "%127"                                                                                       \
+      "}, %128, %129, p, 1, 1, %131, %132;\n}\n"                                                   \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), \
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),          \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),        \
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),        \
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),        \
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])         \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
 
 // The one asm statement behind wgmma_m64n128k16, for TYPE "bf16" or "f16".
-#define FUSED_WGMMA_M64N128K16_ASM(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
-      "{" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-      "}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
-      : \
-      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+#define FUSED_WGMMA_M64N128K16_ASM(TYPE)                                                           \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE                                 \
+      " "                                                                                          \
+      "{"                                                                                          \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"             \
+      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                                                       \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])                                                                                \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
 
 // d[128] += A(desc) * B(desc), m64n256k16, TRANS_A/B: 1 = that operand is MN-major.
@@ -339,11 +348,10 @@ __device__ __forceinline__ void unpack_bits(uint32_t bits, float& x, float& y) {
 // this one (lane 0 owns the bulk groups); every lane's writes are made visible to the TMA
 // unit before lane 0 issues the store, which the warp does not wait for.
 template <typename T, int ACT, typename Cfg, bool TMA_STORE, int NACC>
-__device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores,
-                                            const CUtensorMap* map, T* out, const GemmProblem& p,
-                                            const float (&acc)[NACC], int jc,
-                                            const float (&bias)[16], int b, int row0, int col0,
-                                            int lane) {
+__device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores, const CUtensorMap* map,
+                                            T* out, const GemmProblem& p, const float (&acc)[NACC],
+                                            int jc, const float (&bias)[16], int b, int row0,
+                                            int col0, int lane) {
   if constexpr (TMA_STORE) {
     T* piece = warp_epi + (n_stores & 1) * Cfg::EPI_WARP_ELEMS;
     if (lane == 0) bulk_wait_read<1>();
@@ -386,8 +394,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);                         // the producer's expect_tx arrival
-      mbar_init(&empty[s], Cfg::CONSUMERS * 128);     // every consumer thread
+      mbar_init(&full[s], 1);                      // the producer's expect_tx arrival
+      mbar_init(&empty[s], Cfg::CONSUMERS * 128);  // every consumer thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -436,7 +444,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1;                    // consumer index: rows [64c, 64c + 64)
+    const int c = wg - 1;  // consumer index: rows [64c, 64c + 64)
     const int t = threadIdx.x % 128;
     const int lane = t % 32, warp = t / 32;
     float acc[Cfg::ACC];
@@ -470,7 +478,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk), operand_desc<BK_MAJ>(b_s, kk));
+          wgmma_tile<T, BN, AK, BK_MAJ>(acc, operand_desc<AK>(a_s, kk),
+                                        operand_desc<BK_MAJ>(b_s, kk));
         }
         wgmma_commit();
         fence_acc(acc);
@@ -497,15 +506,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
           float bias[16];
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
-            unpack_bits<T>(__shfl_sync(0xffffffffu, bias_lane[jc], 4 * jj + lane % 4),
-                           bias[2 * jj], bias[2 * jj + 1]);
+            unpack_bits<T>(__shfl_sync(0xffffffffu, bias_lane[jc], 4 * jj + lane % 4), bias[2 * jj],
+                           bias[2 * jj + 1]);
           }
           if (out_z != nullptr) {
-            store_piece<T, kActNone, Cfg, TMA_STORE>(warp_epi, n_stores, &map_z, out_z, p, acc,
-                                                     jc, bias, b, row0, col0, lane);
+            store_piece<T, kActNone, Cfg, TMA_STORE>(warp_epi, n_stores, &map_z, out_z, p, acc, jc,
+                                                     bias, b, row0, col0, lane);
           }
-          store_piece<T, ACT, Cfg, TMA_STORE>(warp_epi, n_stores, &map_c, out_c, p, acc, jc,
-                                              bias, b, row0, col0, lane);
+          store_piece<T, ACT, Cfg, TMA_STORE>(warp_epi, n_stores, &map_c, out_c, p, acc, jc, bias,
+                                              b, row0, col0, lane);
         }
       });
     }
@@ -545,16 +554,16 @@ bool make_map(CUtensorMap* map, const void* ptr, bool kmajor, int64_t k, int64_t
   const int64_t inner = kmajor ? k : rows, outer = kmajor ? rows : k;
   cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer),
                         static_cast<cuuint64_t>(batch_stride != 0 ? batch : 1)};
-  cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * esize),
-                           static_cast<cuuint64_t>((batch_stride != 0 ? batch_stride : ld * outer) * esize)};
+  cuuint64_t strides[2] = {
+      static_cast<cuuint64_t>(ld * esize),
+      static_cast<cuuint64_t>((batch_stride != 0 ? batch_stride : ld * outer) * esize)};
   cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kmajor ? box_rows : 64), 1};
   cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUresult r = encode(map,
-                      dtype == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                      3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = encode(
+      map,
+      dtype == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      3, const_cast<void*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
@@ -575,13 +584,14 @@ bool make_out_map(CUtensorMap* map, void* ptr, int64_t m, int64_t n, int64_t bat
 template <typename Kernel>
 bool has_sm90a_code(Kernel kernel) {
   return cached_launch_query(reinterpret_cast<const void*>(kernel), 0, 0, [&] {
-    const auto* prop = at::cuda::getCurrentDeviceProperties();
-    cudaFuncAttributes attr;
-    const bool ok = prop->major == 9 && prop->minor == 0 &&
-                    cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion == 90;
-    (void)cudaGetLastError();
-    return ok ? 1 : 0;
-  }) != 0;
+           const auto* prop = at::cuda::getCurrentDeviceProperties();
+           cudaFuncAttributes attr;
+           const bool ok = prop->major == 9 && prop->minor == 0 &&
+                           cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+                           attr.ptxVersion == 90;
+           (void)cudaGetLastError();
+           return ok ? 1 : 0;
+         }) != 0;
 }
 
 template <typename T, typename Cfg, bool AK, bool BK>
@@ -589,7 +599,8 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   if (!has_sm90a_code(hopper_gemm_kernel<T, Cfg, AK, BK, true>) || encode_fn() == nullptr) {
     return Sm90Result::kUnavailable;
   }
-  const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
+  const int64_t tiles =
+      ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
   if (tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
   CUtensorMap map_a, map_b;
   if (!make_map(&map_a, p.a, AK, p.K, p.M, p.batch, p.lda, p.batch_stride_a, Cfg::BM, dtype) ||
@@ -623,8 +634,9 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
                 : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
   }
   if (!wide) return Sm90Result::kNotApplicable;
-  if (p.a_kmajor) return launch<T, HopperConfig<256>, true, false>(p, dtype, stream);   // dX = dZ W
-  if (!p.b_kmajor) return launch<T, HopperConfig<256>, false, false>(p, dtype, stream); // dW = dZ^T X
+  if (p.a_kmajor) return launch<T, HopperConfig<256>, true, false>(p, dtype, stream);  // dX = dZ W
+  if (!p.b_kmajor)
+    return launch<T, HopperConfig<256>, false, false>(p, dtype, stream);  // dW = dZ^T X
   return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
 }
 

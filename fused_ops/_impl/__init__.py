@@ -6,10 +6,13 @@ work, and checks devices (a meta tensor beside real ones reaches the fake kernel
 Autograd and autocast are registered in C++ (csrc/autograd/), where they cost least per
 call; vmap rules are in vmap.py.
 """
-from . import gelu  # noqa: F401
-from . import norm  # noqa: F401
-from . import softmax  # noqa: F401
-from . import dropout  # noqa: F401
-from . import matmul  # noqa: F401
-from . import cross_entropy  # noqa: F401
-from . import vmap  # noqa: F401
+
+from . import (
+    cross_entropy,  # noqa: F401
+    dropout,  # noqa: F401
+    gelu,  # noqa: F401
+    matmul,  # noqa: F401
+    norm,  # noqa: F401
+    softmax,  # noqa: F401
+    vmap,  # noqa: F401
+)

@@ -6,6 +6,7 @@ with softmax(x) = exp(x - lse), reads the logits once and writes the gradient on
 With inplace_backward=True that gradient is written over the logits (their storage is
 consumed: nothing may read them after the backward), which saves a [rows, V] buffer.
 """
+
 import torch
 
 ops = torch.ops.fused
@@ -16,50 +17,71 @@ def _row_dtype(logits):
 
 
 def _check(logits, target, label_smoothing, op):
-    torch._check(logits.dim() >= 1, lambda: f"{op}: expected logits of shape [..., V] with at "
-                 "least 1 dim, but got a 0-d tensor")
-    torch._check(logits.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64),
-                 lambda: f"{op}: expected logits to be float32, float16, bfloat16 (or float64 "
-                 f"on CPU), but got {logits.dtype}")
-    torch._check(target.dtype in (torch.int64, torch.int32),
-                 lambda: f"{op}: expected target to be int64 (or int32) class indices, but got "
-                 f"{target.dtype}")
+    torch._check(
+        logits.dim() >= 1,
+        lambda: (
+            f"{op}: expected logits of shape [..., V] with at least 1 dim, but got a 0-d tensor"
+        ),
+    )
+    torch._check(
+        logits.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+        lambda: (
+            f"{op}: expected logits to be float32, float16, bfloat16 (or float64 "
+            f"on CPU), but got {logits.dtype}"
+        ),
+    )
+    torch._check(
+        target.dtype in (torch.int64, torch.int32),
+        lambda: (
+            f"{op}: expected target to be int64 (or int32) class indices, but got {target.dtype}"
+        ),
+    )
     lead = tuple(logits.shape[:-1])
     rows = 1
     for s in lead:
         rows = rows * s
-    torch._check(tuple(target.shape) == lead or (target.dim() == 1 and target.shape[0] == rows),
-                 lambda: f"{op}: expected target of shape {list(lead)} (the logits' shape "
-                 f"without the class dim) or [{rows}], but got {list(target.shape)}")
-    torch._check(0.0 <= label_smoothing <= 1.0, lambda: f"{op}: expected label_smoothing in "
-                 f"[0, 1], but got {label_smoothing}")
+    torch._check(
+        tuple(target.shape) == lead or (target.dim() == 1 and target.shape[0] == rows),
+        lambda: (
+            f"{op}: expected target of shape {list(lead)} (the logits' shape "
+            f"without the class dim) or [{rows}], but got {list(target.shape)}"
+        ),
+    )
+    torch._check(
+        0.0 <= label_smoothing <= 1.0,
+        lambda: f"{op}: expected label_smoothing in [0, 1], but got {label_smoothing}",
+    )
 
 
 @torch.library.register_fake("fused::cross_entropy")
-def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
-                        inplace_backward=False):
+def _cross_entropy_fake(
+    logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, inplace_backward=False
+):
     _check(logits, target, label_smoothing, "fused::cross_entropy")
     dt = _row_dtype(logits)
     return (logits.new_empty(target.shape, dtype=dt), logits.new_empty(target.shape, dtype=dt))
 
 
 @torch.library.register_fake("fused::cross_entropy_backward")
-def _cross_entropy_backward_fake(grad_loss, logits, target, lse, ignore_index, label_smoothing,
-                                 z_loss):
+def _cross_entropy_backward_fake(
+    grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss
+):
     _check(logits, target, label_smoothing, "fused::cross_entropy_backward")
     return logits.new_empty(logits.shape)
 
 
 @torch.library.register_fake("fused::cross_entropy_backward_")
-def _cross_entropy_backward_inplace_fake(grad_loss, logits, target, lse, ignore_index,
-                                         label_smoothing, z_loss):
+def _cross_entropy_backward_inplace_fake(
+    grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss
+):
     _check(logits, target, label_smoothing, "fused::cross_entropy_backward_")
     return None
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, ignore_index, label_smoothing, z_loss, inplace = (list(inputs) + [
-        -100, 0.0, 0.0, False][len(inputs) - 2:])[:6]
+    logits, target, ignore_index, label_smoothing, z_loss, inplace = (
+        list(inputs) + [-100, 0.0, 0.0, False][len(inputs) - 2 :]
+    )[:6]
     ctx.args = (ignore_index, label_smoothing, z_loss)
     ctx.inplace = inplace
     ctx.save_for_backward(logits, target, output[1])
@@ -99,9 +121,11 @@ torch.library.register_autograd("fused::cross_entropy", _backward, setup_context
 # (retain_graph=True) raises autograd's "modified by an inplace operation" error rather
 # than scaling twice.
 
+
 @torch.library.register_fake("fused::cross_entropy_with_grad")
-def _cross_entropy_with_grad_fake(logits, target, ignore_index=-100, label_smoothing=0.0,
-                                  z_loss=0.0, mean=True):
+def _cross_entropy_with_grad_fake(
+    logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, mean=True
+):
     _check(logits, target, label_smoothing, "fused::cross_entropy_with_grad")
     return logits.new_empty((), dtype=_row_dtype(logits)), logits.new_empty(logits.shape)
 
@@ -120,14 +144,16 @@ def _with_grad_backward(ctx, grad_loss, grad_grad):
     if grad_loss is None:
         return (None,) * 6
     (dlogits,) = ctx.saved_tensors
-    ops.cross_entropy_scale_(dlogits, grad_loss.to(torch.float32 if dlogits.dtype != torch.float64
-                                                   else torch.float64))
+    ops.cross_entropy_scale_(
+        dlogits, grad_loss.to(torch.float32 if dlogits.dtype != torch.float64 else torch.float64)
+    )
     torch.autograd.graph.increment_version(dlogits)  # as in _backward: report a reuse
     return (dlogits,) + (None,) * 5
 
 
-torch.library.register_autograd("fused::cross_entropy_with_grad", _with_grad_backward,
-                                setup_context=_with_grad_setup_context)
+torch.library.register_autograd(
+    "fused::cross_entropy_with_grad", _with_grad_backward, setup_context=_with_grad_setup_context
+)
 
 # --- linear_cross_entropy -------------------------------------------------------------------
 #
@@ -152,28 +178,53 @@ DEFAULT_CHUNK = 1024
 
 
 def _lce_check(hidden, weight, target, bias, op):
-    torch._check(weight.dim() == 2, lambda: f"{op}: expected weight of shape [V, H], but got "
-                 f"{list(weight.shape)}")
-    torch._check(hidden.dim() >= 1 and hidden.shape[-1] == weight.shape[1],
-                 lambda: f"{op}: expected hidden of shape [..., {weight.shape[1]}] (weight is "
-                 f"{list(weight.shape)}), but got {list(hidden.shape)}")
-    torch._check(hidden.dtype == weight.dtype, lambda: f"{op}: expected hidden and weight of "
-                 f"the same dtype, but got {hidden.dtype} and {weight.dtype}")
-    torch._check(hidden.device == weight.device and target.device == hidden.device,
-                 lambda: f"{op}: expected hidden, weight and target on the same device, but got "
-                 f"{hidden.device}, {weight.device} and {target.device}")
+    torch._check(
+        weight.dim() == 2,
+        lambda: f"{op}: expected weight of shape [V, H], but got {list(weight.shape)}",
+    )
+    torch._check(
+        hidden.dim() >= 1 and hidden.shape[-1] == weight.shape[1],
+        lambda: (
+            f"{op}: expected hidden of shape [..., {weight.shape[1]}] (weight is "
+            f"{list(weight.shape)}), but got {list(hidden.shape)}"
+        ),
+    )
+    torch._check(
+        hidden.dtype == weight.dtype,
+        lambda: (
+            f"{op}: expected hidden and weight of "
+            f"the same dtype, but got {hidden.dtype} and {weight.dtype}"
+        ),
+    )
+    torch._check(
+        hidden.device == weight.device and target.device == hidden.device,
+        lambda: (
+            f"{op}: expected hidden, weight and target on the same device, but got "
+            f"{hidden.device}, {weight.device} and {target.device}"
+        ),
+    )
     if bias is not None:
-        torch._check(tuple(bias.shape) == (weight.shape[0],) and bias.dtype == weight.dtype,
-                     lambda: f"{op}: expected bias of shape [{weight.shape[0]}] and dtype "
-                     f"{weight.dtype}, but got {list(bias.shape)} {bias.dtype}")
-    torch._check(target.dtype in (torch.int64, torch.int32),
-                 lambda: f"{op}: expected target to be int64 (or int32) class indices, but got "
-                 f"{target.dtype}")
+        torch._check(
+            tuple(bias.shape) == (weight.shape[0],) and bias.dtype == weight.dtype,
+            lambda: (
+                f"{op}: expected bias of shape [{weight.shape[0]}] and dtype "
+                f"{weight.dtype}, but got {list(bias.shape)} {bias.dtype}"
+            ),
+        )
+    torch._check(
+        target.dtype in (torch.int64, torch.int32),
+        lambda: (
+            f"{op}: expected target to be int64 (or int32) class indices, but got {target.dtype}"
+        ),
+    )
     rows = hidden.numel() // max(hidden.shape[-1], 1) if hidden.shape[-1] else 0
     lead = tuple(hidden.shape[:-1])
-    torch._check(tuple(target.shape) == lead or (target.dim() == 1 and target.numel() == rows),
-                 lambda: f"{op}: expected target of shape {list(lead)} or [{rows}], but got "
-                 f"{list(target.shape)}")
+    torch._check(
+        tuple(target.shape) == lead or (target.dim() == 1 and target.numel() == rows),
+        lambda: (
+            f"{op}: expected target of shape {list(lead)} or [{rows}], but got {list(target.shape)}"
+        ),
+    )
 
 
 def _lce_outputs(hidden, weight, bias, grad_mask, row_dtype):
@@ -187,17 +238,35 @@ def _lce_outputs(hidden, weight, bias, grad_mask, row_dtype):
 
 
 @torch.library.register_fake("fused::linear_cross_entropy")
-def _linear_cross_entropy_fake(hidden, weight, target, bias=None, ignore_index=-100,
-                               label_smoothing=0.0, z_loss=0.0, mean=True, chunk_size=0,
-                               grad_mask=(False, False, False)):
+def _linear_cross_entropy_fake(
+    hidden,
+    weight,
+    target,
+    bias=None,
+    ignore_index=-100,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    mean=True,
+    chunk_size=0,
+    grad_mask=(False, False, False),
+):
     _lce_check(hidden, weight, target, bias, "fused::linear_cross_entropy")
     return _lce_outputs(hidden, weight, bias, grad_mask, _row_dtype(hidden))
 
 
 @torch.library.impl("fused::linear_cross_entropy", ["CPU", "CUDA"])
-def _linear_cross_entropy_kernel(hidden, weight, target, bias=None, ignore_index=-100,
-                                 label_smoothing=0.0, z_loss=0.0, mean=True, chunk_size=0,
-                                 grad_mask=(False, False, False)):
+def _linear_cross_entropy_kernel(
+    hidden,
+    weight,
+    target,
+    bias=None,
+    ignore_index=-100,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    mean=True,
+    chunk_size=0,
+    grad_mask=(False, False, False),
+):
     op = "fused::linear_cross_entropy"
     _lce_check(hidden, weight, target, bias, op)
     torch._check(chunk_size >= 0, lambda: f"{op}: expected chunk_size >= 0, but got {chunk_size}")
@@ -228,8 +297,9 @@ def _linear_cross_entropy_kernel(hidden, weight, target, bias=None, ignore_index
         rows[start:end] = loss_c
         if not any_grad:
             continue
-        ops.cross_entropy_backward_(row_grad.expand(end - start), logits, tc, lse_c,
-                                    ignore_index, label_smoothing, z_loss)
+        ops.cross_entropy_backward_(
+            row_grad.expand(end - start), logits, tc, lse_c, ignore_index, label_smoothing, z_loss
+        )
         if want_h:
             grad_h2[start:end] = ops.matmul(logits, weight)
         if want_w:
@@ -265,5 +335,6 @@ def _lce_backward(ctx, grad_loss, *_unused):
     return tuple(grads)
 
 
-torch.library.register_autograd("fused::linear_cross_entropy", _lce_backward,
-                                setup_context=_lce_setup_context)
+torch.library.register_autograd(
+    "fused::linear_cross_entropy", _lce_backward, setup_context=_lce_setup_context
+)

@@ -6,6 +6,7 @@ seed_offset = {Philox seed, offset} and backward regenerates the mask from it.
 The forward ops carry the `nondeterministic_seeded` tag (csrc/ops.cpp), so torch.compile
 neither merges two calls nor recomputes one in backward.
 """
+
 import torch
 from torch._library.effects import EffectType
 

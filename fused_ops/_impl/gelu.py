@@ -2,6 +2,7 @@
 
 Outputs keep the input's layout as torch's elementwise ops do: empty_like of a dense input
 has its strides, of any other its dims' order (csrc/common/layout.h does the same)."""
+
 import torch
 
 from ._checks import check_same_device

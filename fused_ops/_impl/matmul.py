@@ -2,6 +2,7 @@
 fused::linear_act_backward (autograd: csrc/autograd/matmul.cpp).
 
 """
+
 import torch
 
 from ._checks import check_same_device

@@ -8,6 +8,7 @@ Backward ops return dx (for the add forms: the gradient of s, which is also dx a
 d_residual) and dweight / dbias, or an empty tensor for one not asked for.
 Autograd is in C++: csrc/autograd/norm.cpp.
 """
+
 import torch
 
 from ._checks import check_same_device
@@ -46,29 +47,39 @@ def _rms_norm_fake(x, normalized_shape, weight=None, eps=None):
 
 
 @torch.library.register_fake("fused::add_layer_norm")
-def _add_layer_norm_fake(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5,
-                         residual_in_fp32=False):
+def _add_layer_norm_fake(
+    x, residual, normalized_shape, weight=None, bias=None, eps=1e-5, residual_in_fp32=False
+):
     check_same_device("fused::add_layer_norm", x, residual=residual, weight=weight, bias=bias)
     s = x.new_empty(x.shape, dtype=_sum_dtype(x, residual_in_fp32))
     return x.new_empty(x.shape), s, _stat(x, normalized_shape), _stat(x, normalized_shape)
 
 
 @torch.library.register_fake("fused::add_rms_norm")
-def _add_rms_norm_fake(x, residual, normalized_shape, weight=None, eps=None,
-                       residual_in_fp32=False):
+def _add_rms_norm_fake(
+    x, residual, normalized_shape, weight=None, eps=None, residual_in_fp32=False
+):
     check_same_device("fused::add_rms_norm", x, residual=residual, weight=weight)
     s = x.new_empty(x.shape, dtype=_sum_dtype(x, residual_in_fp32))
     return x.new_empty(x.shape), s, _stat(x, normalized_shape)
 
 
 @torch.library.register_fake("fused::layer_norm_backward")
-def _layer_norm_backward_fake(grad_out, x, normalized_shape, mean, rstd, weight, bias,
-                              output_mask):
-    check_same_device("fused::layer_norm_backward", x, grad_out=grad_out, mean=mean, rstd=rstd,
-                      weight=weight, bias=bias)
-    return (x.new_empty(x.shape),
-            _param_grad(output_mask[0], weight, grad_out, normalized_shape),
-            _param_grad(output_mask[1], bias, grad_out, normalized_shape))
+def _layer_norm_backward_fake(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    check_same_device(
+        "fused::layer_norm_backward",
+        x,
+        grad_out=grad_out,
+        mean=mean,
+        rstd=rstd,
+        weight=weight,
+        bias=bias,
+    )
+    return (
+        x.new_empty(x.shape),
+        _param_grad(output_mask[0], weight, grad_out, normalized_shape),
+        _param_grad(output_mask[1], bias, grad_out, normalized_shape),
+    )
 
 
 @torch.library.register_fake("fused::rms_norm_backward")
@@ -78,18 +89,36 @@ def _rms_norm_backward_fake(grad_out, x, normalized_shape, rstd, weight, weight_
 
 
 @torch.library.register_fake("fused::add_layer_norm_backward")
-def _add_layer_norm_backward_fake(grad_out, grad_sum, sum, normalized_shape, mean, rstd,
-                                  weight, bias, output_mask):
-    check_same_device("fused::add_layer_norm_backward", sum, grad_out=grad_out,
-                      grad_sum=grad_sum, mean=mean, rstd=rstd, weight=weight, bias=bias)
-    return (sum.new_empty(sum.shape),
-            _param_grad(output_mask[0], weight, grad_out, normalized_shape),
-            _param_grad(output_mask[1], bias, grad_out, normalized_shape))
+def _add_layer_norm_backward_fake(
+    grad_out, grad_sum, sum, normalized_shape, mean, rstd, weight, bias, output_mask
+):
+    check_same_device(
+        "fused::add_layer_norm_backward",
+        sum,
+        grad_out=grad_out,
+        grad_sum=grad_sum,
+        mean=mean,
+        rstd=rstd,
+        weight=weight,
+        bias=bias,
+    )
+    return (
+        sum.new_empty(sum.shape),
+        _param_grad(output_mask[0], weight, grad_out, normalized_shape),
+        _param_grad(output_mask[1], bias, grad_out, normalized_shape),
+    )
 
 
 @torch.library.register_fake("fused::add_rms_norm_backward")
-def _add_rms_norm_backward_fake(grad_out, grad_sum, sum, normalized_shape, rstd, weight,
-                                weight_grad):
-    check_same_device("fused::add_rms_norm_backward", sum, grad_out=grad_out, grad_sum=grad_sum,
-                      rstd=rstd, weight=weight)
+def _add_rms_norm_backward_fake(
+    grad_out, grad_sum, sum, normalized_shape, rstd, weight, weight_grad
+):
+    check_same_device(
+        "fused::add_rms_norm_backward",
+        sum,
+        grad_out=grad_out,
+        grad_sum=grad_sum,
+        rstd=rstd,
+        weight=weight,
+    )
     return sum.new_empty(sum.shape), _param_grad(weight_grad, weight, grad_out, normalized_shape)

@@ -1,5 +1,6 @@
 """Fake kernels of the softmax ops (autograd: csrc/autograd/softmax.cpp). Outputs are
 contiguous tensors of the input's shape, as the kernels (and torch's softmax) return them."""
+
 import torch
 
 from ._checks import check_same_device
@@ -7,16 +8,26 @@ from ._checks import check_same_device
 
 def _check_dim(x, dim, op):
     n = max(x.dim(), 1)
-    torch._check_index(-n <= dim < n, lambda: f"{op}: Dimension out of range (expected to be "
-                       f"in range of [{-n}, {n - 1}], but got {dim})")
+    torch._check_index(
+        -n <= dim < n,
+        lambda: (
+            f"{op}: Dimension out of range (expected to be "
+            f"in range of [{-n}, {n - 1}], but got {dim})"
+        ),
+    )
 
 
 @torch.library.register_fake("fused::softmax")
 def _softmax_fake(x, dim=-1, *, scale=1.0, causal=False):
     _check_dim(x, dim, "fused::softmax")
     if causal:
-        torch._check(x.dim() >= 2, lambda: "fused::softmax: causal=True needs an input with "
-                     f"at least 2 dims (..., query, key), but got a {x.dim()}-d input")
+        torch._check(
+            x.dim() >= 2,
+            lambda: (
+                "fused::softmax: causal=True needs an input with "
+                f"at least 2 dims (..., query, key), but got a {x.dim()}-d input"
+            ),
+        )
     return x.new_empty(x.shape)
 
 

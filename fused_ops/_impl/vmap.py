@@ -2,6 +2,7 @@
 (csrc/autograd/common.h), which ATen's batching rules cover; dropout draws randomness,
 which vmap's `randomness=` governs: 'error' refuses, 'different' draws one mask over the
 whole batch (each sample its own), 'same' draws one sample's mask and applies it to all."""
+
 import torch
 
 
@@ -20,7 +21,8 @@ def _dropout_vmap(info, in_dims, x, p, training, *, generator=None):
         raise RuntimeError(
             "vmap: called random operation while in randomness error mode. Please either use "
             "the 'same' or 'different' randomness flags on vmap or perform the randomness "
-            "operation out of vmap")
+            "operation out of vmap"
+        )
     if info.randomness == "same":
         sample = x.select(x_bdim, 0) if x_bdim is not None else x
         mask, so = op(torch.ones_like(sample), p, training, generator=generator)

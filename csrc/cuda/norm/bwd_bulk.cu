@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
   // mean / rstd of the pair's rows 32 at a time, lane l holding row 32 b + l's; the next 32
   // loaded while these are used.
   float stat[2][2];  // [this batch, next][mean, rstd]
-  auto load_stats = [&](int64_t b, float (&st)[2]) {
+  auto load_stats = [&](int64_t b, float(&st)[2]) {
     const int64_t j = 32 * b + lane;
     const int64_t row = first + j * pairs;
     st[0] = (LAYER && j < mine) ? p.mean[row] : 0.f;
@@ -215,9 +215,9 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
 // its sm_90 code does not run here or not one block fits an SM.
 template <typename T>
 bool bwd_bulk(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
-  TORCH_INTERNAL_ASSERT(s.smem == static_cast<int>(kBulkBwdPairs * s.stages *
-                                                     bulk_bwd_slot(s.res != 0)),
-                        "norm plan: norm_bwd_bulk's slots take other shared memory than ", s.smem);
+  TORCH_INTERNAL_ASSERT(
+      s.smem == static_cast<int>(kBulkBwdPairs * s.stages * bulk_bwd_slot(s.res != 0)),
+      "norm plan: norm_bwd_bulk's slots take other shared memory than ", s.smem);
   auto run = [&](auto kernel) {
     if (!runs_sm90_code(kernel)) return false;
     return launch_resident_with_partials(kernel, s.blocks, kBulkBwdThreads,
@@ -233,15 +233,20 @@ bool bwd_bulk(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
     return s.res ? run(norm_bwd_bulk<T, true, false, S>) : run(norm_bwd_bulk<T, false, false, S>);
   };
   switch (s.stages) {
-    case 2: return with_stages(std::integral_constant<int, 2>{});
-    case 3: return with_stages(std::integral_constant<int, 3>{});
-    case 4: return with_stages(std::integral_constant<int, 4>{});
+    case 2:
+      return with_stages(std::integral_constant<int, 2>{});
+    case 3:
+      return with_stages(std::integral_constant<int, 3>{});
+    case 4:
+      return with_stages(std::integral_constant<int, 4>{});
   }
   TORCH_INTERNAL_ASSERT(false, "norm plan: norm_bwd_bulk stages=", s.stages);
 }
 
-template bool bwd_bulk<c10::Half>(const BwdParams<c10::Half, c10::Half, c10::Half>&, NormBackward&, const Step&);
-template bool bwd_bulk<c10::BFloat16>(const BwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&, NormBackward&, const Step&);
+template bool bwd_bulk<c10::Half>(const BwdParams<c10::Half, c10::Half, c10::Half>&, NormBackward&,
+                                  const Step&);
+template bool bwd_bulk<c10::BFloat16>(const BwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&,
+                                      NormBackward&, const Step&);
 
 }  // namespace norm
 }  // namespace fused

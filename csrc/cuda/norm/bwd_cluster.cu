@@ -85,15 +85,15 @@ __device__ __forceinline__ float2 cluster_row_sums(float2 (&slots)[kSlots][NSLOT
 // no cluster barrier, whose release would wait for the prefetch), then, LAG rows later, one
 // mbarrier wait, the n slots added in rank order (the same bits in every block), dx written.
 // LAG = 1 (16-bit rows on the 16-byte path: three tiles live, ~100 registers) lets a block
-// run a row ahead of its slowest peer instead of waiting at every row (docs/design/norm.md#tried-not-kept).
-// Buffers: slots / bar by iteration mod 4, group_sum's scratch by parity. Safe because a
-// block pushes row r only after its wait for row r - 1 - LAG, which needs every peer's push
-// of that row, which each peer sends after its block barrier of that iteration, past its
-// reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4 (and its wait on that phase).
-// Compiled to a no-op below sm_90; the launcher only picks it where the sm_90 code runs.
+// run a row ahead of its slowest peer instead of waiting at every row
+// (docs/design/norm.md#tried-not-kept). Buffers: slots / bar by iteration mod 4, group_sum's
+// scratch by parity. Safe because a block pushes row r only after its wait for row r - 1 - LAG,
+// which needs every peer's push of that row, which each peer sends after its block barrier of that
+// iteration, past its reads of the slots of rows up to r - 2 - 2 * LAG >= r - 4 (and its wait on
+// that phase). Compiled to a no-op below sm_90; the launcher only picks it where the sm_90 code
+// runs.
 template <typename T, typename W, typename R, int VEC, int VPT, int LAG>
-__global__ void __launch_bounds__(kBwdMaxThreads)
-norm_bwd_cluster(BwdParams<T, W, R> p) {
+__global__ void __launch_bounds__(kBwdMaxThreads) norm_bwd_cluster(BwdParams<T, W, R> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   grid_dependency_wait();  // launched early (early_start): nothing global before this
   namespace cg = cooperative_groups;
@@ -117,7 +117,7 @@ norm_bwd_cluster(BwdParams<T, W, R> p) {
   cluster_row_walk<LAG, Tile>(
       p.rows, cid, clusters, csize, rank, blockDim.x, slots, bar, scratch,
       [&](Tile& t, int64_t row) { bwd_load<true>(p, row, row < p.rows, lane, tpr, t); },
-      [&](const Tile& t, int /*it*/, float (&s)[2]) {
+      [&](const Tile& t, int /*it*/, float(&s)[2]) {
         bwd_sums<VEC, VPT>(p, t, true, lane, tpr, weight, dw, db, s);
       },
       [&](const Tile& t, int64_t row, int it) {

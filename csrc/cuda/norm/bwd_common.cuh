@@ -44,8 +44,10 @@ template <bool PIN = false, typename T, typename W, typename R, int VEC, int VPT
 __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t row, bool valid,
                                          int lane, int tpr, BwdTile<T, R, VEC, VPT>& t) {
   auto load = [](const auto* q) {
-    if constexpr (PIN) return load_pinned(q);
-    else return *q;
+    if constexpr (PIN)
+      return load_pinned(q);
+    else
+      return *q;
   };
   const int nvec = p.cols / VEC;
   const int64_t off = row * p.cols;
@@ -69,9 +71,9 @@ __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t ro
 // registers. bwd_dx writes dx from the reduced sums. weight(i): w's vector i as floats.
 template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight,
           typename Terms>
-__device__ __forceinline__ void bwd_sums_to(const BwdParams<T, W, R>& p, const Tile& t,
-                                            bool valid, int lane, int tpr, Weight&& weight,
-                                            Terms&& terms, float (&s)[2]) {
+__device__ __forceinline__ void bwd_sums_to(const BwdParams<T, W, R>& p, const Tile& t, bool valid,
+                                            int lane, int tpr, Weight&& weight, Terms&& terms,
+                                            float (&s)[2]) {
   const int nvec = p.cols / VEC;
   s[0] = s[1] = 0.f;  // sum of g, sum of g * xhat
 #pragma unroll
@@ -94,18 +96,18 @@ __device__ __forceinline__ void bwd_sums_to(const BwdParams<T, W, R>& p, const T
 
 template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
 __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile& t, bool valid,
-                                         int lane, int tpr, Weight&& weight,
-                                         float (&dw)[VPT][VEC], float (&db)[VPT][VEC],
-                                         float (&s)[2]) {
-  bwd_sums_to<VEC, VPT>(p, t, valid, lane, tpr, weight,
-                        [&](int i, const FVec<VEC>& d, const FVec<VEC>& xhat) {
+                                         int lane, int tpr, Weight&& weight, float (&dw)[VPT][VEC],
+                                         float (&db)[VPT][VEC], float (&s)[2]) {
+  bwd_sums_to<VEC, VPT>(
+      p, t, valid, lane, tpr, weight,
+      [&](int i, const FVec<VEC>& d, const FVec<VEC>& xhat) {
 #pragma unroll
-                          for (int j = 0; j < VEC; ++j) {
-                            dw[i][j] += d.v[j] * xhat.v[j];
-                            db[i][j] += d.v[j];
-                          }
-                        },
-                        s);
+        for (int j = 0; j < VEC; ++j) {
+          dw[i][j] += d.v[j] * xhat.v[j];
+          db[i][j] += d.v[j];
+        }
+      },
+      s);
 }
 
 template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
@@ -203,11 +205,11 @@ struct BwdStage {
 // in flight per thread (the sweep's measured win: 16384x4096 bf16 79% -> 92% of copy).
 // STAGES > 0 (with PF): the tiles are staged in shared memory instead of registers, each
 // thread copying its own vectors (cp.async) STAGES - 1 rows ahead and reading them back
-// itself: no registers hold a prefetch, so more warps fit an SM (docs/design/norm.md#tried-not-kept).
-// Staged only for float32 rows (x, or the add forms' float32 sum): 8 elements a thread, up
-// to 512 threads. The launch bound sizes registers for two blocks an SM, but at 512 threads
-// the ring (248 bytes a thread, 124 KB) leaves room for one: what it buys there is the
-// deeper prefetch (two rows in flight instead of one), as measured. 16-bit rows (16
+// itself: no registers hold a prefetch, so more warps fit an SM
+// (docs/design/norm.md#tried-not-kept). Staged only for float32 rows (x, or the add forms' float32
+// sum): 8 elements a thread, up to 512 threads. The launch bound sizes registers for two blocks an
+// SM, but at 512 threads the ring (248 bytes a thread, 124 KB) leaves room for one: what it buys
+// there is the deeper prefetch (two rows in flight instead of one), as measured. 16-bit rows (16
 // elements a thread, 32 accumulators) measured slower staged at the register counts that
 // would fit more blocks (docs/design/norm.md#tried-not-kept).
 template <typename R>
@@ -218,9 +220,7 @@ constexpr bool bwd_regs_staged() {
 // ---- host: the dweight / dbias partial rows ------------------------------------------------
 
 // Parameter gradients asked for (dweight, dbias): the partial rows' terms.
-inline int param_grads(const NormBackward& nb) {
-  return nb.dweight.defined() + nb.dbias.defined();
-}
+inline int param_grads(const NormBackward& nb) { return nb.dweight.defined() + nb.dbias.defined(); }
 
 // dweight / dbias from the [outs, parts, cols] partials (dweight first when both): column_sum,
 // partials.cu.

@@ -9,9 +9,9 @@ namespace norm {
 namespace {
 
 // fixed_row_walk: norm_bwd_fixed's row walk (sm_90 code only), cluster_row_walk's protocol
-// with two changes that cut its instructions a row (docs/design/norm.md#tried-not-kept): each warp reduces
-// its two sums and its lanes 0..csize-1 push them (st.async) into entry [rank * warps + warp]
-// of the row's slot in every block, so a block's warps meet only at the slot's mbarrier (no
+// with two changes that cut its instructions a row (docs/design/norm.md#tried-not-kept): each warp
+// reduces its two sums and its lanes 0..csize-1 push them (st.async) into entry [rank * warps +
+// warp] of the row's slot in every block, so a block's warps meet only at the slot's mbarrier (no
 // block barrier per row); and the three tiles (next, this row's, the row LAG behind) rotate
 // through t[0..2] by unrolling the walk three times (no copies; tile i keeps its
 // shared-memory staging slot i, where norm_bwd_fixed stages the rows). The slot
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
   __shared__ uint64_t bar[kSlots];
   // [tile][x vectors, then dy vectors][thread]: 16 consecutive bytes a lane, no conflicts.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  auto stage = reinterpret_cast<V (*)[2 * VPT][TPB]>(dyn_smem);
+  auto stage = reinterpret_cast<V(*)[2 * VPT][TPB]>(dyn_smem);
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int lane = rank * TPB + threadIdx.x;
@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
     FVec<VEC> one;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) one.v[j] = 1.f;
-    wv[k] = p.weight ? load_raw<T, VEC>(p.weight + (lane + k * TPR) * VEC) : from_float<T, VEC>(one);
+    wv[k] =
+        p.weight ? load_raw<T, VEC>(p.weight + (lane + k * TPR) * VEC) : from_float<T, VEC>(one);
   }
   float dw[VPT][VEC], db[VPT][VEC];
 #pragma unroll
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
   // x - mean (layer norm) or x.
   auto centered = [&](float x, const Tile& t) { return LAYER ? x - t.mean : x; };
   // This thread's dweight / dbias terms and its shares of the two row sums.
-  auto sums = [&](Tile& t, float (&s)[2]) {
+  auto sums = [&](Tile& t, float(&s)[2]) {
     // The walk loads the next row first: every copy group but that newest one has landed.
     stage_wait<1>();
     s[0] = s[1] = 0.f;
@@ -230,8 +231,7 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
       opaque(wv[k]);
     }
   };
-  fixed_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums,
-                              finish);
+  fixed_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums, finish);
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
 #endif
 }
@@ -242,10 +242,10 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
 template <typename T, int TPB, int CS, int LAG>
 bool bwd_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
   TORCH_INTERNAL_ASSERT(TPB * CS * kFixedBwdVpt * kVecElems<T> == p.cols);
-  auto kernel = s.layer ? (s.res ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1>
-                                 : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0>)
-                        : (s.res ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1>
-                                 : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0>);
+  auto kernel =
+      s.layer
+          ? (s.res ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1> : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0>)
+          : (s.res ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1> : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0>);
   return launch_cluster_backward(kernel, CS, TPB, p, nb, fixed_bwd_smem<T, TPB>());
 }
 
@@ -255,27 +255,37 @@ template <typename T>
 bool bwd_fixed(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
   TORCH_INTERNAL_ASSERT(s.lag == 1, "norm plan: norm_bwd_fixed lag=", s.lag);
   const int shape = s.fixed * 100 + s.cluster;  // TPB, CS
-  if constexpr (sizeof(T) == 4) {  // 8 elements a thread
+  if constexpr (sizeof(T) == 4) {               // 8 elements a thread
     switch (shape) {
-      case 19208: return bwd_fixed_at<T, 192, 8, 1>(p, nb, s);
-      case 25608: return bwd_fixed_at<T, 256, 8, 1>(p, nb, s);
+      case 19208:
+        return bwd_fixed_at<T, 192, 8, 1>(p, nb, s);
+      case 25608:
+        return bwd_fixed_at<T, 256, 8, 1>(p, nb, s);
     }
   } else {
     switch (shape) {
-      case 12802: return bwd_fixed_at<T, 128, 2, 1>(p, nb, s);
-      case 16002: return bwd_fixed_at<T, 160, 2, 1>(p, nb, s);
-      case 25602: return bwd_fixed_at<T, 256, 2, 1>(p, nb, s);
-      case 19204: return bwd_fixed_at<T, 192, 4, 1>(p, nb, s);
-      case 25604: return bwd_fixed_at<T, 256, 4, 1>(p, nb, s);
-      case 25608: return bwd_fixed_at<T, 256, 8, 1>(p, nb, s);
+      case 12802:
+        return bwd_fixed_at<T, 128, 2, 1>(p, nb, s);
+      case 16002:
+        return bwd_fixed_at<T, 160, 2, 1>(p, nb, s);
+      case 25602:
+        return bwd_fixed_at<T, 256, 2, 1>(p, nb, s);
+      case 19204:
+        return bwd_fixed_at<T, 192, 4, 1>(p, nb, s);
+      case 25604:
+        return bwd_fixed_at<T, 256, 4, 1>(p, nb, s);
+      case 25608:
+        return bwd_fixed_at<T, 256, 8, 1>(p, nb, s);
     }
   }
   TORCH_INTERNAL_ASSERT(false, "norm plan: no norm_bwd_fixed of ", s.fixed, " x ", s.cluster);
 }
 
 template bool bwd_fixed<float>(const BwdParams<float, float, float>&, NormBackward&, const Step&);
-template bool bwd_fixed<c10::Half>(const BwdParams<c10::Half, c10::Half, c10::Half>&, NormBackward&, const Step&);
-template bool bwd_fixed<c10::BFloat16>(const BwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&, NormBackward&, const Step&);
+template bool bwd_fixed<c10::Half>(const BwdParams<c10::Half, c10::Half, c10::Half>&, NormBackward&,
+                                   const Step&);
+template bool bwd_fixed<c10::BFloat16>(
+    const BwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&, NormBackward&, const Step&);
 
 }  // namespace norm
 }  // namespace fused

@@ -14,7 +14,7 @@ namespace {
 
 template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES>
 __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
-norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
+    norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   static_assert(STAGES == 0 || (PF && STAGES >= 2 && bwd_regs_staged<R>()),
                 "staging is a deeper prefetch, for float32 rows");
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
@@ -31,16 +31,17 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   // A thread owns the same columns in every row it visits: w is loaded once.
   // Staged: in the thread's own shared-memory slots (no registers; read back by the thread).
   Raw<W, VEC> wv[STAGES > 0 ? 1 : VPT];
-  auto* ws = STAGES > 0
-                 ? reinterpret_cast<Raw<W, VEC>*>(dyn_smem + Stage::w_at(blockDim.x, p.dsum))
-                 : nullptr;
+  auto* ws = STAGES > 0 ? reinterpret_cast<Raw<W, VEC>*>(dyn_smem + Stage::w_at(blockDim.x, p.dsum))
+                        : nullptr;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = i * tpr + g.lane;
     if (p.weight && c < nvec) {
       const Raw<W, VEC> v = load_raw<W, VEC>(p.weight + c * VEC);
-      if constexpr (STAGES > 0) ws[i * blockDim.x + threadIdx.x] = v;
-      else wv[i] = v;
+      if constexpr (STAGES > 0)
+        ws[i * blockDim.x + threadIdx.x] = v;
+      else
+        wv[i] = v;
     }
   }
   auto weight = [&](int i) {
@@ -107,8 +108,7 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
       const int64_t row = first + g.group;
       stage(k == 0 ? STAGES - 1 : k - 1, row + (STAGES - 1) * step);
       stage_wait<STAGES - 1>();  // this row's copies have landed
-      StagedBwdTile<T, R, VEC> tile{&xs[at(k, 0)], &gs[at(k, 0)], &ss[at(k, 0)],
-                                    threads, 0.f, 0.f};
+      StagedBwdTile<T, R, VEC> tile{&xs[at(k, 0)], &gs[at(k, 0)], &ss[at(k, 0)], threads, 0.f, 0.f};
       if (row < p.rows) {
         tile.mean = p.mean ? ms[(2 * k) * threads + t] : 0.f;
         tile.rstd = ms[(2 * k + 1) * threads + t];
@@ -133,7 +133,7 @@ norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
     }
   }
   if (!p.dw_part && !p.db_part) return;  // uniform across the grid
-  if (g.groups == 1) {  // each column has one owner in the block
+  if (g.groups == 1) {                   // each column has one owner in the block
     store_partials(p.dw_part, p.db_part, blockIdx.x, p.cols, g.lane, tpr, dw, db);
     return;
   }
@@ -196,16 +196,18 @@ bool bwd_regs(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s) {
     constexpr int kPfVpt = bwd_pf_vpt<R, VEC>();
     if (s.pf && s.vpt == kPfVpt) {
       if constexpr (bwd_regs_staged<R>()) {
-        if (s.stages == kBwdStages) return bwd_regs_at<T, W, R, VEC, kPfVpt, true, kBwdStages>(p, nb, s);
+        if (s.stages == kBwdStages)
+          return bwd_regs_at<T, W, R, VEC, kPfVpt, true, kBwdStages>(p, nb, s);
       }
       if (s.stages == 0) return bwd_regs_at<T, W, R, VEC, kPfVpt, true, 0>(p, nb, s);
     }
   }
   if constexpr (VEC == 1 || bwd_pf_vpt<R, VEC>() != VPT) {
-    if (!s.pf && s.vpt == VPT && s.stages == 0) return bwd_regs_at<T, W, R, VEC, VPT, false, 0>(p, nb, s);
+    if (!s.pf && s.vpt == VPT && s.stages == 0)
+      return bwd_regs_at<T, W, R, VEC, VPT, false, 0>(p, nb, s);
   }
-  TORCH_INTERNAL_ASSERT(false, "norm plan: no norm_bwd_regs variant for vpt=", s.vpt, " pf=",
-                        s.pf, " stages=", s.stages);
+  TORCH_INTERNAL_ASSERT(false, "norm plan: no norm_bwd_regs variant for vpt=", s.vpt, " pf=", s.pf,
+                        " stages=", s.stages);
 }
 
 #define FUSED_INSTANCE(T, W, R, VEC) \

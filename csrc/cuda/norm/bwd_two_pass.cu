@@ -12,7 +12,7 @@ namespace {
 // Long rows, step 1: per row, c = (mean(g), mean(g * xhat)) (mean(g) = 0 for rms norm).
 template <typename T, typename W, typename R, int VEC>
 __global__ void __launch_bounds__(kLongThreads)
-norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
+    norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   __shared__ float scratch[2][32];
   const int nvec = p.cols / VEC;
@@ -44,7 +44,7 @@ norm_bwd_row_sums(BwdParams<T, W, R> p, float2* __restrict__ c_out) {
 // it writes dx there and the dweight / dbias partials of its columns (partial row blockIdx.y).
 template <typename T, typename W, typename R, int VEC>
 __global__ void __launch_bounds__(kTileThreads)
-norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t rows_per_chunk) {
+    norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t rows_per_chunk) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   const int nvec = p.cols / VEC;
   const int cv = blockIdx.x * blockDim.x + threadIdx.x;
@@ -87,7 +87,8 @@ norm_bwd_tiles(BwdParams<T, W, R> p, const float2* __restrict__ c_in, int64_t ro
 #pragma unroll
           for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
         }
-        store_raw<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC, from_float<R, VEC>(o));
+        store_raw<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC,
+                          from_float<R, VEC>(o));
       }
     }
   }
@@ -104,8 +105,8 @@ void bwd_two_pass(const BwdParams<T, W, R>& p_in, NormBackward& nb, const Step& 
   const int nvec = p.cols / VEC;
   at::Tensor c = at::empty({p.rows, 2}, nb.dy.options().dtype(at::kFloat));
   float2* cp = reinterpret_cast<float2*>(c.mutable_data_ptr<float>());
-  launch_early(norm_bwd_row_sums<T, W, R, VEC>, dim3(grid_for(s.blocks)), dim3(kLongThreads), 0,
-               p, cp);
+  launch_early(norm_bwd_row_sums<T, W, R, VEC>, dim3(grid_for(s.blocks)), dim3(kLongThreads), 0, p,
+               cp);
   const int64_t col_tiles = ceil_div(nvec, kTileThreads);
   int64_t chunks = std::clamp<int64_t>(8 * num_sms() / col_tiles, 1, p.rows);
   const int64_t rows_per_chunk = ceil_div(p.rows, chunks);
@@ -113,8 +114,7 @@ void bwd_two_pass(const BwdParams<T, W, R>& p_in, NormBackward& nb, const Step& 
   at::Tensor part = alloc_partials(nb, chunks);
   point_partials(p, part, chunks, nb);
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
-  launch_early(norm_bwd_tiles<T, W, R, VEC>, grid, dim3(kTileThreads), 0, p, cp,
-               rows_per_chunk);
+  launch_early(norm_bwd_tiles<T, W, R, VEC>, grid, dim3(kTileThreads), 0, p, cp, rows_per_chunk);
   if (part.defined()) reduce_partials<T>(part, chunks, p.cols, nb);
 }
 

@@ -12,13 +12,12 @@ namespace {
 // read-modify-write by the lane that owns them) instead of registers, so that the registers
 // hold the row: 24 warps an SM, or 16 with PF (the next row's tile loaded before this row's
 // sums, 128 registers). The block's warps add their slices in warp order at the end: one
-// partial row a block, deterministic. Against norm_bwd_regs (docs/design/norm.md#tried-not-kept, H200):
-// 4-10% faster at 512 columns, 4-16% at 256; at 1024 (4 vectors a lane) from 5% faster
-// (rms, PF) to 22% slower (the add forms), the slices' shared-memory traffic (16 KB a row at
-// 1024 columns for both terms) costing more than the warps gain, so those rows stay on
-// norm_bwd_regs.
-// Slice layout: float4 ((term * VPT + i) * 2 + h) * 32 + lane holds elements 4h..4h+3 of
-// the lane's vector i (consecutive lanes, consecutive 16 bytes: no bank conflicts).
+// partial row a block, deterministic. Against norm_bwd_regs (docs/design/norm.md#tried-not-kept,
+// H200): 4-10% faster at 512 columns, 4-16% at 256; at 1024 (4 vectors a lane) from 5% faster (rms,
+// PF) to 22% slower (the add forms), the slices' shared-memory traffic (16 KB a row at 1024 columns
+// for both terms) costing more than the warps gain, so those rows stay on norm_bwd_regs. Slice
+// layout: float4 ((term * VPT + i) * 2 + h) * 32 + lane holds elements 4h..4h+3 of the lane's
+// vector i (consecutive lanes, consecutive 16 bytes: no bank conflicts).
 constexpr int kWarpBwdVec = 8;  // 16-bit elements in a 16-byte vector
 template <bool PF>
 constexpr int warp_bwd_threads() {
@@ -31,8 +30,7 @@ __host__ __device__ constexpr int warp_bwd_slice() {  // float4s a warp holds pe
 }
 
 template <typename T, int VPT, bool DSUM, bool PF>
-__global__ void __launch_bounds__(warp_bwd_threads<PF>(), 1)
-norm_bwd_warp(BwdParams<T, T, T> p) {
+__global__ void __launch_bounds__(warp_bwd_threads<PF>(), 1) norm_bwd_warp(BwdParams<T, T, T> p) {
   static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
   constexpr int VEC = kWarpBwdVec, Q = VEC / 4;
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
@@ -123,10 +121,9 @@ norm_bwd_warp(BwdParams<T, T, T> p) {
 // (a warp's slice a parameter gradient); refused where not one block fits an SM.
 template <typename T>
 bool bwd_warp(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
-  TORCH_INTERNAL_ASSERT(s.smem == static_cast<int>(sizeof(float4)) * (s.vpt == 1
-                                                                          ? warp_bwd_slice<1>()
-                                                                          : warp_bwd_slice<2>()) *
-                                       param_grads(nb) * (s.threads / 32),
+  TORCH_INTERNAL_ASSERT(s.smem == static_cast<int>(sizeof(float4)) *
+                                      (s.vpt == 1 ? warp_bwd_slice<1>() : warp_bwd_slice<2>()) *
+                                      param_grads(nb) * (s.threads / 32),
                         "norm plan: norm_bwd_warp's slices take other shared memory than ", s.smem);
   auto run = [&](auto kernel) {
     return launch_resident_with_partials(kernel, s.blocks, s.threads, static_cast<size_t>(s.smem),
@@ -135,17 +132,21 @@ bool bwd_warp(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
   auto with_vpt = [&](auto vpt_tag) {
     constexpr int VPT = decltype(vpt_tag)::value;
     if (s.pf) {
-      return s.res ? run(norm_bwd_warp<T, VPT, true, true>) : run(norm_bwd_warp<T, VPT, false, true>);
+      return s.res ? run(norm_bwd_warp<T, VPT, true, true>)
+                   : run(norm_bwd_warp<T, VPT, false, true>);
     }
-    return s.res ? run(norm_bwd_warp<T, VPT, true, false>) : run(norm_bwd_warp<T, VPT, false, false>);
+    return s.res ? run(norm_bwd_warp<T, VPT, true, false>)
+                 : run(norm_bwd_warp<T, VPT, false, false>);
   };
   TORCH_INTERNAL_ASSERT(s.vpt == 1 || s.vpt == 2, "norm plan: norm_bwd_warp vpt=", s.vpt);
   if (s.vpt == 1) return with_vpt(std::integral_constant<int, 1>{});
   return with_vpt(std::integral_constant<int, 2>{});
 }
 
-template bool bwd_warp<c10::Half>(const BwdParams<c10::Half, c10::Half, c10::Half>&, NormBackward&, const Step&);
-template bool bwd_warp<c10::BFloat16>(const BwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&, NormBackward&, const Step&);
+template bool bwd_warp<c10::Half>(const BwdParams<c10::Half, c10::Half, c10::Half>&, NormBackward&,
+                                  const Step&);
+template bool bwd_warp<c10::BFloat16>(const BwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&,
+                                      NormBackward&, const Step&);
 
 }  // namespace norm
 }  // namespace fused

@@ -49,26 +49,26 @@ struct FwdParams {
   const W* weight;    // nullptr: no scale
   const W* bias;      // nullptr: no shift
   T* y;
-  R* sum;             // x + residual, written when residual is given
-  float* mean;        // nullptr for rms norm
+  R* sum;       // x + residual, written when residual is given
+  float* mean;  // nullptr for rms norm
   float* rstd;
   int64_t rows;
   int cols;
   float eps;
-  bool layer;         // subtract the mean (layer norm) or not (rms norm)
+  bool layer;  // subtract the mean (layer norm) or not (rms norm)
 };
 
 template <typename T, typename W, typename R>
 struct BwdParams {
   const T* dy;
-  const R* x;          // the normalized rows (x, or the sum of the add forms)
-  const R* dsum;       // gradient of the sum output, added to dx; or nullptr
-  const float* mean;   // nullptr for rms norm
+  const R* x;         // the normalized rows (x, or the sum of the add forms)
+  const R* dsum;      // gradient of the sum output, added to dx; or nullptr
+  const float* mean;  // nullptr for rms norm
   const float* rstd;
-  const W* weight;     // nullptr: w = 1
+  const W* weight;  // nullptr: w = 1
   R* dx;
-  float* dw_part;      // [parts, cols] partial sums of dy * xhat, or nullptr
-  float* db_part;      // [parts, cols] partial sums of dy, or nullptr
+  float* dw_part;  // [parts, cols] partial sums of dy * xhat, or nullptr
+  float* db_part;  // [parts, cols] partial sums of dy, or nullptr
   int64_t rows;
   int cols;
 };
@@ -168,8 +168,7 @@ __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
 // exactly mean = x0 and xhat = 0 (sum / n of the unshifted row can be 1 ulp off, which
 // rstd = 1/sqrt(eps) would magnify into visible noise).
 template <typename T, typename W, typename R>
-__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off,
-                                          bool res) {
+__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off, bool res) {
   FVec<1> f = to_float(load_raw<T, 1>(p.x + off));
   if (res) {
     f.v[0] += to_float(load_raw<R, 1>(p.residual + off)).v[0];

@@ -11,13 +11,12 @@ namespace {
 // kFixedVpt * 8 * TPR for a TPR in FixedTprs: 1024 to 16384 columns), with parameters in
 // x's dtype. Everything about the launch shape is a constant: a block of TPR threads per
 // row (also the 32- and 64-thread rows: a block retires as soon as its row is written,
-// docs/design/norm.md#tried-not-kept; on GPUs that hold fewer than 32 blocks an SM, sm_86 / sm_89, the
-// 32-thread rows then keep fewer than 32 warps resident), 4 vectors per thread, no
-// per-vector bounds checks, no grid-stride loop, at most 64 registers (56 for 384-thread
-// rows). w / b are loaded after the
-// reductions (they are L1/L2 hits; loaded with the row they would need 32 more registers
-// and spill 56-256 bytes). A standalone sweep (docs/design/norm.md#roofline-and-standing) put
-// this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
+// docs/design/norm.md#tried-not-kept; on GPUs that hold fewer than 32 blocks an SM, sm_86 / sm_89,
+// the 32-thread rows then keep fewer than 32 warps resident), 4 vectors per thread, no per-vector
+// bounds checks, no grid-stride loop, at most 64 registers (56 for 384-thread rows). w / b are
+// loaded after the reductions (they are L1/L2 hits; loaded with the row they would need 32 more
+// registers and spill 56-256 bytes). A standalone sweep (docs/design/norm.md#roofline-and-standing)
+// put this shape at 93-97% of copy where the run-time-shaped kernel reaches 79-84%.
 //
 // Exact constant rows without norm_fwd_regs' x0 shift: every partial sum of a constant
 // 16-bit row is k * x0 with k a product of two factors < 64 and a power of two, which
@@ -32,12 +31,11 @@ namespace {
 // at 56 registers instead of 2 at up to 85).
 constexpr int fixed_min_blocks(int block) {
   return kFwdMaxThreads / block * block <= 3 * kFwdMaxThreads / 4 ? kFwdMaxThreads / block + 1
-                                                                   : kFwdMaxThreads / block;
+                                                                  : kFwdMaxThreads / block;
 }
 
 template <typename T, int TPR, int LAYER, int RES>
-__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR))
-norm_fwd_fixed(FwdParams<T, T, T> p) {
+__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR)) norm_fwd_fixed(FwdParams<T, T, T> p) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
   static_assert(TPR % 32 == 0, "whole warps");
@@ -126,12 +124,13 @@ void fwd_fixed(const FwdParams<T, T, T>& p, const Step& s) {
   const auto kernel = fixed_kernel<T>(s, FixedTprs{});
   TORCH_INTERNAL_ASSERT(kernel != nullptr, "norm plan: no norm_fwd_fixed for ", s.fixed,
                         " threads");
-  launch_early(kernel, dim3(static_cast<unsigned>(s.blocks)), dim3(s.threads), 0, p);  // a block a row
+  launch_early(kernel, dim3(static_cast<unsigned>(s.blocks)), dim3(s.threads), 0,
+               p);  // a block a row
 }
 
 template void fwd_fixed<c10::Half>(const FwdParams<c10::Half, c10::Half, c10::Half>&, const Step&);
-template void fwd_fixed<c10::BFloat16>(const FwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&,
-                                       const Step&);
+template void fwd_fixed<c10::BFloat16>(
+    const FwdParams<c10::BFloat16, c10::BFloat16, c10::BFloat16>&, const Step&);
 
 }  // namespace norm
 }  // namespace fused

@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
     // Pass 2: read the rows again (this thread's own elements; mostly L2 hits), write y.
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
-      FVec<VEC> o = p.residual ? to_float(load_raw<R, VEC>(p.sum + e))
-                               : to_float(load_raw<T, VEC>(p.x + e));
+      FVec<VEC> o =
+          p.residual ? to_float(load_raw<R, VEC>(p.sum + e)) : to_float(load_raw<T, VEC>(p.x + e));
       const FVec<VEC> w = param_or<W, VEC>(p.weight, c, 1.f);
       const FVec<VEC> b = param_or<W, VEC>(p.bias, c, 0.f);
 #pragma unroll

@@ -74,8 +74,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
   const int nvec = static_cast<int>(cols / VEC);
   const float inv_n = 1.f / static_cast<float>(cols);
   const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows;
-       first += step) {
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * g.groups; first < p.rows; first += step) {
     const int64_t row = first + g.group;
     const bool valid = row < p.rows;
     const int64_t off = row * cols;
@@ -206,11 +205,13 @@ bool fwd_regs(const FwdParams<T, W, R>& p, const Step& s) {
     kernel = norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime>;
   } else {
     if (s.vpt == VPT && s.fixed == 0 && s.res == 1) {
-      kernel = layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1> : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1>;
+      kernel =
+          layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1> : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1>;
     }
     if constexpr (kSame) {
       if (s.vpt == VPT && s.fixed == 0 && s.res == 0) {
-        kernel = layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 0> : norm_fwd_regs<T, W, R, VEC, VPT, 0, 0>;
+        kernel =
+            layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 0> : norm_fwd_regs<T, W, R, VEC, VPT, 0, 0>;
       }
     }
     if constexpr (kFixed) {
@@ -223,7 +224,8 @@ bool fwd_regs(const FwdParams<T, W, R>& p, const Step& s) {
     if constexpr (kHasWide) {
       constexpr int V8 = kFwdWideVpt;
       if (s.vpt == V8 && s.fixed == 0 && s.res == 0) {
-        kernel = layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, 0> : norm_fwd_regs<T, W, R, VEC, V8, 0, 0>;
+        kernel =
+            layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, 0> : norm_fwd_regs<T, W, R, VEC, V8, 0, 0>;
       }
       if (s.vpt == V8 && s.fixed == 0 && s.res == kStagedRes) {
         kernel = layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, kStagedRes>
@@ -253,13 +255,11 @@ bool fwd_regs(const FwdParams<T, W, R>& p, const Step& s) {
       }
     }
   }
-  TORCH_INTERNAL_ASSERT(kernel != nullptr, "norm plan: no norm_fwd_regs variant for vpt=",
-                        s.vpt, " res=", s.res, " fixed=", s.fixed);
-  TORCH_INTERNAL_ASSERT(s.smem == (s.res == kStagedRes ? s.vpt * s.tpr * static_cast<int>(
-                                                             sizeof(Raw<R, VEC>))
-                                                       : 0),
-                        "norm plan: norm_fwd_regs' residual slots take other shared memory than ",
-                        s.smem);
+  TORCH_INTERNAL_ASSERT(kernel != nullptr, "norm plan: no norm_fwd_regs variant for vpt=", s.vpt,
+                        " res=", s.res, " fixed=", s.fixed);
+  TORCH_INTERNAL_ASSERT(
+      s.smem == (s.res == kStagedRes ? s.vpt * s.tpr * static_cast<int>(sizeof(Raw<R, VEC>)) : 0),
+      "norm plan: norm_fwd_regs' residual slots take other shared memory than ", s.smem);
   // The staged residual's slots: refused where they do not fit a block here.
   if (s.smem > 0 && !allow_dynamic_smem_once(kernel, s.smem)) return false;
   launch_early(kernel, dim3(grid_for(s.blocks)), dim3(s.threads), static_cast<size_t>(s.smem), p,

@@ -96,8 +96,9 @@ template <typename T, typename W, typename R, typename Run>
 void walk(const Plan& plan, Run&& run) {
   constexpr int V = kVecElems<T>;
   for (int i = 0; i < plan.n; ++i) {
-    const bool launched = plan.steps[i].vec == V ? run(std::integral_constant<int, V>{}, plan.steps[i])
-                                                 : run(std::integral_constant<int, 1>{}, plan.steps[i]);
+    const bool launched = plan.steps[i].vec == V
+                              ? run(std::integral_constant<int, V>{}, plan.steps[i])
+                              : run(std::integral_constant<int, 1>{}, plan.steps[i]);
     if (launched) return;
   }
   TORCH_INTERNAL_ASSERT(false, "norm plan: every step refused:\n", describe(plan));

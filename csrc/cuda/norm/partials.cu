@@ -12,8 +12,8 @@ namespace {
 // lanes per block, combined in a fixed order.
 template <typename O>
 __global__ void __launch_bounds__(256)
-column_sum(const float* __restrict__ part0, const float* __restrict__ part1, int64_t parts,
-           int cols, O* __restrict__ out0, O* __restrict__ out1) {
+    column_sum(const float* __restrict__ part0, const float* __restrict__ part1, int64_t parts,
+               int cols, O* __restrict__ out0, O* __restrict__ out1) {
   grid_dependency_wait();  // launched early (launch_early): the partials are complete after
   __shared__ float tile[8][33];
   const float* part = blockIdx.y == 0 ? part0 : part1;

@@ -17,7 +17,9 @@ int next_pow2(int64_t v) {
   return p;
 }
 int round_up(int64_t v, int m) { return static_cast<int>((v + m - 1) / m * m); }
-int64_t grid_for(int64_t blocks) { return std::min<int64_t>(std::max<int64_t>(blocks, 1), 1 << 30); }
+int64_t grid_for(int64_t blocks) {
+  return std::min<int64_t>(std::max<int64_t>(blocks, 1), 1 << 30);
+}
 // n where n is one of N, else 0.
 template <int... N>
 int fixed_tpr(int64_t n, std::integer_sequence<int, N...>) {
@@ -29,12 +31,12 @@ int elem_size(c10::ScalarType t) { return t == c10::ScalarType::Float ? 4 : 2; }
 // What every step of a problem shares: its vector width and the type conditions of the
 // compile-time-shaped kernels.
 struct Shape {
-  int vec;        // elements a vector (1: the scalar path)
-  int64_t nvec;   // vectors a row
-  int sr;         // bytes of a row element
-  bool is16;      // 16-bit x
-  bool fixed;     // 16-bit rows, parameters and rows in x's dtype, vector path
-  bool has_wide;  // the wide forward exists: rows in x's dtype, vector path
+  int vec;          // elements a vector (1: the scalar path)
+  int64_t nvec;     // vectors a row
+  int sr;           // bytes of a row element
+  bool is16;        // 16-bit x
+  bool fixed;       // 16-bit rows, parameters and rows in x's dtype, vector path
+  bool has_wide;    // the wide forward exists: rows in x's dtype, vector path
   bool fixed_wide;  // ... and parameters in x's dtype too
   bool fixed_bwd;   // norm_bwd_fixed's types: 16-bit or float32, everything in x's dtype
 
@@ -117,8 +119,8 @@ Plan plan_forward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
     if (s.fixed_wide && fixed_on) {
       for (int tpr : {384, kFwdWideThreads, kFwdMaxThreads}) {
         if (p.cols == int64_t{tpr} * kFwdWideVpt * s.vec) {
-          plan.add(fwd_step(Kernel::kFwdWideFixed, s, kFwdWideVpt, layer, 0, tpr, tpr, tpr,
-                            rows_grid));
+          plan.add(
+              fwd_step(Kernel::kFwdWideFixed, s, kFwdWideVpt, layer, 0, tpr, tpr, tpr, rows_grid));
           return plan;
         }
       }
@@ -211,12 +213,24 @@ Plan plan_backward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
       if (p.cols == 16384) tpb = 256, cs = 8;
     } else {
       switch (p.cols) {
-        case 4096: tpb = 128, cs = 2; break;
-        case 5120: tpb = 160, cs = 2; break;
-        case 8192: tpb = 256, cs = 2; break;
-        case 12288: tpb = 192, cs = 4; break;
-        case 16384: tpb = 256, cs = 4; break;
-        case 32768: tpb = 256, cs = 8; break;
+        case 4096:
+          tpb = 128, cs = 2;
+          break;
+        case 5120:
+          tpb = 160, cs = 2;
+          break;
+        case 8192:
+          tpb = 256, cs = 2;
+          break;
+        case 12288:
+          tpb = 192, cs = 4;
+          break;
+        case 16384:
+          tpb = 256, cs = 4;
+          break;
+        case 32768:
+          tpb = 256, cs = 8;
+          break;
       }
     }
     if (tpb > 0) {
@@ -290,16 +304,26 @@ Plan plan_backward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
 
 const char* kernel_name(Kernel k) {
   switch (k) {
-    case Kernel::kFwdWideFixed: return "norm_fwd_regs(fixed)";
-    case Kernel::kFwdFixed: return "norm_fwd_fixed";
-    case Kernel::kFwdRegs: return "norm_fwd_regs";
-    case Kernel::kFwdLong: return "norm_fwd_long";
-    case Kernel::kBwdWarp: return "norm_bwd_warp";
-    case Kernel::kBwdBulk: return "norm_bwd_bulk";
-    case Kernel::kBwdFixed: return "norm_bwd_fixed";
-    case Kernel::kBwdRegs: return "norm_bwd_regs";
-    case Kernel::kBwdCluster: return "norm_bwd_cluster";
-    case Kernel::kBwdTwoPass: return "norm_bwd_row_sums+norm_bwd_tiles";
+    case Kernel::kFwdWideFixed:
+      return "norm_fwd_regs(fixed)";
+    case Kernel::kFwdFixed:
+      return "norm_fwd_fixed";
+    case Kernel::kFwdRegs:
+      return "norm_fwd_regs";
+    case Kernel::kFwdLong:
+      return "norm_fwd_long";
+    case Kernel::kBwdWarp:
+      return "norm_bwd_warp";
+    case Kernel::kBwdBulk:
+      return "norm_bwd_bulk";
+    case Kernel::kBwdFixed:
+      return "norm_bwd_fixed";
+    case Kernel::kBwdRegs:
+      return "norm_bwd_regs";
+    case Kernel::kBwdCluster:
+      return "norm_bwd_cluster";
+    case Kernel::kBwdTwoPass:
+      return "norm_bwd_row_sums+norm_bwd_tiles";
   }
   return "?";
 }
@@ -310,9 +334,9 @@ std::string describe(const Plan& plan) {
     const Step& s = plan.steps[i];
     out << (i ? "\n" : "") << kernel_name(s.kernel) << " vec=" << s.vec << " vpt=" << s.vpt
         << " layer=" << s.layer << " res=" << s.res << " fixed=" << s.fixed
-        << " cluster=" << s.cluster << " lag=" << s.lag << " pf=" << s.pf
-        << " stages=" << s.stages << " tpr=" << s.tpr << " threads=" << s.threads
-        << " blocks=" << s.blocks << " smem=" << s.smem;
+        << " cluster=" << s.cluster << " lag=" << s.lag << " pf=" << s.pf << " stages=" << s.stages
+        << " tpr=" << s.tpr << " threads=" << s.threads << " blocks=" << s.blocks
+        << " smem=" << s.smem;
   }
   return out.str();
 }

@@ -76,38 +76,46 @@ using FixedTprs = std::integer_sequence<int, 32, 64, 96, 128, 160, 192, 256, 384
 struct Problem {
   int64_t rows = 0;
   int64_t cols = 0;
-  c10::ScalarType x = c10::ScalarType::Float;     // x / y / grad_out
-  c10::ScalarType w = c10::ScalarType::Float;     // weight / bias: x's or float32
-  c10::ScalarType r = c10::ScalarType::Float;     // the normalized rows: x's, or float32
-  bool layer = true;     // layer norm (else rms norm)
-  bool residual = false;  // forward: the add forms
-  bool dsum = false;      // backward: the add forms' grad_sum
-  bool aligned = true;    // every pointer aligned to VEC elements of its type
-  int grads = 0;          // backward: parameter gradients asked for (dweight, dbias: 0-2)
+  c10::ScalarType x = c10::ScalarType::Float;  // x / y / grad_out
+  c10::ScalarType w = c10::ScalarType::Float;  // weight / bias: x's or float32
+  c10::ScalarType r = c10::ScalarType::Float;  // the normalized rows: x's, or float32
+  bool layer = true;                           // layer norm (else rms norm)
+  bool residual = false;                       // forward: the add forms
+  bool dsum = false;                           // backward: the add forms' grad_sum
+  bool aligned = true;                         // every pointer aligned to VEC elements of its type
+  int grads = 0;  // backward: parameter gradients asked for (dweight, dbias: 0-2)
 };
 
 enum class Kernel {
-  kFwdWideFixed, kFwdFixed, kFwdRegs, kFwdLong,
-  kBwdWarp, kBwdBulk, kBwdFixed, kBwdRegs, kBwdCluster, kBwdTwoPass,
+  kFwdWideFixed,
+  kFwdFixed,
+  kFwdRegs,
+  kFwdLong,
+  kBwdWarp,
+  kBwdBulk,
+  kBwdFixed,
+  kBwdRegs,
+  kBwdCluster,
+  kBwdTwoPass,
 };
 
 // One step: the kernel and the template arguments and launch shape it takes. Fields a
 // kernel does not use stay 0.
 struct Step {
   Kernel kernel = Kernel::kFwdLong;
-  int vec = 1;        // elements a vector: 16 / sizeof(x), or 1 (scalar path)
-  int vpt = 0;        // vectors a thread
-  int layer = 0;      // LAYER template flag: 0, 1 or kRuntime
-  int res = 0;        // norm_fwd_regs' RES: 0, 1, kStagedRes or kRuntime; DSUM otherwise
-  int fixed = 0;      // FIXED_TPR (forward), TPB (norm_bwd_fixed); 0: shaped at run time
-  int cluster = 0;    // blocks a cluster (norm_bwd_fixed, norm_bwd_cluster)
-  int lag = 0;        // norm_bwd_fixed / norm_bwd_cluster: rows between a row's sums and dx
-  int pf = 0;         // norm_bwd_regs / norm_bwd_warp: prefetch the next row
-  int stages = 0;     // norm_bwd_regs / norm_bwd_bulk: staging depth
-  int tpr = 0;        // threads a row (group)
-  int threads = 0;    // a block
-  int64_t blocks = 0; // the grid (backward persistent kernels: the most, before occupancy)
-  int smem = 0;       // dynamic shared memory bytes (where the plan knows it)
+  int vec = 1;         // elements a vector: 16 / sizeof(x), or 1 (scalar path)
+  int vpt = 0;         // vectors a thread
+  int layer = 0;       // LAYER template flag: 0, 1 or kRuntime
+  int res = 0;         // norm_fwd_regs' RES: 0, 1, kStagedRes or kRuntime; DSUM otherwise
+  int fixed = 0;       // FIXED_TPR (forward), TPB (norm_bwd_fixed); 0: shaped at run time
+  int cluster = 0;     // blocks a cluster (norm_bwd_fixed, norm_bwd_cluster)
+  int lag = 0;         // norm_bwd_fixed / norm_bwd_cluster: rows between a row's sums and dx
+  int pf = 0;          // norm_bwd_regs / norm_bwd_warp: prefetch the next row
+  int stages = 0;      // norm_bwd_regs / norm_bwd_bulk: staging depth
+  int tpr = 0;         // threads a row (group)
+  int threads = 0;     // a block
+  int64_t blocks = 0;  // the grid (backward persistent kernels: the most, before occupancy)
+  int smem = 0;        // dynamic shared memory bytes (where the plan knows it)
 };
 
 struct Plan {

@@ -13,7 +13,8 @@ namespace {
 // combine, n expf per thread, took ~25% of a 16-block row), the outputs written.
 //
 // The next rows are loaded while this one is reduced, exchanged and stored:
-// - STAGES > 0 (the wide shape, 16-byte path): thread 0 has the copy engine bring the block's share of
+// - STAGES > 0 (the wide shape, 16-byte path): thread 0 has the copy engine bring the block's share
+// of
 //   each of the next STAGES rows into a ring of shared-memory slots (cp.async.bulk, one
 //   instruction per input and row, completion counted on the slot's mbarrier `full`). A
 //   row goes from its slot to registers; once every thread has its share (a block barrier),
@@ -149,8 +150,7 @@ bool launch_cluster_at(Args<T, typename Op::State> a, const Op& op, int n) {
   a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
   ClusterLaunch(dim3(1, n), kSplitBlock, smem)
       .early_start()
-      .launch(dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)),
-                   static_cast<unsigned>(n)),
+      .launch(dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)), static_cast<unsigned>(n)),
               kernel, a, op);
   return true;
 }
@@ -169,12 +169,12 @@ bool sm90_code_runs() {
   return runs_sm90_code(softmax_cluster_kernel<float, Fwd, 4, 4, kSplitBlock, 0>);
 }
 
-#define FUSED_INSTANCE(T)                                                                     \
-  template bool launch_cluster<T, Fwd, 1>(Args<T, MaxSum>, const Fwd&, const Step&);           \
-  template bool launch_cluster<T, Fwd, kVecElems<T>>(Args<T, MaxSum>, const Fwd&, const Step&); \
-  template bool launch_cluster<T, BwdOf<T>, 1>(Args<T, typename BwdOf<T>::State>,              \
-                                               const BwdOf<T>&, const Step&);                  \
-  template bool launch_cluster<T, BwdOf<T>, kVecElems<T>>(Args<T, typename BwdOf<T>::State>,   \
+#define FUSED_INSTANCE(T)                                                                          \
+  template bool launch_cluster<T, Fwd, 1>(Args<T, MaxSum>, const Fwd&, const Step&);               \
+  template bool launch_cluster<T, Fwd, kVecElems<T>>(Args<T, MaxSum>, const Fwd&, const Step&);    \
+  template bool launch_cluster<T, BwdOf<T>, 1>(Args<T, typename BwdOf<T>::State>, const BwdOf<T>&, \
+                                               const Step&);                                       \
+  template bool launch_cluster<T, BwdOf<T>, kVecElems<T>>(Args<T, typename BwdOf<T>::State>,       \
                                                           const BwdOf<T>&, const Step&);
 FUSED_INSTANCE(float)
 FUSED_INSTANCE(c10::Half)

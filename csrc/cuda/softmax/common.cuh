@@ -62,7 +62,9 @@ struct MaxOp {
 };
 struct SumOp {
   template <typename F>
-  __device__ __forceinline__ F operator()(F a, F b) const { return a + b; }
+  __device__ __forceinline__ F operator()(F a, F b) const {
+    return a + b;
+  }
 };
 
 // All-reduce over the tpr threads of a row group (every thread gets the result). tpr is a
@@ -131,8 +133,8 @@ __device__ __forceinline__ int live_vectors(int c0, int stride, int limit) {
 
 // f(k) for the vectors k < live of a thread's P: in the causal variant a row's vectors
 // past its limit (half of them, on average) cost the forward no conversions, exps or sums,
-// only their stores (docs/design/softmax.md#tried-not-kept). When all P are live the loop has no test, and
-// with live = P as a constant it is the plain loop.
+// only their stores (docs/design/softmax.md#tried-not-kept). When all P are live the loop has no
+// test, and with live = P as a constant it is the plain loop.
 template <int P, typename F>
 __device__ __forceinline__ void for_live(int live, F f) {
   if (live >= P) {
@@ -317,8 +319,12 @@ struct Bwd {
   template <typename T, int VEC, int P>
   struct Regs {
     Raw<T, VEC> raw[2][P];
-    __device__ __forceinline__ float dy(int k, int e) const { return raw_elem<T, VEC>(raw[0][k], e); }
-    __device__ __forceinline__ float y(int k, int e) const { return raw_elem<T, VEC>(raw[1][k], e); }
+    __device__ __forceinline__ float dy(int k, int e) const {
+      return raw_elem<T, VEC>(raw[0][k], e);
+    }
+    __device__ __forceinline__ float y(int k, int e) const {
+      return raw_elem<T, VEC>(raw[1][k], e);
+    }
   };
   using Coef = float;
 
@@ -397,8 +403,7 @@ struct Bwd {
 
   template <typename T, int VEC, int P>
   __device__ __forceinline__ float out(const Regs<T, VEC, P>& r, float row, int k, int e) const {
-    return log ? r.dy(k, e) - exp_elem<T>(r.y(k, e)) * row
-               : scale * r.y(k, e) * (r.dy(k, e) - row);
+    return log ? r.dy(k, e) - exp_elem<T>(r.y(k, e)) * row : scale * r.y(k, e) * (r.dy(k, e) - row);
   }
 
   // out() of an entry not read (dy = y = 0): 0, or NaN where the row's sum is not finite.
@@ -423,11 +428,11 @@ struct Args {
   T* out;
   State* partials;  // [rows, nchunks], split rows only
   int64_t rows;
-  int len;         // < 2^31 (checked on the host): column offsets are 32-bit
-  int chunk;       // columns per block: len, or a split row's chunk (a multiple of VEC)
-  int nchunks;     // chunks per row (1 unless split): blockIdx.y
-  int tpr;         // threads per row: a power of two <= 32, or BLOCK
-  int tpr_shift;   // log2(tpr): no integer division in the kernel
+  int len;           // < 2^31 (checked on the host): column offsets are 32-bit
+  int chunk;         // columns per block: len, or a split row's chunk (a multiple of VEC)
+  int nchunks;       // chunks per row (1 unless split): blockIdx.y
+  int tpr;           // threads per row: a power of two <= 32, or BLOCK
+  int tpr_shift;     // log2(tpr): no integer division in the kernel
   int64_t causal_q;  // 0: no mask; else Lq: row r is query r % Lq, keys j > r % Lq masked
   Phase phase;
 };
@@ -484,10 +489,9 @@ __device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)
 // PACK (16-bit T, 16-byte vectors): the outputs rounded a pair at a time (pack_pair) and
 // the masked value packed once per thread (softmax_causal_fwd; the other kernels keep
 // the per-element form they were measured with).
-template <typename T, int VEC, int P, bool PACK = false, typename Op, typename Regs,
-          typename Coef>
-__device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const Coef& coef,
-                                          T* out, int c0, int stride, int end, int live) {
+template <typename T, int VEC, int P, bool PACK = false, typename Op, typename Regs, typename Coef>
+__device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const Coef& coef, T* out,
+                                           int c0, int stride, int end, int live) {
   if constexpr (PACK) {
     static_assert(VEC == 8 && sizeof(T) == 2, "packed stores: 16-bit T, 16-byte vectors");
     const float m = op.template masked<T>(coef);
@@ -539,7 +543,7 @@ int cluster_fit(Kernel kernel, int block, int n, int smem) {
   if (!runs_sm90_code(kernel)) return 0;
   return cached_launch_query(reinterpret_cast<const void*>(kernel), block, n, [&] {
     if (!allow_dynamic_smem(kernel, smem)) return 0;  // no room here
-    ClusterLaunch cl(dim3(1, n), block, smem);  // the chunks of one row: blockIdx.y = rank
+    ClusterLaunch cl(dim3(1, n), block, smem);        // the chunks of one row: blockIdx.y = rank
     const int active = cl.max_active(kernel);
     return active * n >= num_sms() / 2 ? active : 0;
   });

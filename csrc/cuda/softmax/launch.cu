@@ -22,8 +22,7 @@ const GpuProps& gpu_props() {
   const int d = c10::cuda::current_device();
   std::call_once(once[d], [d] {
     const cudaDeviceProp* dp = at::cuda::getCurrentDeviceProperties();
-    props[d] = GpuProps{dp->major, dp->minor, dp->multiProcessorCount,
-                        sm90_code_runs()};
+    props[d] = GpuProps{dp->major, dp->minor, dp->multiProcessorCount, sm90_code_runs()};
   });
   return props[d];
 }
@@ -56,8 +55,9 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
          const Op& op, const at::TensorOptions& opts) {
   TORCH_CHECK(len <= std::numeric_limits<int>::max() / 2,
               "fused softmax: rows of up to 2^30 elements are supported, but got ", len);
-  Args<T, typename Op::State> a{{in0, in1}, out, nullptr, rows, static_cast<int>(len),
-                                static_cast<int>(len), 1, 1, 0, causal_q, kWhole};
+  Args<T, typename Op::State> a{
+      {in0, in1}, out, nullptr,  rows,  static_cast<int>(len), static_cast<int>(len), 1,
+      1,          0,   causal_q, kWhole};
   Problem pr;
   pr.rows = rows;
   pr.len = len;
@@ -80,29 +80,31 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
 template <bool LOG>
 at::Tensor forward_cuda(const at::Tensor& x, int64_t dim, double scale, bool causal,
                         const char* op) {
-  return softmax_forward(x, dim, causal, op, [&](const at::Tensor& in, at::Tensor& out,
-                                                 int64_t rows, int64_t len, int64_t causal_q) {
-    c10::cuda::CUDAGuard guard(in.device());
-    FUSED_DISPATCH_CUDA(in.scalar_type(), "fused::softmax", [&] {
-      run<scalar_t>(in.const_data_ptr<scalar_t>(), nullptr, out.mutable_data_ptr<scalar_t>(),
-                    rows, len, causal_q, Fwd{static_cast<float>(scale), LOG}, in.options());
-    });
-  });
+  return softmax_forward(
+      x, dim, causal, op,
+      [&](const at::Tensor& in, at::Tensor& out, int64_t rows, int64_t len, int64_t causal_q) {
+        c10::cuda::CUDAGuard guard(in.device());
+        FUSED_DISPATCH_CUDA(in.scalar_type(), "fused::softmax", [&] {
+          run<scalar_t>(in.const_data_ptr<scalar_t>(), nullptr, out.mutable_data_ptr<scalar_t>(),
+                        rows, len, causal_q, Fwd{static_cast<float>(scale), LOG}, in.options());
+        });
+      });
 }
 
 template <bool LOG>
-at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim,
-                         double scale, bool causal, const char* op) {
+at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim, double scale,
+                         bool causal, const char* op) {
   return softmax_backward(grad_out, y, dim, causal, op,
                           [&](const at::Tensor& g, const at::Tensor& yr, at::Tensor& dx,
                               int64_t rows, int64_t len, int64_t causal_q) {
-    c10::cuda::CUDAGuard guard(yr.device());
-    FUSED_DISPATCH_CUDA(yr.scalar_type(), "fused::softmax_backward", [&] {
-      run<scalar_t>(g.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
-                    dx.mutable_data_ptr<scalar_t>(), rows, len, causal_q,
-                    BwdOf<scalar_t>{static_cast<float>(scale), LOG}, yr.options());
-    });
-  });
+                            c10::cuda::CUDAGuard guard(yr.device());
+                            FUSED_DISPATCH_CUDA(yr.scalar_type(), "fused::softmax_backward", [&] {
+                              run<scalar_t>(
+                                  g.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
+                                  dx.mutable_data_ptr<scalar_t>(), rows, len, causal_q,
+                                  BwdOf<scalar_t>{static_cast<float>(scale), LOG}, yr.options());
+                            });
+                          });
 }
 
 at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim, double scale, bool causal) {
@@ -118,8 +120,7 @@ at::Tensor softmax_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y
   return backward_cuda<false>(grad_out, y, dim, scale, causal, "fused::softmax_backward");
 }
 
-at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y,
-                                     int64_t dim) {
+at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_t dim) {
   return backward_cuda<true>(grad_out, y, dim, 1.0, false, "fused::log_softmax_backward");
 }
 

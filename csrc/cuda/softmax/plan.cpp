@@ -56,9 +56,7 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
       s.n = static_cast<int>(n);
       s.share = static_cast<int>(ceil_div(nvec, n));
       // Shaped at compile time where every share is whole and n a power of two.
-      s.fixed = s.share == kStagedShareVecs && nvec == n * s.share && (n & (n - 1)) == 0
-                    ? s.n
-                    : 0;
+      s.fixed = s.share == kStagedShareVecs && nvec == n * s.share && (n & (n - 1)) == 0 ? s.n : 0;
       s.blocks = p.rows;
       plan.add(s);  // refused where its shared memory or cluster does not fit here
     }
@@ -140,11 +138,16 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
 
 const char* kernel_name(Kernel k) {
   switch (k) {
-    case Kernel::kStaged: return "softmax_fwd_staged";
-    case Kernel::kCausal: return "softmax_causal_fwd";
-    case Kernel::kRows: return "softmax_kernel";
-    case Kernel::kCluster: return "softmax_cluster_kernel";
-    case Kernel::kSplit: return "softmax_kernel(split)";
+    case Kernel::kStaged:
+      return "softmax_fwd_staged";
+    case Kernel::kCausal:
+      return "softmax_causal_fwd";
+    case Kernel::kRows:
+      return "softmax_kernel";
+    case Kernel::kCluster:
+      return "softmax_cluster_kernel";
+    case Kernel::kSplit:
+      return "softmax_kernel(split)";
   }
   return "?";
 }

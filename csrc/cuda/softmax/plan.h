@@ -38,14 +38,14 @@ namespace fused {
 namespace softmax {
 
 // Launch-shape constants the kernels and the plan share.
-constexpr int kMaxCluster = 16;        // blocks per cluster (over 8: a non-portable size)
-constexpr int kSplitBlock = 512;       // block of a split (or clustered) row's chunks
-constexpr int kCausalVectors = 2;      // softmax_causal_fwd's vectors a thread
-constexpr int kCausalMaxTpr = 1024;    // ... and its longest row group
-constexpr int kStagedBlock = 256;      // softmax_fwd_staged's block
+constexpr int kMaxCluster = 16;         // blocks per cluster (over 8: a non-portable size)
+constexpr int kSplitBlock = 512;        // block of a split (or clustered) row's chunks
+constexpr int kCausalVectors = 2;       // softmax_causal_fwd's vectors a thread
+constexpr int kCausalMaxTpr = 1024;     // ... and its longest row group
+constexpr int kStagedBlock = 256;       // softmax_fwd_staged's block
 constexpr int kStagedShareVecs = 4096;  // its share of a row, in 16-byte vectors (64 KB)
 constexpr int kStagedSmem = kStagedShareVecs * 16;
-constexpr int kStagedMinVecs = 2048;   // shorter rows: a block a row (kRows)
+constexpr int kStagedMinVecs = 2048;  // shorter rows: a block a row (kRows)
 // The vectors a thread in softmax_kernel: 4 x 16 bytes in flight an input, 8 scalar
 // elements on the scalar path.
 constexpr int vectors_per_thread(int vec) { return vec == 1 ? 8 : 4; }
@@ -54,10 +54,10 @@ struct Problem {
   int64_t rows = 0;
   int64_t len = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
-  bool forward = true;     // softmax / log_softmax forward, else their backward
-  double scale = 1.0;      // the forward's scale
-  int64_t causal_q = 0;    // 0: no mask; else the query count (row r is query r % causal_q)
-  bool aligned = true;     // every pointer 16-byte aligned (the vector path, with len)
+  bool forward = true;   // softmax / log_softmax forward, else their backward
+  double scale = 1.0;    // the forward's scale
+  int64_t causal_q = 0;  // 0: no mask; else the query count (row r is query r % causal_q)
+  bool aligned = true;   // every pointer 16-byte aligned (the vector path, with len)
 };
 
 enum class Kernel { kStaged, kCausal, kRows, kCluster, kSplit };
@@ -65,14 +65,14 @@ enum class Kernel { kStaged, kCausal, kRows, kCluster, kSplit };
 // One step. Fields a kernel does not use stay 0.
 struct Step {
   Kernel kernel = Kernel::kRows;
-  int vec = 1;        // elements a vector
-  int p = 0;          // vectors a thread (softmax_kernel, softmax_cluster_kernel)
-  int block = 0;      // threads a block (BLOCK of softmax_kernel / softmax_cluster_kernel)
-  int tpr = 0;        // threads a row group
-  int n = 0;          // blocks a row: a cluster's, a split row's chunks, staged shares
-  int fixed = 0;      // softmax_fwd_staged's N (n shaped at compile time), or 0
-  int share = 0;      // softmax_fwd_staged: vectors a share
-  int causal = 0;     // softmax_kernel's CAUSAL variant
+  int vec = 1;         // elements a vector
+  int p = 0;           // vectors a thread (softmax_kernel, softmax_cluster_kernel)
+  int block = 0;       // threads a block (BLOCK of softmax_kernel / softmax_cluster_kernel)
+  int tpr = 0;         // threads a row group
+  int n = 0;           // blocks a row: a cluster's, a split row's chunks, staged shares
+  int fixed = 0;       // softmax_fwd_staged's N (n shaped at compile time), or 0
+  int share = 0;       // softmax_fwd_staged: vectors a share
+  int causal = 0;      // softmax_kernel's CAUSAL variant
   int64_t blocks = 0;  // grid x (rows or row groups; clusters: before occupancy)
 };
 

@@ -81,8 +81,8 @@ void launch(Args<T, typename Op::State> a, const Op& op, const Step& s) {
   while ((1 << a.tpr_shift) < a.tpr) ++a.tpr_shift;
   const int64_t row_blocks = ceil_div(a.rows, BLOCK / a.tpr);
   TORCH_CHECK(row_blocks <= std::numeric_limits<int>::max() && a.nchunks <= 65535,
-              "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks,
-              " x ", a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
+              "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks, " x ",
+              a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
   auto kernel = softmax_kernel<T, Op, VEC, P, BLOCK, false>;
   if constexpr (BLOCK <= 512 && sizeof(T) == 2) {
@@ -119,12 +119,18 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const Step& s,
   }
   TORCH_INTERNAL_ASSERT(s.p == P, "softmax plan: softmax_kernel p=", s.p);
   switch (s.block) {
-    case 32: return launch<T, Op, VEC, 32>(a, op, s);
-    case 64: return launch<T, Op, VEC, 64>(a, op, s);
-    case 128: return launch<T, Op, VEC, 128>(a, op, s);
-    case 256: return launch<T, Op, VEC, 256>(a, op, s);
-    case 512: return launch<T, Op, VEC, 512>(a, op, s);
-    case 1024: return launch<T, Op, VEC, 1024>(a, op, s);
+    case 32:
+      return launch<T, Op, VEC, 32>(a, op, s);
+    case 64:
+      return launch<T, Op, VEC, 64>(a, op, s);
+    case 128:
+      return launch<T, Op, VEC, 128>(a, op, s);
+    case 256:
+      return launch<T, Op, VEC, 256>(a, op, s);
+    case 512:
+      return launch<T, Op, VEC, 512>(a, op, s);
+    case 1024:
+      return launch<T, Op, VEC, 1024>(a, op, s);
   }
   TORCH_INTERNAL_ASSERT(false, "softmax plan: softmax_kernel block=", s.block);
 }

@@ -6,7 +6,7 @@ namespace softmax {
 
 #define FUSED_INSTANCE(OP, VEC)                                                         \
   template void launch_rows<float, OP, VEC>(Args<float, typename OP::State>, const OP&, \
-                                          const Step&, const at::TensorOptions&);
+                                            const Step&, const at::TensorOptions&);
 FUSED_INSTANCE(Fwd, 1)
 FUSED_INSTANCE(Fwd, kVecElems<float>)
 FUSED_INSTANCE(BwdOf<float>, 1)

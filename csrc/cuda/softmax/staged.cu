@@ -16,8 +16,8 @@ namespace {
 // that max) as soon as the group has landed, so the exps of one group overlap the loads of
 // the next. No register holds the row: three blocks share an SM (64 KB of shared memory
 // each), where the register kernel this replaced held two, idle together at their
-// reductions and exchanges (docs/design/softmax.md#tried-not-kept). Then one block reduction of (max, sum)
-// pairs; for N > 1 each block pushes its pair into every peer's shared memory (st.async,
+// reductions and exchanges (docs/design/softmax.md#tried-not-kept). Then one block reduction of
+// (max, sum) pairs; for N > 1 each block pushes its pair into every peer's shared memory (st.async,
 // one mbarrier wait, common/cluster.cuh) and combines the N pairs lane-wise (the same bits
 // in every block); then the output pass from shared memory, the exps recomputed.
 // (It replaced a register kernel for rows of exactly 1, 2, 4 or 8 x 32768 16-bit columns;
@@ -95,9 +95,9 @@ __device__ __forceinline__ MaxSum fold_lanes(MaxSum p, int width) {
 // A 16-byte word of -inf elements of T: the vectors past a share's end, which add nothing
 // to the max (fmax) or to the sum (exp(-inf) = 0).
 template <typename T>
-constexpr uint32_t kNegInfWord = std::is_same_v<T, float>            ? 0xff800000u
+constexpr uint32_t kNegInfWord = std::is_same_v<T, float>           ? 0xff800000u
                                  : std::is_same_v<T, c10::BFloat16> ? 0xff80ff80u
-                                                                     : 0xfc00fc00u;
+                                                                    : 0xfc00fc00u;
 
 // grid (rows, n), n = gridDim.y blocks a row of nvec 16-byte vectors, `share` of them a
 // block (the last block's share may be shorter). N > 0: n = N, every share kStagedShareVecs
@@ -106,8 +106,8 @@ constexpr uint32_t kNegInfWord = std::is_same_v<T, float>            ? 0xff80000
 // docs/design/softmax.md#tried-not-kept); N = 0: any n and share.
 template <typename T, int N>
 __global__ void __launch_bounds__(kStagedBlock)
-    softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int nvec, int share,
-                      float scale, bool log) {
+    softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int nvec, int share, float scale,
+                       bool log) {
   constexpr int G = kStagedGroups, V = kStagedVecs, W = kStagedBlock / 32;
   // [G][V][kStagedBlock] vectors of x, 128-byte aligned: cp.async into a share at 80 bytes
   // past a 128-byte line read 262144-column rows 5-7 points slower
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kStagedBlock)
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       constexpr uint32_t ni = kNegInfWord<T>;
-      raw[v] = FULL || at(g * V + v) < limit ? share_smem[at(g * V + v)]
-                                             : make_uint4(ni, ni, ni, ni);
+      raw[v] =
+          FULL || at(g * V + v) < limit ? share_smem[at(g * V + v)] : make_uint4(ni, ni, ni, ni);
     }
     // max(scale x) = scale max(x) for scale > 0 (rounding is monotonic)
     const float m = fmaxf(mine.m, vec_max<T>(raw) * scale), o = exp_offset(m);
