@@ -266,6 +266,26 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
         raise _type_error(e, "linear") from None
 
 
+def _in_torch_func() -> bool:
+    """A torch.func transform is running (grad, vjp, jacrev, jvp, vmap, ...)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _cross_entropy_rows(input, target, ignore_index, label_smoothing, z_loss):
+    """The per-row loss of fused::cross_entropy in ATen ops, which every torch.func transform
+    differentiates (the fused op's autograd is a Python Function, which they refuse)."""
+    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
+    logits = input.reshape(-1, input.shape[-1]).to(acc)
+    t = target.reshape(-1)
+    loss = torch.nn.functional.cross_entropy(
+        logits, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
+    )
+    if z_loss:
+        lse = torch.logsumexp(logits, -1)
+        loss = loss + z_loss * lse * lse * (t != ignore_index)
+    return loss.reshape(target.shape)
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -315,7 +335,9 @@ def cross_entropy(
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    if (
+    if _in_torch_func():
+        loss = _cross_entropy_rows(input, target, ignore_index, label_smoothing, z_loss)
+    elif (
         precompute_grad
         and not inplace_backward
         and reduction != "none"
@@ -325,9 +347,10 @@ def cross_entropy(
         return _ops.cross_entropy_with_grad(
             input, target, ignore_index, label_smoothing, z_loss, reduction == "mean"
         )[0]
-    loss, _ = _ops.cross_entropy(
-        input, target, ignore_index, label_smoothing, z_loss, inplace_backward
-    )
+    else:
+        loss, _ = _ops.cross_entropy(
+            input, target, ignore_index, label_smoothing, z_loss, inplace_backward
+        )
     if reduction == "none":
         return loss if input.dim() > 1 or target.dim() == 0 else loss.reshape(())
     if reduction == "sum":
@@ -367,6 +390,15 @@ def linear_cross_entropy(
             target,
             ignore_index=ignore_index,
             reduction="none",
+            label_smoothing=label_smoothing,
+            z_loss=z_loss,
+        )
+    if _in_torch_func():
+        return cross_entropy(
+            torch.nn.functional.linear(input, weight, bias),
+            target,
+            ignore_index=ignore_index,
+            reduction=reduction,
             label_smoothing=label_smoothing,
             z_loss=z_loss,
         )

@@ -519,3 +519,31 @@ def test_cuda_tensor_beside_cpu_tensor_is_refused():
         fused_ops.layer_norm(x, (8,), torch.randn(8))
     with pytest.raises(RuntimeError, match="device"):
         fused_ops.linear(x, torch.randn(3, 8))
+
+
+# ---- cross_entropy: torch.func through its composition, create_graph refused ---------------
+
+
+def test_cross_entropy_torch_func_and_create_graph():
+    x = torch.randn(5, 11, dtype=torch.float64)
+    t = torch.tensor([3, -100, 0, 10, 7])
+
+    def fused(z):
+        return fused_ops.cross_entropy(z, t, label_smoothing=0.1)
+
+    def native(z):
+        return F.cross_entropy(z, t, label_smoothing=0.1)
+
+    _allclose(torch.func.grad(fused)(x), torch.func.grad(native)(x))
+    _allclose(torch.func.jacrev(fused)(x), torch.func.jacrev(native)(x))
+    _allclose(torch.func.hessian(fused)(x), torch.func.hessian(native)(x))
+    w = torch.randn(11, 4, dtype=torch.float64)
+    _allclose(
+        torch.func.grad(lambda h: fused_ops.linear_cross_entropy(h, w, t))(x[:, :4]),
+        torch.func.grad(lambda h: F.cross_entropy(h @ w.t(), t))(x[:, :4]),
+    )
+    xr = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(fused(xr), xr)  # first order as usual
+    _allclose(g, torch.func.grad(native)(x))
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(fused(xr), xr, create_graph=True)

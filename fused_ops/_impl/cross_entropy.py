@@ -88,7 +88,17 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # lse receives no gradient: no zero fill for it
 
 
+def _refuse_create_graph(op):
+    # The backward kernels are not differentiable: a second derivative would be a silent 0.
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{op}: double backward (create_graph=True) is not supported; use "
+            "torch.nn.functional.cross_entropy for a loss that is differentiated twice"
+        )
+
+
 def _backward(ctx, grad_loss, grad_lse):
+    _refuse_create_graph("fused::cross_entropy")
     if grad_loss is None:
         return (None,) * 6
     logits, target, lse = ctx.saved_tensors
@@ -141,6 +151,7 @@ def _with_grad_setup_context(ctx, inputs, output):
 
 
 def _with_grad_backward(ctx, grad_loss, grad_grad):
+    _refuse_create_graph("fused::cross_entropy_with_grad")
     if grad_loss is None:
         return (None,) * 6
     (dlogits,) = ctx.saved_tensors
@@ -320,6 +331,7 @@ def _lce_setup_context(ctx, inputs, output):
 
 
 def _lce_backward(ctx, grad_loss, *_unused):
+    _refuse_create_graph("fused::linear_cross_entropy")
     grads = [None] * 10
     if grad_loss is None:
         return tuple(grads)
