@@ -48,6 +48,9 @@ _bias_dropout_add, _bias_dropout_add_c = _entry("bias_dropout_add")
 _matmul, _matmul_c = _entry("matmul")
 _linear, _linear_c = _entry("linear")
 _linear_fwd, _linear_fwd_c = _entry("linear_fwd")
+_cross_entropy, _cross_entropy_c = _entry("cross_entropy")
+_cross_entropy_with_grad, _cross_entropy_with_grad_c = _entry("cross_entropy_with_grad")
+_linear_cross_entropy, _linear_cross_entropy_c = _entry("linear_cross_entropy")
 
 _ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
@@ -260,21 +263,25 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight=None, size_a
                          "torch.nn.functional.cross_entropy for weighted losses")
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-    if reduction not in ("mean", "sum", "none"):
+    if reduction == "mean" or reduction == "sum":
+        if (precompute_grad and not inplace_backward and torch.is_grad_enabled()
+                and input.requires_grad):
+            op = _cross_entropy_with_grad if _compiling() else _cross_entropy_with_grad_c
+            return op(input, target, ignore_index, label_smoothing, z_loss,
+                      reduction == "mean")[0]
+    elif reduction != "none":
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    if (precompute_grad and not inplace_backward and reduction != "none"
-            and torch.is_grad_enabled() and input.requires_grad):
-        return _ops.cross_entropy_with_grad(input, target, ignore_index, label_smoothing, z_loss,
-                                           reduction == "mean")[0]
-    loss, _ = _ops.cross_entropy(input, target, ignore_index, label_smoothing, z_loss,
-                                inplace_backward)
-    if reduction == "none":
-        return loss if input.dim() > 1 or target.dim() == 0 else loss.reshape(())
-    if reduction == "sum":
-        return loss.sum()
-    # torch's 'mean': the sum over the rows whose target is not ignore_index, divided by
-    # their count (NaN when every row is ignored).
-    return loss.sum() / (target != ignore_index).sum()
+    # One call does the loss and its reduction ('mean': the sum over the rows whose target
+    # is not ignore_index, divided by their count, NaN when every row is ignored, as torch).
+    if _compiling():
+        loss = _cross_entropy(input, target, ignore_index, label_smoothing, z_loss,
+                              inplace_backward, reduction)[0]
+    else:
+        loss = _cross_entropy_c(input, target, ignore_index, label_smoothing, z_loss,
+                                inplace_backward, reduction)[0]
+    if reduction == "none" and input.dim() == 1 and target.dim() != 0:
+        return loss.reshape(())
+    return loss
 
 
 def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -296,8 +303,7 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, target: torc
     if reduction == "none":
         return cross_entropy(_ops.linear(input, weight, bias), target, ignore_index=ignore_index,
                              reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
-    grad = torch.is_grad_enabled()
-    mask = [grad and input.requires_grad, grad and weight.requires_grad,
-            grad and bias is not None and bias.requires_grad]
-    return _ops.linear_cross_entropy(input, weight, target, bias, ignore_index, label_smoothing,
-                                    z_loss, reduction == "mean", chunk_size, mask)[0]
+    # The gradients the backward needs are asked for by the op's autograd (C++) itself.
+    op = _linear_cross_entropy if _compiling() else _linear_cross_entropy_c
+    return op(input, weight, target, bias, ignore_index, label_smoothing, z_loss,
+              reduction == "mean", chunk_size)[0]

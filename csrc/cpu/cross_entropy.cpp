@@ -112,22 +112,26 @@ at::Tensor long_target(const at::Tensor& target) {
 std::tuple<at::Tensor, at::Tensor> cross_entropy_cpu(const at::Tensor& logits,
                                                      const at::Tensor& target,
                                                      int64_t ignore_index, double label_smoothing,
-                                                     double z_loss, bool /*inplace_backward*/) {
+                                                     double z_loss, bool /*inplace_backward*/,
+                                                     c10::string_view reduction) {
   const char* op = "fused::cross_entropy";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
   at::Tensor loss = xent_row_output(logits, target);
   at::Tensor lse = xent_row_output(logits, target);
-  if (loss.numel() == 0) return {loss, lse};
-  check_targets(target, logits.size(-1), ignore_index, op);
-  const XentInput in = xent_input(logits);
-  const at::Tensor t = long_target(target);
-  FUSED_DISPATCH_CPU(logits.scalar_type(), "fused::cross_entropy", [&] {
-    using R = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    forward_rows<scalar_t, R>(in.x.const_data_ptr<scalar_t>(), in.layout,
-                              t.const_data_ptr<int64_t>(), loss.mutable_data_ptr<R>(),
-                              lse.mutable_data_ptr<R>(), ignore_index, label_smoothing, z_loss);
-  });
-  return {loss, lse};
+  if (loss.numel() > 0) {
+    check_targets(target, logits.size(-1), ignore_index, op);
+    const XentInput in = xent_input(logits);
+    const at::Tensor t = long_target(target);
+    FUSED_DISPATCH_CPU(logits.scalar_type(), "fused::cross_entropy", [&] {
+      using R = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      forward_rows<scalar_t, R>(in.x.const_data_ptr<scalar_t>(), in.layout,
+                                t.const_data_ptr<int64_t>(), loss.mutable_data_ptr<R>(),
+                                lse.mutable_data_ptr<R>(), ignore_index, label_smoothing,
+                                z_loss);
+    });
+  }
+  return {xent_reduce(loss, target, ignore_index, red), lse};
 }
 
 // dx written into `out` (laid out as `lout`), read from `in`.
@@ -189,7 +193,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_with_grad_cpu(const at::Tensor&
   const char* op = "fused::cross_entropy_with_grad";
   xent_check(logits, target, label_smoothing, op);
   auto [rows, lse] = cross_entropy_cpu(logits, target, ignore_index, label_smoothing, z_loss,
-                                       false);
+                                       false, "none");
   const at::Tensor count = target.ne(ignore_index).sum().to(rows.scalar_type());
   at::Tensor dx = at::empty(logits.sizes(), logits.options());
   if (dx.numel() > 0) {

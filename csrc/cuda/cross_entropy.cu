@@ -368,12 +368,14 @@ at::Tensor long_target(const at::Tensor& target) {
 std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits,
                                                       const at::Tensor& target,
                                                       int64_t ignore_index, double label_smoothing,
-                                                      double z_loss, bool /*inplace_backward*/) {
+                                                      double z_loss, bool /*inplace_backward*/,
+                                                      c10::string_view reduction) {
   const char* op = "fused::cross_entropy";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
   at::Tensor loss = xent_row_output(logits, target);
   at::Tensor lse = xent_row_output(logits, target);
-  if (loss.numel() == 0) return {loss, lse};
+  if (loss.numel() == 0) return {xent_reduce(loss, target, ignore_index, red), lse};
   check_len(logits.size(-1), op);
   c10::cuda::CUDAGuard guard(logits.device());
   const XentInput in = xent_input(logits);
@@ -390,7 +392,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits,
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return {loss, lse};
+  return {xent_reduce(loss, t, ignore_index, red), lse};
 }
 
 // dx into `out` (laid out as `lout`) from `in`.
