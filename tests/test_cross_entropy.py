@@ -133,6 +133,25 @@ def test_empty_and_all_ignored(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_op_reduction_is_one_node(device):
+    # The op reduces itself: the functional's loss is the op's output, one autograd node
+    # (no sum / division nodes after it), and the op's 'mean' / 'sum' match torch's.
+    x = torch.randn(3, 5, 17, device=device, requires_grad=True)
+    t = make_target(15, 17, device).view(3, 5)
+    for reduction in ("mean", "sum", "none"):
+        loss, lse = ops.cross_entropy(x, t, IGNORE, 0.1, 1e-3, False, reduction)
+        assert lse.shape == t.shape
+        assert loss.shape == (t.shape if reduction == "none" else ())
+        assert_close(loss, reference(x, t, reduction, label_smoothing=0.1, z_loss=1e-3),
+                     dtype=torch.float32)
+        y = fused_ops.cross_entropy(x, t, reduction=reduction)
+        assert "::CrossEntropy>" in y.grad_fn.name(), y.grad_fn.name()
+        assert y.grad_fn.next_functions[0][0].name().endswith("AccumulateGrad")
+    with pytest.raises(RuntimeError, match="expected reduction 'none', 'mean' or 'sum'"):
+        ops.cross_entropy(x, t, reduction="avg")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_custom_ignore_index(device):
     x = torch.randn(16, 20, device=device)
     t = torch.randint(0, 20, (16,), device=device)
