@@ -8,6 +8,7 @@
 //   backward  dx_j = g ((1 + 2 z lse) softmax_j - eps / V - (1 - eps) [j = t]), 0 where ignored
 // A target outside [0, V) that is not ignore_index is an error here (checked before any
 // kernel runs), as in F.cross_entropy.
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/MemoryOverlap.h>
@@ -119,10 +120,10 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cpu(const at::Tensor& logits,
   xent_check(logits, target, label_smoothing, op);
   at::Tensor loss = xent_row_output(logits, target);
   at::Tensor lse = xent_row_output(logits, target);
+  const at::Tensor t = long_target(target);
   if (loss.numel() > 0) {
-    check_targets(target, logits.size(-1), ignore_index, op);
+    check_targets(t, logits.size(-1), ignore_index, op);
     const XentInput in = xent_input(logits);
-    const at::Tensor t = long_target(target);
     FUSED_DISPATCH_CPU(logits.scalar_type(), "fused::cross_entropy", [&] {
       using R = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       forward_rows<scalar_t, R>(in.x.const_data_ptr<scalar_t>(), in.layout,
@@ -131,7 +132,24 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cpu(const at::Tensor& logits,
                                 z_loss);
     });
   }
-  return {xent_reduce(loss, target, ignore_index, red), lse};
+  if (red == XentReduction::None) return {loss, lse};
+  // The reduction here rather than in ATen ops (a sum, a count, a division: three more
+  // calls): the rows in order, in double.
+  at::Tensor out = at::empty({}, loss.options());
+  const int64_t* tp = t.const_data_ptr<int64_t>();
+  double total = 0.0;
+  int64_t count = 0;
+  AT_DISPATCH_FLOATING_TYPES(loss.scalar_type(), "fused::cross_entropy", [&] {
+    const scalar_t* lp = loss.const_data_ptr<scalar_t>();
+    for (int64_t r = 0; r < loss.numel(); ++r) {
+      total += static_cast<double>(lp[r]);
+      count += tp[r] != ignore_index;
+    }
+    // 'mean' over no rows is 0 / 0: NaN, as torch.
+    *out.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(
+        red == XentReduction::Mean ? total / static_cast<double>(count) : total);
+  });
+  return {out, lse};
 }
 
 // dx written into `out` (laid out as `lout`), read from `in`.
