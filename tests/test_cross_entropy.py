@@ -149,6 +149,20 @@ def test_op_reduction_is_one_node(device):
         assert y.grad_fn.next_functions[0][0].name().endswith("AccumulateGrad")
     with pytest.raises(RuntimeError, match="expected reduction 'none', 'mean' or 'sum'"):
         ops.cross_entropy(x, t, reduction="avg")
+    # The backward ops take the reduced loss's gradient as it is: one value, divided by the
+    # count of non-ignored rows for 'mean' (on CUDA: on the device).
+    _, lse = ops.cross_entropy(x.detach(), t, IGNORE, 0.1, 1e-3)
+    g = torch.tensor(0.7, device=device)
+    count = (t != IGNORE).sum()
+    for reduction, rows in (("sum", g.expand(t.shape)), ("mean", (g / count).expand(t.shape))):
+        want = ops.cross_entropy_backward(rows.contiguous(), x.detach(), t, lse, IGNORE, 0.1, 1e-3)
+        got = ops.cross_entropy_backward(g, x.detach(), t, lse, IGNORE, 0.1, 1e-3, reduction)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-8)
+        inplace = x.detach().clone()
+        ops.cross_entropy_backward_(g, inplace, t, lse, IGNORE, 0.1, 1e-3, reduction)
+        torch.testing.assert_close(inplace, want, rtol=1e-6, atol=1e-8)
+    with pytest.raises(RuntimeError, match="one grad_loss value"):
+        ops.cross_entropy_backward(g.expand(2), x.detach(), t, lse, IGNORE, 0.0, 0.0, "sum")
 
 
 @pytest.mark.parametrize("device", DEVICES)

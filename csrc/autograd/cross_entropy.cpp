@@ -5,7 +5,8 @@
 // output): the backward kernel needs no reduction of its own,
 //     dx = g ((1 + 2 z lse) softmax(x) - eps / V - (1 - eps) onehot(t)), 0 on ignored rows,
 // with g the row's loss gradient: the incoming one per row ('none'), or one value for every
-// row ('sum'; 'mean' divides it by the count of non-ignored rows). inplace_backward writes
+// row ('sum'; 'mean' divides it by the count of non-ignored rows), which the backward
+// kernels take as it is (their `reduction` argument). inplace_backward writes
 // that gradient over the saved logits and returns them as their own gradient; the write is
 // below autograd, so the logits' version is bumped by hand: a backward that saved them and
 // runs later reports the in-place write instead of reading the gradient.
@@ -35,10 +36,10 @@ FUSED_OP(xent_op, "fused::cross_entropy",
                  c10::string_view))
 FUSED_OP(xent_backward_op, "fused::cross_entropy_backward",
          at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                    int64_t, double, double))
+                    int64_t, double, double, c10::string_view))
 FUSED_OP(xent_backward_inplace_op, "fused::cross_entropy_backward_",
          void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              int64_t, double, double))
+              int64_t, double, double, c10::string_view))
 FUSED_OP(xent_with_grad_op, "fused::cross_entropy_with_grad",
          Tensor2(const at::Tensor&, const at::Tensor&, int64_t, double, double, bool))
 FUSED_OP(xent_scale_op, "fused::cross_entropy_scale_",
@@ -147,15 +148,16 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
       return out;
     }
     at::AutoDispatchBelowADInplaceOrView below;
-    at::Tensor gr = row_grad(g, target, ii, red).to(lse.scalar_type());
-    // One value for every row: expanded, not copied (the CUDA kernel reads it with stride 0).
-    if (red != XentReduction::None) gr = gr.expand(target.sizes());
+    // The kernels take the reduced loss's gradient as it is ('mean' divides it by the count
+    // of non-ignored rows on the device): no ATen op before them.
+    const at::Tensor gr = g.to(lse.scalar_type());
+    const char* rn = reduction_name(red);
     if (ctx->saved_data["inplace"].toBool()) {
-      xent_backward_inplace_op().call(gr, x, target, lse, ii, eps, z);
+      xent_backward_inplace_op().call(gr, x, target, lse, ii, eps, z, rn);
       torch::autograd::impl::bump_version(x);
       out[0] = x;
     } else {
-      out[0] = xent_backward_op().call(gr, x, target, lse, ii, eps, z);
+      out[0] = xent_backward_op().call(gr, x, target, lse, ii, eps, z, rn);
     }
     return out;
   }

@@ -109,7 +109,7 @@ inline at::Tensor xent_row_output(const at::Tensor& logits, const at::Tensor& ta
 // row dtype.
 inline void xent_check_backward(const at::Tensor& grad_loss, const at::Tensor& logits,
                                 const at::Tensor& target, const at::Tensor& lse,
-                                const char* op) {
+                                const char* op, bool reduced = false) {
   const auto dt = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   check_same_device(logits, grad_loss, op, "logits", "grad_loss");
   check_same_device(logits, lse, op, "logits", "lse");
@@ -117,9 +117,11 @@ inline void xent_check_backward(const at::Tensor& grad_loss, const at::Tensor& l
               "grad_loss and lse to be ", dt, " (the forward's per-row dtype for ",
               logits.scalar_type(), " logits), but got ", grad_loss.scalar_type(), " and ",
               lse.scalar_type());
-  TORCH_CHECK(lse.numel() == target.numel() && grad_loss.numel() == target.numel(), op,
-              ": expected grad_loss and lse with one value per row (", target.numel(),
-              "), but got ", grad_loss.sizes(), " and ", lse.sizes());
+  TORCH_CHECK(lse.numel() == target.numel() &&
+              (reduced ? grad_loss.numel() == 1 : grad_loss.numel() == target.numel()), op,
+              ": expected ", reduced ? "one grad_loss value (the reduced loss's gradient)"
+              : "grad_loss with one value per row", " and lse with one value per row (",
+              target.numel(), "), but got ", grad_loss.sizes(), " and ", lse.sizes());
 }
 
 // The op's `reduction`: 'none' (the per-row losses), 'mean' (their sum over the rows whose

@@ -52,7 +52,7 @@ def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, 
 
 @torch.library.register_fake("fused::cross_entropy_backward")
 def _cross_entropy_backward_fake(grad_loss, logits, target, lse, ignore_index, label_smoothing,
-                                 z_loss):
+                                 z_loss, reduction="none"):
     _check(logits, target, label_smoothing, "fused::cross_entropy_backward", grad_loss=grad_loss,
            lse=lse)
     return logits.new_empty(logits.shape)
@@ -60,7 +60,7 @@ def _cross_entropy_backward_fake(grad_loss, logits, target, lse, ignore_index, l
 
 @torch.library.register_fake("fused::cross_entropy_backward_")
 def _cross_entropy_backward_inplace_fake(grad_loss, logits, target, lse, ignore_index,
-                                         label_smoothing, z_loss):
+                                         label_smoothing, z_loss, reduction="none"):
     _check(logits, target, label_smoothing, "fused::cross_entropy_backward_",
            grad_loss=grad_loss, lse=lse)
     return None
