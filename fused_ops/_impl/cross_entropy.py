@@ -97,23 +97,8 @@ def _cross_entropy_scale_fake(grad, scale):
 # --- linear_cross_entropy -------------------------------------------------------------------
 #
 # The LM head and the loss in chunks of tokens, so the [tokens, V] logits never exist in
-# full. Per chunk of c tokens (h: [c, H]):
-#     logits = linear(h, W, b)                    fused::linear          [c, V]
-#     loss, lse = cross_entropy(logits, t)        fused::cross_entropy   one read of logits
-#     dlogits = over the logits, in place         fused::cross_entropy_backward_
-#     grad_h[chunk] = dlogits @ W                 fused::matmul
-#     grad_W += dlogits^T @ h                     torch.addmm_ (cuBLAS: beta = 1 accumulates
-#                                                 in place; the fused GEMM has no accumulate)
-#     grad_b += dlogits summed over the chunk
-# The gradients are computed in the forward, for a loss gradient of 1 (the loss is a 'mean'
-# or 'sum', so the gradient reaching it is one scalar); the backward scales them by that
-# scalar. Only a chunk's logits are alive at a time: peak memory is grad_W plus one chunk.
-# The weight gradient is accumulated in the weight's dtype (as the weight's .grad would be);
-# each chunk's product is accumulated in float32 inside the GEMM.
-
-# Tokens per chunk: the weight-gradient GEMM has K = chunk, and below ~1024 it is bound by
-# reading and writing grad_W (V x H) once per chunk rather than by its FLOPs.
-DEFAULT_CHUNK = 1024
+# full: the kernel (CPU and CUDA) is csrc/cpu/linear_cross_entropy.cpp, a loop over the other
+# fused ops; its checks are mirrored here for the fake kernel.
 
 
 def _lce_check(hidden, weight, target, bias, op):
@@ -155,50 +140,3 @@ def _linear_cross_entropy_fake(hidden, weight, target, bias=None, ignore_index=-
                                grad_mask=(False, False, False)):
     _lce_check(hidden, weight, target, bias, "fused::linear_cross_entropy")
     return _lce_outputs(hidden, weight, bias, grad_mask, _row_dtype(hidden))
-
-
-@torch.library.impl("fused::linear_cross_entropy", ["CPU", "CUDA"])
-def _linear_cross_entropy_kernel(hidden, weight, target, bias=None, ignore_index=-100,
-                                 label_smoothing=0.0, z_loss=0.0, mean=True, chunk_size=0,
-                                 grad_mask=(False, False, False)):
-    op = "fused::linear_cross_entropy"
-    _lce_check(hidden, weight, target, bias, op)
-    torch._check(chunk_size >= 0, lambda: f"{op}: expected chunk_size >= 0, but got {chunk_size}")
-    H = weight.shape[1]
-    h2 = hidden.reshape(-1, H)
-    t = target.reshape(-1)
-    n = h2.shape[0]
-    dt = _row_dtype(hidden)
-    loss_out, grad_h, grad_w, grad_b = _lce_outputs(hidden, weight, bias, grad_mask, dt)
-    want_h, want_w, want_b = grad_mask[0], grad_mask[1], grad_mask[2] and bias is not None
-    any_grad = want_h or want_w or want_b
-    grad_h2 = grad_h.view(-1, H) if want_h else None
-    if want_w:
-        grad_w.zero_()
-    if want_b:
-        grad_b.zero_()
-    # The gradient each row's loss gets: 1 / (rows not ignored) for 'mean', 1 for 'sum'.
-    count = (t != ignore_index).sum()
-    row_grad = (1.0 / count.to(dt)) if mean else torch.ones((), dtype=dt, device=hidden.device)
-    rows = torch.empty(n, dtype=dt, device=hidden.device)
-    chunk = chunk_size or DEFAULT_CHUNK
-    for start in range(0, n, chunk):
-        end = min(start + chunk, n)
-        h = h2[start:end]
-        tc = t[start:end]
-        logits = ops.linear(h, weight, bias)
-        loss_c, lse_c = ops.cross_entropy(logits, tc, ignore_index, label_smoothing, z_loss)
-        rows[start:end] = loss_c
-        if not any_grad:
-            continue
-        ops.cross_entropy_backward_(row_grad.expand(end - start), logits, tc, lse_c,
-                                    ignore_index, label_smoothing, z_loss)
-        if want_h:
-            grad_h2[start:end] = ops.matmul(logits, weight)
-        if want_w:
-            grad_w.addmm_(logits.t(), h)
-        if want_b:
-            grad_b += logits.sum(0, dtype=dt).to(grad_b.dtype)
-    total = rows.sum()
-    loss_out.copy_(total / count.to(dt) if mean else total)
-    return loss_out, grad_h, grad_w, grad_b
