@@ -532,15 +532,17 @@ def linear_reference(h, w, t, b=None, reduction="mean", **kw):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_linear_cross_entropy_matches_composition(device, reduction, with_bias):
+@pytest.mark.parametrize("chunk_size", [16, 0])
+def test_linear_cross_entropy_matches_composition(device, reduction, with_bias, chunk_size):
     B, T, H, V = 2, 45, 24, 77
     h = torch.randn(B, T, H, device=device, requires_grad=True)
     w = (torch.randn(V, H, device=device) / H ** 0.5).requires_grad_()
     b = torch.randn(V, device=device, requires_grad=True) if with_bias else None
     t = make_target(B * T, V, device).view(B, T)
     kw = dict(label_smoothing=0.1, z_loss=1e-3)
-    # chunks of 16 tokens: 6 chunks, the last one short
-    got = fused_ops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=16, **kw)
+    # chunks of 16 tokens: 6 chunks, the last one short; 0: the default, one chunk here
+    got = fused_ops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=chunk_size,
+                                         **kw)
     leaves = [h, w] + ([b] if with_bias else [])
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     want = linear_reference(*ref_leaves[:2], t, ref_leaves[2] if with_bias else None,

@@ -105,6 +105,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   const int64_t n = h2.size(0);
   const auto dt = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto row_opts = hidden.options().dtype(dt);
+  const int64_t chunk = chunk_size > 0 ? chunk_size : kDefaultChunk;
+  const char* reduction = mean ? "mean" : "sum";
+  if (n > 0 && n <= chunk) {
+    // One chunk (a small batch, decoding): the ops reduce themselves, 'mean' counting the
+    // rows on the device; no count or row buffer here.
+    at::Tensor logits = linear_op().call(h2, weight, bias, std::nullopt);
+    auto [loss, lse] = xent_op().call(logits, t, ignore_index, label_smoothing, z_loss, false,
+                                      reduction);
+    if (want_h || want_w || want_b) {
+      xent_backward_inplace_op().call(at::ones({}, row_opts), logits, t, lse, ignore_index,
+                                      label_smoothing, z_loss, reduction);
+    }
+    return {loss,
+            want_h ? matmul_op().call(logits, weight).view(hidden.sizes()) : hidden.new_empty({0}),
+            want_w ? matmul_op().call(logits.t(), h2) : hidden.new_empty({0}),
+            want_b ? logits.sum(0, false, dt).to(bias->scalar_type()) : hidden.new_empty({0})};
+  }
   at::Tensor grad_h = want_h ? at::empty(hidden.sizes(), hidden.options())
                              : hidden.new_empty({0});
   at::Tensor grad_w = want_w ? at::zeros(weight.sizes(), weight.options()) : hidden.new_empty({0});
@@ -114,7 +131,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   const at::Tensor count = t.ne(ignore_index).sum().to(dt);
   const at::Tensor row_grad = mean ? count.reciprocal() : at::ones({}, row_opts);
   at::Tensor rows = at::empty({n}, row_opts);
-  const int64_t chunk = chunk_size > 0 ? chunk_size : kDefaultChunk;
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
     const at::Tensor h = h2.narrow(0, start, len);
