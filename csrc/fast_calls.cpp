@@ -11,7 +11,6 @@
 #include <Python.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -20,15 +19,12 @@
 #include <string_view>
 #include <vector>
 
+#include "autograd/ops.h"
+
 namespace fused {
 namespace {
 
-template <class Sig>
-c10::TypedOperatorHandle<Sig> typed(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-
-using OptT = std::optional<at::Tensor>;
+using autograd::OptT;
 
 // A plain tensor argument: an exact torch.Tensor (no __torch_function__ of a subclass) while
 // no torch function mode is active.
@@ -85,7 +81,7 @@ PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_ssize_t len = 0;
   const char* s = PyUnicode_AsUTF8AndSize(args[1], &len);
   if (s == nullptr) return not_handled();
-  static const auto op = typed<at::Tensor(const at::Tensor&, c10::string_view)>("fused::gelu");
+  const auto& op = autograd::gelu_op();
   const at::Tensor& x = THPVariable_Unpack(args[0]);
   at::Tensor y;
   {
@@ -106,8 +102,7 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       !optional_tensor(args[2], w) || !optional_tensor(args[3], b) || !float_arg(args[4], eps)) {
     return not_handled();
   }
-  static const auto op = typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&, double)>("fused::layer_norm");
+  const auto& op = autograd::layer_norm_op();
   const at::Tensor& x = THPVariable_Unpack(args[0]);
   at::Tensor y;
   {
@@ -133,8 +128,7 @@ PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!float_arg(args[3], e)) return not_handled();
     eps = e;
   }
-  static const auto op = typed<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, at::IntArrayRef, const OptT&, std::optional<double>)>("fused::rms_norm");
+  const auto& op = autograd::rms_norm_op();
   const at::Tensor& x = THPVariable_Unpack(args[0]);
   at::Tensor y;
   {
@@ -150,8 +144,7 @@ PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   int64_t dim = 0;
   if (nargs != 2 || !plain_tensor(args[0]) || !int_arg(args[1], dim)) return not_handled();
-  static const auto op =
-      typed<at::Tensor(const at::Tensor&, int64_t, double, bool)>("fused::softmax");
+  const auto& op = autograd::softmax_op();
   const at::Tensor& x = THPVariable_Unpack(args[0]);
   at::Tensor y;
   {
@@ -167,7 +160,7 @@ PyObject* log_softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   int64_t dim = 0;
   if (nargs != 2 || !plain_tensor(args[0]) || !int_arg(args[1], dim)) return not_handled();
-  static const auto op = typed<at::Tensor(const at::Tensor&, int64_t)>("fused::log_softmax");
+  const auto& op = autograd::log_softmax_op();
   const at::Tensor& x = THPVariable_Unpack(args[0]);
   at::Tensor y;
   {

@@ -19,7 +19,7 @@ ops = torch.ops.fused
 IGNORE = -100
 
 # Vocabulary widths: tiny (the scalar head/tail only), the block-size thresholds of the CUDA
-# kernel (64 threads up to 4 KB rows, 256 up to 32 KB, then 512), and the vocabularies of
+# kernel (64 threads up to 4 KB rows, then 256; the gradient-writing forward 512), and the vocabularies of
 # real models: Llama-2 32000 (and an odd neighbour), GPT-2 50257 (rows alternate between
 # aligned and misaligned starts in 16-bit), Qwen 151936.
 CUDA_VOCABS = [1, 7, 1000, 2049, 32000, 32001, 50257, 151936]

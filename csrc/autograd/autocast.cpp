@@ -14,31 +14,10 @@
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/ops.h"
 
 namespace fused::autograd {
 namespace {
-
-using OptT = std::optional<at::Tensor>;
-using OptStr = std::optional<c10::string_view>;
-using OptGen = std::optional<at::Generator>;
-using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
-using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-FUSED_OP(matmul_op, "fused::matmul", at::Tensor(const at::Tensor&, const at::Tensor&))
-FUSED_OP(linear_op, "fused::linear",
-         at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&, OptStr))
-FUSED_OP(linear_fwd_op, "fused::linear_fwd",
-         Tensor2(const at::Tensor&, const at::Tensor&, const OptT&, c10::string_view))
-FUSED_OP(layer_norm_op, "fused::layer_norm",
-         Tensor3(const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&, double))
-FUSED_OP(add_layer_norm_op, "fused::add_layer_norm",
-         Tensor4(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&,
-                 double, bool))
-FUSED_OP(softmax_op, "fused::softmax", at::Tensor(const at::Tensor&, int64_t, double, bool))
-FUSED_OP(log_softmax_op, "fused::log_softmax", at::Tensor(const at::Tensor&, int64_t))
-FUSED_OP(bias_dropout_add_op, "fused::bias_dropout_add",
-         Tensor2(const at::Tensor&, const OptT&, const at::Tensor&, double, bool, OptGen))
 
 template <c10::DeviceType D>
 struct Cast {

@@ -7,21 +7,10 @@
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/ops.h"
 
 namespace fused::autograd {
 namespace {
-
-using OptT = std::optional<at::Tensor>;
-using OptGen = std::optional<at::Generator>;
-using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
-
-FUSED_OP(dropout_op, "fused::dropout", Tensor2(const at::Tensor&, double, bool, OptGen))
-FUSED_OP(dropout_backward_op, "fused::dropout_backward",
-         at::Tensor(const at::Tensor&, const at::Tensor&, double))
-FUSED_OP(bias_dropout_add_op, "fused::bias_dropout_add",
-         Tensor2(const at::Tensor&, const OptT&, const at::Tensor&, double, bool, OptGen))
-FUSED_OP(bias_dropout_add_backward_op, "fused::bias_dropout_add_backward",
-         Tensor2(const at::Tensor&, const at::Tensor&, double))
 
 // What the backward applies: nothing is dropped outside training.
 double effective_p(double p, bool training) { return training ? p : 0.0; }
@@ -47,17 +36,15 @@ struct DropoutBackward : torch::autograd::Function<DropoutBackward> {
 
 at::Tensor dropout_backward_autograd(const at::Tensor& grad, const at::Tensor& seed_offset,
                                      double p) {
-  if (composite(grad) || must_record(grad)) {
-    if (composite(grad)) {  // linear in grad: grad * (the mask applied to ones)
-      at::Tensor mask;
-      {
-        at::AutoDispatchBelowADInplaceOrView below;
-        mask = dropout_backward_op().call(at::ones_like(grad), seed_offset, p);
-      }
-      return grad * mask;
+  if (composite(grad)) {  // linear in grad: grad * (the mask applied to ones)
+    at::Tensor mask;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      mask = dropout_backward_op().call(at::ones_like(grad), seed_offset, p);
     }
-    return DropoutBackward::apply(grad, seed_offset, p);
+    return grad * mask;
   }
+  if (must_record(grad)) return DropoutBackward::apply(grad, seed_offset, p);
   at::AutoDispatchBelowADInplaceOrView below;
   return dropout_backward_op().call(grad, seed_offset, p);
 }

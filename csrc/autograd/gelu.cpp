@@ -4,13 +4,10 @@
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/ops.h"
 
 namespace fused::autograd {
 namespace {
-
-FUSED_OP(gelu_op, "fused::gelu", at::Tensor(const at::Tensor&, c10::string_view))
-FUSED_OP(gelu_backward_op, "fused::gelu_backward",
-         at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view))
 
 struct Gelu : torch::autograd::Function<Gelu> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,

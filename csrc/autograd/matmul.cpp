@@ -14,21 +14,10 @@
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/ops.h"
 
 namespace fused::autograd {
 namespace {
-
-using OptT = std::optional<at::Tensor>;
-using OptStr = std::optional<c10::string_view>;
-using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
-
-FUSED_OP(matmul_op, "fused::matmul", at::Tensor(const at::Tensor&, const at::Tensor&))
-FUSED_OP(linear_op, "fused::linear",
-         at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&, OptStr))
-FUSED_OP(linear_fwd_op, "fused::linear_fwd",
-         Tensor2(const at::Tensor&, const at::Tensor&, const OptT&, c10::string_view))
-FUSED_OP(linear_act_backward_op, "fused::linear_act_backward",
-         Tensor2(const at::Tensor&, const at::Tensor&, c10::string_view, bool))
 
 // ---- matmul -------------------------------------------------------------------------------
 

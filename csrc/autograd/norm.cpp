@@ -6,40 +6,11 @@
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/ops.h"
 #include "common/norm.h"
 
 namespace fused::autograd {
 namespace {
-
-using OptT = std::optional<at::Tensor>;
-using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
-
-FUSED_OP(layer_norm_op, "fused::layer_norm",
-         Tensor3(const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&, double))
-FUSED_OP(rms_norm_op, "fused::rms_norm",
-         Tensor2(const at::Tensor&, at::IntArrayRef, const OptT&, std::optional<double>))
-FUSED_OP(add_layer_norm_op, "fused::add_layer_norm",
-         std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&,
-                                                                    const at::Tensor&,
-                                                                    at::IntArrayRef, const OptT&,
-                                                                    const OptT&, double, bool))
-FUSED_OP(add_rms_norm_op, "fused::add_rms_norm",
-         Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&,
-                 std::optional<double>, bool))
-FUSED_OP(layer_norm_backward_op, "fused::layer_norm_backward",
-         Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const at::Tensor&,
-                 const at::Tensor&, const OptT&, const OptT&, std::array<bool, 2>))
-FUSED_OP(rms_norm_backward_op, "fused::rms_norm_backward",
-         Tensor2(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const at::Tensor&,
-                 const OptT&, bool))
-FUSED_OP(add_layer_norm_backward_op, "fused::add_layer_norm_backward",
-         Tensor3(const at::Tensor&, const OptT&, const at::Tensor&, at::IntArrayRef,
-                 const at::Tensor&, const at::Tensor&, const OptT&, const OptT&,
-                 std::array<bool, 2>))
-FUSED_OP(add_rms_norm_backward_op, "fused::add_rms_norm_backward",
-         Tensor2(const at::Tensor&, const OptT&, const at::Tensor&, at::IntArrayRef,
-                 const at::Tensor&, const OptT&, bool))
 
 at::ScalarType acc_dtype(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;

@@ -10,16 +10,10 @@
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/ops.h"
 
 namespace fused::autograd {
 namespace {
-
-FUSED_OP(softmax_op, "fused::softmax", at::Tensor(const at::Tensor&, int64_t, double, bool))
-FUSED_OP(softmax_backward_op, "fused::softmax_backward",
-         at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, double, bool))
-FUSED_OP(log_softmax_op, "fused::log_softmax", at::Tensor(const at::Tensor&, int64_t))
-FUSED_OP(log_softmax_backward_op, "fused::log_softmax_backward",
-         at::Tensor(const at::Tensor&, const at::Tensor&, int64_t))
 
 struct Softmax : torch::autograd::Function<Softmax> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, double scale,

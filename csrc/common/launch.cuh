@@ -4,7 +4,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAMacros.h>
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -12,6 +14,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "common/gpu_props.h"
 #include "common/overrides.h"
 
 namespace fused {
@@ -21,6 +24,20 @@ inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); 
 inline int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The current device's properties a dispatch plan reads, queried once a device;
+// sm90_code_runs says whether the op's kernels run their sm_90 code here.
+template <bool (*sm90_code_runs)()>
+const GpuProps& current_gpu_props() {
+  static std::once_flag once[C10_COMPILE_TIME_MAX_GPUS];
+  static GpuProps props[C10_COMPILE_TIME_MAX_GPUS];
+  const int d = c10::cuda::current_device();
+  std::call_once(once[d], [d] {
+    const cudaDeviceProp* dp = at::cuda::getCurrentDeviceProperties();
+    props[d] = GpuProps{dp->major, dp->minor, dp->multiProcessorCount, sm90_code_runs()};
+  });
+  return props[d];
+}
 
 // n / d for 0 <= n, d < 2^31 with a multiply-high in place of a division (a runtime 32-bit
 // division is ~20 instructions): Granlund and Montgomery's round-up method, shift =

@@ -330,12 +330,8 @@ int grad_block_for(int64_t row_bytes) {
 template <typename F>
 void with_grad_block(int block, F&& f) {
   switch (block) {
-    case 1024:
-      return f(std::integral_constant<int, 1024>{});
     case 512:
       return f(std::integral_constant<int, 512>{});
-    case 256:
-      return f(std::integral_constant<int, 256>{});
     default:
       return f(std::integral_constant<int, 64>{});
   }
@@ -344,8 +340,6 @@ void with_grad_block(int block, F&& f) {
 template <typename F>
 void with_block(int block, F&& f) {
   switch (block) {
-    case 512:
-      return f(std::integral_constant<int, 512>{});
     case 256:
       return f(std::integral_constant<int, 256>{});
     default:

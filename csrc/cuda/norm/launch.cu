@@ -21,17 +21,7 @@ bool sm90_code_runs();  // partials.cu
 
 namespace {
 
-// The current device's properties a plan reads, queried once a device.
-const GpuProps& gpu_props() {
-  static std::once_flag once[C10_COMPILE_TIME_MAX_GPUS];
-  static GpuProps props[C10_COMPILE_TIME_MAX_GPUS];
-  const int d = c10::cuda::current_device();
-  std::call_once(once[d], [d] {
-    const cudaDeviceProp* dp = at::cuda::getCurrentDeviceProperties();
-    props[d] = GpuProps{dp->major, dp->minor, dp->multiProcessorCount, sm90_code_runs()};
-  });
-  return props[d];
-}
+const GpuProps& gpu_props() { return current_gpu_props<sm90_code_runs>(); }
 
 // A 16-byte-vector path is legal when every row starts aligned: cols a multiple of the
 // vector width (the plan checks) and each base pointer aligned to its vector size, VEC
