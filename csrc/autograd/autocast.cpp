@@ -67,9 +67,8 @@ Tensor4 linear_cross_entropy_autocast(const at::Tensor& h, const at::Tensor& w,
                                       std::array<bool, 3> grad_mask) {
   Cast<D> c;
   const auto t = Cast<D>::lower();
-  return lce_op().call(Cast<D>::to(t, h), Cast<D>::to(t, w), target,
-                                        Cast<D>::to(t, b), ignore_index, ls, z, mean, chunk,
-                                        grad_mask);
+  return lce_op().call(Cast<D>::to(t, h), Cast<D>::to(t, w), target, Cast<D>::to(t, b),
+                       ignore_index, ls, z, mean, chunk, grad_mask);
 }
 
 // ---- float32 on CUDA: the norms and softmax ---------------------------------------------------
