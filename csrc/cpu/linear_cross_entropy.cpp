@@ -92,6 +92,33 @@ void check_args(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targ
   TORCH_CHECK(chunk_size >= 0, op, ": expected chunk_size >= 0, but got ", chunk_size);
 }
 
+// The vocabulary rounded up to a multiple of 8 on CUDA. With V % 8 != 0 every logits row
+// would start 16-byte misaligned: the GEMM writing the logits could not store them by TMA,
+// and the GEMM reading them back (grad_h) would copy them to an aligned buffer every chunk.
+// The weight (and bias) get zero rows up to that multiple once per call (one V x H copy):
+// the extra logits are exact zeros, the loss reads only the first V columns, their gradient
+// stays zero, and they add nothing to grad_h; grad_W's extra rows are dropped.
+struct PaddedHead {
+  at::Tensor w;
+  OptT b;
+  int64_t V;
+};
+
+PaddedHead pad_head(const at::Tensor& weight, const OptT& bias, bool has_b) {
+  const int64_t V = weight.size(0);
+  if (!weight.is_cuda() || V % 8 == 0) return {weight, has_b ? bias : OptT(), V};
+  const int64_t Vp = (V + 7) / 8 * 8;
+  at::Tensor w = at::empty({Vp, weight.size(1)}, weight.options());
+  w.narrow(0, 0, V).copy_(weight);
+  w.narrow(0, V, Vp - V).zero_();
+  OptT b;
+  if (has_b) {
+    b = at::zeros({Vp}, bias->options());
+    b->narrow(0, 0, V).copy_(*bias);
+  }
+  return {w, b, V};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_kernel(
     const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target, const OptT& bias,
     int64_t ignore_index, double label_smoothing, double z_loss, bool mean, int64_t chunk_size,
@@ -108,10 +135,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   const auto row_opts = hidden.options().dtype(dt);
   const int64_t chunk = chunk_size > 0 ? chunk_size : kDefaultChunk;
   const char* reduction = mean ? "mean" : "sum";
+  const PaddedHead head = pad_head(weight, bias, has_b);
   if (n > 0 && n <= chunk) {
     // One chunk (a small batch, decoding): the ops reduce themselves, 'mean' counting the
     // rows on the device; no count or row buffer here.
-    at::Tensor logits = linear_op().call(h2, weight, bias, std::nullopt);
+    const at::Tensor padded = linear_op().call(h2, head.w, head.b, std::nullopt);
+    const at::Tensor logits = padded.narrow(1, 0, head.V);
     auto [loss, lse] =
         xent_op().call(logits, t, ignore_index, label_smoothing, z_loss, false, reduction);
     if (want_h || want_w || want_b) {
@@ -119,12 +148,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
                                       label_smoothing, z_loss, reduction);
     }
     return {loss,
-            want_h ? matmul_op().call(logits, weight).view(hidden.sizes()) : hidden.new_empty({0}),
-            want_w ? matmul_op().call(logits.t(), h2) : hidden.new_empty({0}),
+            want_h ? matmul_op().call(padded, head.w).view(hidden.sizes()) : hidden.new_empty({0}),
+            want_w ? matmul_op().call(padded.t(), h2).narrow(0, 0, head.V) : hidden.new_empty({0}),
             want_b ? logits.sum(0, false, dt).to(bias->scalar_type()) : hidden.new_empty({0})};
   }
   at::Tensor grad_h = want_h ? at::empty(hidden.sizes(), hidden.options()) : hidden.new_empty({0});
-  at::Tensor grad_w = want_w ? at::zeros(weight.sizes(), weight.options()) : hidden.new_empty({0});
+  at::Tensor grad_w = want_w ? at::zeros(head.w.sizes(), weight.options()) : hidden.new_empty({0});
   at::Tensor grad_b = want_b ? at::zeros(bias->sizes(), bias->options()) : hidden.new_empty({0});
   const at::Tensor grad_h2 = want_h ? grad_h.view({-1, H}) : grad_h;
   // The gradient each row's loss gets: 1 / (rows not ignored) for 'mean', 1 for 'sum'.
@@ -135,19 +164,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     const int64_t len = std::min(chunk, n - start);
     const at::Tensor h = h2.narrow(0, start, len);
     const at::Tensor tc = t.narrow(0, start, len);
-    at::Tensor logits = linear_op().call(h, weight, bias, std::nullopt);
+    const at::Tensor padded = linear_op().call(h, head.w, head.b, std::nullopt);
+    const at::Tensor logits = padded.narrow(1, 0, head.V);
     auto [loss_c, lse_c] =
         xent_op().call(logits, tc, ignore_index, label_smoothing, z_loss, false, "none");
     rows.narrow(0, start, len).copy_(loss_c);
     if (!(want_h || want_w || want_b)) continue;
     xent_backward_inplace_op().call(row_grad, logits, tc, lse_c, ignore_index, label_smoothing,
                                     z_loss, "sum");
-    if (want_h) grad_h2.narrow(0, start, len).copy_(matmul_op().call(logits, weight));
-    if (want_w) grad_w.addmm_(logits.t(), h);
+    if (want_h) grad_h2.narrow(0, start, len).copy_(matmul_op().call(padded, head.w));
+    if (want_w) grad_w.addmm_(padded.t(), h);
     if (want_b) grad_b.add_(logits.sum(0, false, dt).to(grad_b.scalar_type()));
   }
   at::Tensor total = rows.sum();
-  return {mean ? total.div(count) : total, grad_h, grad_w, grad_b};
+  return {mean ? total.div(count) : total, grad_h, want_w ? grad_w.narrow(0, 0, head.V) : grad_w,
+          grad_b};
 }
 
 }  // namespace
