@@ -97,6 +97,15 @@ const std::vector<Key>& keys() {
        }},
       {"matmul.group_m", "an integer from 1 to 1024",
        [](Overrides& o, const std::string& v) { return parse_int(v, 1, 1024, o.matmul_group_m); }},
+      {"matmul.tile_n", "auto, 128 or 256",
+       [](Overrides& o, const std::string& v) {
+         return (v == "auto" || v == "128" || v == "256") &&
+                parse_auto_int(v, 128, 256, o.matmul_tile_n);
+       }},
+      {"matmul.split_k", "auto or an integer from 1 to 64",
+       [](Overrides& o, const std::string& v) {
+         return parse_auto_int(v, 1, 64, o.matmul_split_k);
+       }},
       {"pdl", "0 or 1", [](Overrides& o, const std::string& v) { return parse_bool(v, o.pdl); }},
   };
   return table;

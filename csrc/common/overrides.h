@@ -24,6 +24,9 @@
 //   matmul.kernel=auto      auto, portable, or hopper (as auto, but an error where the
 //                           Hopper kernel cannot run)
 //   matmul.group_m=8        tile-rows per group of the GEMM tile order (1..1024)
+//   matmul.tile_n=auto      the Hopper GEMM's tile width: auto, 128 or 256
+//   matmul.split_k=auto     the Hopper GEMM's K pieces per tile: auto or 1..64 (split-K needs
+//                           a TMA-stored output, N % 8 == 0; capped at the K tiles)
 //   pdl=1                   programmatic dependent launch on sm_90
 #pragma once
 #include <string>
@@ -47,6 +50,8 @@ struct Overrides {
   bool softmax_causal = true;
   enum class MatmulKernel { kAuto, kPortable, kHopper } matmul_kernel = MatmulKernel::kAuto;
   int matmul_group_m = 8;
+  int matmul_tile_n = kAuto;   // kAuto, 128 or 256
+  int matmul_split_k = kAuto;  // kAuto or 1..64
   bool pdl = true;
 };
 

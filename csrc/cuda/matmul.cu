@@ -45,20 +45,22 @@ namespace {
 
 using matmul::GemmProblem;
 
-void run_gemm(const GemmProblem& p, at::ScalarType dtype) {
-  if (p.M == 0 || p.N == 0 || p.batch == 0) return;
-  cudaStream_t stream = current_stream();
+// The Hopper kernel where it applies (every operand layout; matmul_sm90.cu); true when it ran.
+bool run_hopper_gemm(const GemmProblem& p, at::ScalarType dtype) {
   using Choice = Overrides::MatmulKernel;
   const Choice choice = overrides().matmul_kernel;
-  if (choice != Choice::kPortable) {
-    const auto r = matmul::launch_sm90_gemm(p, dtype, stream);
-    if (r == matmul::Sm90Result::kLaunched) return;
-    TORCH_CHECK(
-        r != matmul::Sm90Result::kUnavailable || choice != Choice::kHopper,
-        "fused::matmul: the override matmul.kernel=hopper is set, but the Hopper kernel is not "
-        "available here (it needs a compute capability 9.0 GPU with room for its shared "
-        "memory pipeline and a build with sm_90a, e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
-  }
+  if (choice == Choice::kPortable) return false;
+  const auto r = matmul::launch_sm90_gemm(p, dtype, current_stream());
+  TORCH_CHECK(
+      r != matmul::Sm90Result::kUnavailable || choice != Choice::kHopper,
+      "fused::matmul: the override matmul.kernel=hopper is set, but the Hopper kernel is not "
+      "available here (it needs a compute capability 9.0 GPU with room for its shared "
+      "memory pipeline and a build with sm_90a, e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
+  return r == matmul::Sm90Result::kLaunched;
+}
+
+void run_portable_gemm(const GemmProblem& p, at::ScalarType dtype) {
+  cudaStream_t stream = current_stream();
   if (dtype == at::kBFloat16) {
     matmul::launch_portable_gemm<__nv_bfloat16>(p, stream);
   } else {
@@ -131,10 +133,8 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out, con
   TORCH_CHECK(M <= kMax && N <= kMax && K <= kMax && batch <= kMax,
               "fused::matmul: dimensions must be below 2^31, got batch ", batch, ", M ", M, ", N ",
               N, ", K ", K);
-  MatView A = prepare_operand(a3);
+  const MatView A = prepare_operand(a3);
   const MatView B = prepare_operand(b3);
-  if (!A.row_major && !B.row_major)
-    A = prepare_operand(a3, false);  // see matmul_portable_launch.cuh
   at::Tensor bias_c;
   if (bias != nullptr) bias_c = bias->contiguous();
   GemmProblem p;
@@ -155,7 +155,19 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out, con
   p.group_m = overrides().matmul_group_m;
   p.a_kmajor = A.row_major;   // A [M, K] row-major: K contiguous
   p.b_kmajor = !B.row_major;  // B [K, N] column-major: K contiguous
-  run_gemm(p, a3.scalar_type());
+  if (M == 0 || N == 0 || batch == 0) return;
+  if (run_hopper_gemm(p, a3.scalar_type())) return;
+  MatView A2;
+  if (!p.a_kmajor && p.b_kmajor) {
+    // The portable kernel has no MN-major A with K-major B (matmul_portable_launch.cuh):
+    // A is copied to row-major for it.
+    A2 = prepare_operand(a3, false);
+    p.a = A2.ptr;
+    p.lda = A2.ld;
+    p.batch_stride_a = A2.batch_stride;
+    p.a_kmajor = true;
+  }
+  run_portable_gemm(p, a3.scalar_type());
 }
 
 // ---------------------------------------------------------------------------------------

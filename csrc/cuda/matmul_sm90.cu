@@ -27,13 +27,17 @@
 // came from (cudaFuncGetAttributes: 90 only when sm_90a code was built and a CC 9.0 device
 // runs it), so builds without sm_90a, or other GPUs, never launch an empty kernel.
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda.h>          // CUtensorMap and its enums (header only: no -lcuda)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <cstring>
+#include <limits>
 
 #include "common/launch.cuh"
+#include "common/overrides.h"
 #include "cuda/matmul_sm90.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -67,6 +71,22 @@ struct HopperConfig {
   static_assert(SMEM <= 227 * 1024, "shared memory per block");
   static_assert(STAGE_BYTES % 1024 == 0 && EPI_WARP_ELEMS * 2 % 1024 == 0,
                 "every stage and every scratch piece starts on a 1024-byte swizzle atom");
+};
+
+// Split-K (see the schedule at launch_layout): each output tile's K range is cut into
+// `splits` consecutive pieces, one work unit each (unit = tile * splits + piece, so the pieces
+// of a tile run at the same time on neighbouring blocks). Every piece writes its fp32
+// accumulators to `partials`, in the consumers' register order (unit, float4 q, consumer
+// thread), so each warp stores and loads 512 contiguous bytes and no layout changes hands;
+// rows at or past M are skipped (decode shapes touch almost nothing). A per-tile counter
+// says which piece finished last; that block sums every piece's partials in piece order
+// 0, 1, ..., splits - 1 (the same order whichever block is last: deterministic, bit for bit)
+// and runs the ordinary epilogue (bias, activation, TMA store). No block ever waits for
+// another, so no co-residency is assumed.
+struct SplitK {
+  float* partials;  // [units][ACC / 4][256] float4; nullptr without split-K
+  int* counters;    // [tiles], zeroed by the host before the launch
+  int splits;       // 1 without split-K
 };
 
 #if defined(FUSED_SM90A)
@@ -141,6 +161,12 @@ __device__ __forceinline__ void bulk_wait_all() {
 // Makes this thread's shared-memory writes visible to the TMA unit (the async proxy).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Synchronises the two consumer warpgroups (256 threads) alone: the producer warp never
+// joins (barrier 0 is __syncthreads; 1 is this one).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
 // Shared-memory matrix descriptors (128-byte swizzle; tiles 1024-byte aligned). Both operand
@@ -371,14 +397,71 @@ __device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores, const CU
     scratch_to_global<T>(warp_epi, out, p, b, row0, col0, lane);
   }
 }
+
+// Split-K (SplitK): publishes this piece's accumulators and returns whether this block
+// finishes the tile, in which case acc then holds the sum of every piece in piece order.
+// ct: the consumer thread (0..255); has_row: this thread's first accumulator row (and so its
+// whole float4s: rows r and r + 8, the latter past M whenever the former is) is inside M.
+template <typename Cfg, int NACC>
+__device__ __forceinline__ bool split_k_reduce(const SplitK& split, float (&acc)[NACC], int unit,
+                                               int tile, int splits, int ct, bool has_row,
+                                               int* last_piece) {
+  constexpr int Q = NACC / 4;
+  float4* mine = reinterpret_cast<float4*>(split.partials) + static_cast<int64_t>(unit) * Q * 256;
+  if (has_row) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      __stcg(mine + q * 256 + ct,
+             make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+    }
+  }
+  __threadfence();  // this thread's partials are visible device-wide before the count
+  consumers_sync();
+  if (ct == 0) {
+    const int done = atomicAdd(split.counters + tile, 1);
+    *last_piece = done == splits - 1;
+  }
+  consumers_sync();
+  // The next unit's write of last_piece comes after its first consumers_sync, which every
+  // thread reaches only after reading this one.
+  if (!*last_piece) return false;
+  __threadfence();  // the other pieces' partials, published before their counts, are seen
+  if (has_row) {
+    const float4* first =
+        reinterpret_cast<const float4*>(split.partials) + static_cast<int64_t>(tile) * splits * Q * 256;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const float4 v = __ldcg(first + q * 256 + ct);
+      acc[4 * q] = v.x;
+      acc[4 * q + 1] = v.y;
+      acc[4 * q + 2] = v.z;
+      acc[4 * q + 3] = v.w;
+    }
+    for (int s = 1; s < splits; ++s) {
+      const float4* part = first + static_cast<int64_t>(s) * Q * 256;
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        const float4 v = __ldcg(part + q * 256 + ct);
+        acc[4 * q] += v.x;
+        acc[4 * q + 1] += v.y;
+        acc[4 * q + 2] += v.z;
+        acc[4 * q + 3] += v.w;
+      }
+    }
+  }
+  return true;
+}
 #endif  // FUSED_SM90A
 
-template <typename T, typename Cfg, bool AK, bool BK_MAJ, bool TMA_STORE>
+// SPLIT: the split-K schedule (SplitK above); only with TMA stores (the host asks for it only
+// there), and a template parameter so that a profiler's kernel name says which schedule ran.
+template <typename T, typename Cfg, bool AK, bool BK_MAJ, bool TMA_STORE, bool SPLIT = false>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     hopper_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b,
                        const __grid_constant__ CUtensorMap map_c,
-                       const __grid_constant__ CUtensorMap map_z, const GemmProblem p) {
+                       const __grid_constant__ CUtensorMap map_z, const GemmProblem p,
+                       const SplitK split) {
 #if defined(FUSED_SM90A)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   extern __shared__ unsigned char smem_raw[];
@@ -391,6 +474,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   uint64_t* full =
       reinterpret_cast<uint64_t*>(epi + Cfg::CONSUMERS * 4 * Cfg::EPI_BUFS * Cfg::EPI_WARP_ELEMS);
   uint64_t* empty = full + STAGES;
+  // The split-K verdict (is this block's piece the tile's last?) handed to every consumer.
+  __shared__ int last_piece;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -403,8 +488,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
   const int tiles_m = (p.M + BM - 1) / BM, tiles_n = (p.N + BN - 1) / BN;
   const int tiles_per_batch = tiles_m * tiles_n;
-  const int total = tiles_per_batch * p.batch;
   const int k_tiles = (p.K + BK - 1) / BK;
+  const int splits = SPLIT ? split.splits : 1;
+  const int total = tiles_per_batch * p.batch * splits;  // work units
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
@@ -412,12 +498,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
     int it = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int unit = blockIdx.x; unit < total; unit += gridDim.x) {
+      const int tile = unit / splits, piece = unit - tile * splits;
       const int b = tile / tiles_per_batch;
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int kt_end = (piece + 1) * k_tiles / splits;
+      for (int kt = piece * k_tiles / splits; kt < kt_end; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
@@ -451,7 +539,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     T* warp_epi = epi + (c * 4 + warp) * Cfg::EPI_BUFS * Cfg::EPI_WARP_ELEMS;
     int n_stores = 0;  // TMA stores this warp has issued (which buffer is next)
     int it = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int unit = blockIdx.x; unit < total; unit += gridDim.x) {
+      const int tile = unit / splits, piece = unit - tile * splits;
       const int b = tile / tiles_per_batch;
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
@@ -467,7 +556,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         bias_lane[i] = load_bias_bits<T>(p, tn * BN + 2 * (lane + 32 * i));
       }
       int prev = -1;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int kt_end = (piece + 1) * k_tiles / splits;
+      for (int kt = piece * k_tiles / splits; kt < kt_end; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
         // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
@@ -491,9 +581,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
+      const int row0 = tm * BM + c * 64 + warp * 16;
+      if constexpr (SPLIT) {
+        if (!split_k_reduce<Cfg>(split, acc, unit, tile, splits, t + 128 * c,
+                                 row0 + lane / 4 < p.M, &last_piece)) {
+          continue;  // another piece of this tile finishes it
+        }
+      }
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then to
       // global memory (the pre-activation first when the backward pass wants it).
-      const int row0 = tm * BM + c * 64 + warp * 16;
       T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
       dispatch_act(p.act, [&](auto act) {
@@ -526,6 +622,51 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
 // ---------------------------------------------------------------------------------------
 // Host side.
+
+// The schedule (docs/design/matmul.md, "Schedules"): the tile width BN (128 x 256 or
+// 128 x 128) and the K pieces per tile (split-K). A grid with at least one 128 x 256 tile per
+// SM keeps the wide tile and the whole K (the tail wave is at most one tile per SM). A smaller
+// grid (the weight gradients of narrow layers: small M N, long K; decode shapes) takes the
+// (BN, splits) of least estimated time, in units of one SM running one 128 x 256 x 64 k-tile:
+//   waves    = ceil(tiles(BN) * splits / SMs)
+//   per unit = ceil(k_tiles / splits) * (BN / 256) / eff(BN),  eff(256) = 1, eff(128) = 0.92
+//              (the narrow tile reads 4/3 the bytes per FLOP from L2 and shared memory)
+//   fixup    = (1 + splits) * (BN / 256) for splits > 1: the last piece of a tile writes its
+//              fp32 partial and reads all `splits` back (~0.8 k-tile each at ~64 B/clk from L2)
+//   time     = waves * per unit + fixup
+// with splits from 1 to min(16, k_tiles / 4) (each piece keeps the 4-6 stage pipeline busy),
+// 1 where split-K cannot store (split_ok false). Ties keep the wider tile and fewer pieces.
+// force_bn / force_splits: the overrides matmul.tile_n / matmul.split_k (kAuto = choose).
+struct Schedule {
+  int bn, splits;
+};
+Schedule choose_schedule(int64_t M, int64_t N, int64_t K, int64_t batch, int sms, bool split_ok,
+                         int force_bn, int force_splits) {
+  constexpr int kAuto = Overrides::kAuto;
+  const int64_t k_tiles = (K + 63) / 64;
+  const auto tiles_for = [&](int bn) { return ((M + 127) / 128) * ((N + bn - 1) / bn) * batch; };
+  Schedule best{256, 1};
+  if (force_bn == kAuto && force_splits == kAuto && tiles_for(256) >= sms) return best;
+  double best_time = std::numeric_limits<double>::infinity();
+  for (int bn : {256, 128}) {
+    if (force_bn != kAuto && bn != force_bn) continue;
+    const int64_t tiles = tiles_for(bn);
+    int64_t lo = 1, hi = split_ok ? std::max<int64_t>(1, std::min<int64_t>(16, k_tiles / 4)) : 1;
+    if (force_splits != kAuto) lo = hi = split_ok ? std::min<int64_t>(force_splits, k_tiles) : 1;
+    for (int64_t splits = lo; splits <= hi; ++splits) {
+      const int64_t waves = (tiles * splits + sms - 1) / sms;
+      const double width = bn / 256.0, eff = bn == 256 ? 1.0 : 0.92;
+      const double per_unit = double((k_tiles + splits - 1) / splits) * width / eff;
+      const double fixup = splits > 1 ? (1.0 + splits) * width : 0.0;
+      const double time = waves * per_unit + fixup;
+      if (time < best_time) {
+        best_time = time;
+        best = {bn, static_cast<int>(splits)};
+      }
+    }
+  }
+  return best;
+}
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -595,13 +736,13 @@ bool has_sm90a_code(Kernel kernel) {
 }
 
 template <typename T, typename Cfg, bool AK, bool BK>
-Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream, int splits) {
   if (!has_sm90a_code(hopper_gemm_kernel<T, Cfg, AK, BK, true>) || encode_fn() == nullptr) {
     return Sm90Result::kUnavailable;
   }
   const int64_t tiles =
       ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN) * p.batch;
-  if (tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
+  if (tiles * splits >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
   CUtensorMap map_a, map_b;
   if (!make_map(&map_a, p.a, AK, p.K, p.M, p.batch, p.lda, p.batch_stride_a, Cfg::BM, dtype) ||
       !make_map(&map_b, p.b, BK, p.K, p.N, p.batch, p.ldb, p.batch_stride_b, Cfg::BN, dtype)) {
@@ -612,32 +753,51 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   CUtensorMap map_c{}, map_z{};
   const bool tma_store = make_out_map(&map_c, p.c, p.M, p.N, p.batch, dtype) &&
                          (p.z == nullptr || make_out_map(&map_z, p.z, p.M, p.N, p.batch, dtype));
-  auto kernel = tma_store ? hopper_gemm_kernel<T, Cfg, AK, BK, true>
-                          : hopper_gemm_kernel<T, Cfg, AK, BK, false>;
+  if (!tma_store) splits = 1;  // split-K is compiled with TMA stores only (choose_schedule)
+  auto kernel = splits > 1 ? hopper_gemm_kernel<T, Cfg, AK, BK, true, true>
+                : tma_store ? hopper_gemm_kernel<T, Cfg, AK, BK, true>
+                            : hopper_gemm_kernel<T, Cfg, AK, BK, false>;
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
+  SplitK split{nullptr, nullptr, 1};
+  at::Tensor partials, counters;  // stream-ordered: freed after the launch, reused after it
+  if (splits > 1) {
+    const auto opts = at::TensorOptions().device(at::kCUDA, at::cuda::current_device());
+    partials = at::empty({tiles * splits * Cfg::BM * Cfg::BN}, opts.dtype(at::kFloat));
+    counters = at::zeros({tiles}, opts.dtype(at::kInt));
+    split = {partials.mutable_data_ptr<float>(), counters.mutable_data_ptr<int>(), splits};
+  }
   const int sms = num_sms();
-  const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, map_c, map_z, p);
+  const int grid = static_cast<int>(std::min<int64_t>(tiles * splits, sms));
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, map_c, map_z, p, split);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
 }
 
+// Every operand layout, K-major or MN-major each (wgmma transposes 16-bit MN-major tiles):
+// A K-major with B K-major (forward), with B MN-major (dX = dZ W); A MN-major with B
+// MN-major (dW = dZ^T X), with B K-major (a transposed input times a linear weight).
+template <typename T, typename Cfg>
+Sm90Result launch_cfg(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream,
+                      int splits) {
+  if (p.a_kmajor) {
+    return p.b_kmajor ? launch<T, Cfg, true, true>(p, dtype, stream, splits)
+                      : launch<T, Cfg, true, false>(p, dtype, stream, splits);
+  }
+  return p.b_kmajor ? launch<T, Cfg, false, true>(p, dtype, stream, splits)
+                    : launch<T, Cfg, false, false>(p, dtype, stream, splits);
+}
+
 template <typename T>
 Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
-  // Tile width: 128 x 256 when that still gives every SM a tile, else 128 x 128 (both
-  // operands K-major only: the other layouts come from the backward pass of large layers).
-  const int sms = num_sms();
-  const int64_t wide_tiles = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) * p.batch;
-  const bool wide = wide_tiles >= sms;
-  if (p.a_kmajor && p.b_kmajor) {
-    return wide ? launch<T, HopperConfig<256>, true, true>(p, dtype, stream)
-                : launch<T, HopperConfig<128>, true, true>(p, dtype, stream);
-  }
-  if (!wide) return Sm90Result::kNotApplicable;
-  if (p.a_kmajor) return launch<T, HopperConfig<256>, true, false>(p, dtype, stream);  // dX = dZ W
-  if (!p.b_kmajor)
-    return launch<T, HopperConfig<256>, false, false>(p, dtype, stream);  // dW = dZ^T X
-  return Sm90Result::kNotApplicable;  // A MN-major with B K-major: rare, portable takes it
+  const Overrides& o = overrides();
+  // Split-K finishes through the TMA store path only: a 16-byte aligned output (and
+  // pre-activation) with N % 8 == 0 (make_out_map's conditions).
+  const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool split_ok = p.N % 8 == 0 && aligned16(p.c) && (p.z == nullptr || aligned16(p.z));
+  const Schedule s = choose_schedule(p.M, p.N, p.K, p.batch, num_sms(), split_ok,
+                                     o.matmul_tile_n, o.matmul_split_k);
+  return s.bn == 256 ? launch_cfg<T, HopperConfig<256>>(p, dtype, stream, s.splits)
+                     : launch_cfg<T, HopperConfig<128>>(p, dtype, stream, s.splits);
 }
 
 }  // namespace
