@@ -92,6 +92,9 @@ class Case:
                   TFLOP/s against the matmul ceiling instead of GB/s against the copy)
     fwd_only:     names of implementations with no backward (e.g. cuBLASLt's fused
                   epilogue, which autograd cannot differentiate): measured in "fwd" only
+    fields:       extra fields copied into every record of the case (e.g. the operand
+                  layout of a GEMM); the key "sum" names a group whose records also get a
+                  summed-time row (summed_records)
     """
 
     op: str
@@ -106,6 +109,7 @@ class Case:
     bytes: Callable = None
     flops: Optional[Callable] = None
     fwd_only: tuple = ()
+    fields: dict = None
 
     def __post_init__(self):
         for name in ("shapes", "make_inputs", "impls", "bytes"):
@@ -123,6 +127,7 @@ class Case:
             raise ValueError(f"Case(op={self.op!r}): unknown pass {bad}; use {PASSES}")
         self.grad_inputs = tuple(self.grad_inputs)
         self.fwd_only = tuple(self.fwd_only)
+        self.fields = dict(self.fields or {})
         unknown = [n for n in self.fwd_only if n not in self.impl_names()]
         if unknown:
             raise ValueError(f"Case(op={self.op!r}): fwd_only names unknown impls {unknown}")
@@ -602,6 +607,7 @@ def run_plan(
             **env,
             "ceiling_copy_gbps": ceilings.get("copy_gbps"),
             "ceiling_mm_tflops": ceilings.get("mm_tflops"),
+            **case.fields,
         }
         for impl in plan.impls
     }
@@ -695,6 +701,70 @@ def run_plan(
         rec.update(rates(case, shape, dtype, pass_, rec["median_us"], ceilings))
     add_speedups(records)
     return records
+
+
+def summed_records(records: list) -> list:
+    """Summary rows for records carrying a "sum" field: per (op, sum group, pass, dtype), one
+    record per implementation whose median_us (and wall_us) is the sum over the group's rows
+    where every implementation has a time (so each sums the same GEMMs), its rate the summed
+    FLOPs (or bytes) over that time; variant "sum: <group> (<n> rows)", shape []. The speed-ups
+    then compare total times: the whole set as a training step runs it."""
+    groups = {}
+    for rec in records:
+        if rec.get("sum") is None:
+            continue
+        key = (rec["op"], rec["sum"], rec["pass"], rec["dtype"])
+        row = (rec.get("variant", ""), tuple(rec["shape"]))
+        groups.setdefault(key, {}).setdefault(row, {})[rec["impl"]] = rec
+    out = []
+    for (op, name, pass_, dtype), rows in groups.items():
+        impls = sorted({impl for by_impl in rows.values() for impl in by_impl})
+        full = [
+            by_impl
+            for by_impl in rows.values()
+            if all(by_impl.get(i) and by_impl[i].get("median_us") for i in impls)
+        ]
+        if not full:
+            continue
+        summed = []
+        for impl in impls:
+            recs = [by_impl[impl] for by_impl in full]
+            first = recs[0]
+            t = sum(r["median_us"] for r in recs)
+            walls = [r.get("wall_us") for r in recs]
+            flops = sum(r["flops"] for r in recs) if all(r.get("flops") for r in recs) else None
+            nbytes = sum(r.get("bytes") or 0 for r in recs)
+            rec = {
+                k: first.get(k)
+                for k in ("device", "torch", "torch_full", "cuda", "python", "rounds")
+                if k in first
+            }
+            rec.update(
+                op=op,
+                variant=f"sum: {name} ({len(full)} rows)",
+                shape=[],
+                dtype=dtype,
+                impl=impl,
+                median_us=t,
+                min_us=sum(r["min_us"] or 0 for r in recs),
+                wall_us=sum(walls) if all(w is not None for w in walls) else None,
+                error=None,
+                bytes=nbytes,
+                flops=flops,
+                gbps=nbytes / (t * 1e-6) / 1e9,
+                tflops=flops / (t * 1e-6) / 1e12 if flops else None,
+                ceiling_copy_gbps=first.get("ceiling_copy_gbps"),
+                ceiling_mm_tflops=first.get("ceiling_mm_tflops"),
+                sum=name,
+            )
+            rec["pass"] = pass_
+            ceiling = rec["ceiling_mm_tflops"] if flops else rec["ceiling_copy_gbps"]
+            rate = rec["tflops"] if flops else rec["gbps"]
+            rec["pct_of_peak"] = rate / ceiling * 100 if ceiling else None
+            summed.append(rec)
+        add_speedups(summed)
+        out += summed
+    return out
 
 
 def add_speedups(records: list) -> None:
@@ -828,4 +898,5 @@ __all__ = [
     "require_cuda",
     "import_fused_ops",
     "add_speedups",
+    "summed_records",
 ]

@@ -212,6 +212,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("\ninterrupted: reporting what was measured", file=sys.stderr)
     progress.close()
+    records += harness.summed_records(records)
 
     json_path = os.path.join(args.out, "results.json")
     report.write_json(json_path, header, records)

@@ -8,6 +8,7 @@ cancel to near zero). Every CUDA test runs once per kernel choice (matmul.kernel
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 import fused_ops
 from fused_ops import reference
 
-from utils import CUDA, DEVICES, DTYPES, TOL, input_views
+from utils import CUDA, DEVICES, DTYPES, MEMCHECK, TOL, cuda_kernel_names, input_views
 
 ACTS = [None, "gelu", "gelu_tanh"]
 KERNELS = ["auto", "portable"]
@@ -628,3 +629,212 @@ def test_linear_gelu_nonfinite_stays_in_its_column(kernel, dtype, act):
     finite = torch.isfinite(b)
     assert torch.isfinite(ref[:, finite]).all()
     check(got[:, finite], ref[:, finite], dtype, msg=f"{act} {dtype}")
+
+
+# ---------------------------------------------------------------------------------------
+# Every operand layout on the Hopper kernel, and its schedules (docs/design/matmul.md,
+# "Schedules"). A layout is (A K-major?, B K-major?): the forward (True, True), dX = dZ W
+# (True, False), dW = dZ^T X (False, False), a transposed input times a weight (False, True).
+LAYOUTS = [(True, True), (True, False), (False, False), (False, True)]
+LAYOUT_IDS = ["a_k-b_k", "a_k-b_mn", "a_mn-b_mn", "a_mn-b_k"]
+
+
+def layout_operands(batch, m, k, n, a_kmajor, b_kmajor, dtype):
+    """a [batch?, m, k] and b [batch?, k, n] as views of fresh contiguous tensors: K-major is a
+    row-major A or a transposed [n, k] B; MN-major a transposed [k, m] A or a row-major B."""
+    lead = () if batch is None else (batch,)
+    a = rand((*lead, m, k), dtype, "cuda") if a_kmajor else rand((*lead, k, m), dtype, "cuda")
+    b_scale = 1.0 / math.sqrt(max(k, 1))
+    if b_kmajor:
+        b = rand((*lead, n, k), dtype, "cuda", b_scale)
+    else:
+        b = rand((*lead, k, n), dtype, "cuda", b_scale)
+    return (a if a_kmajor else a.transpose(-1, -2)), (b.transpose(-1, -2) if b_kmajor else b)
+
+
+def check_layout_case(batch, m, k, n, layout, dtype, msg=""):
+    if MEMCHECK and m * k * n * (batch or 1) > 2e9:
+        return None  # the float64 reference alone would take minutes under the sanitizer
+    a, b = layout_operands(batch, m, k, n, *layout, dtype)
+    ref = torch.matmul(a.double(), b.double())
+    poison([ref.numel()], "cuda", dtype)
+    c = fused_ops.matmul(a, b)
+    assert c.shape == ref.shape
+    check(c, ref, dtype, msg=f"{msg} batch={batch} (M, K, N)={(m, k, n)} layout={layout}")
+    return c
+
+
+# M, N, K from {1, 17, 127, 1000, 4097}, each size in every position, plus multiples of 8
+# (operands read in place: odd leading dimensions are copied to padded rows first).
+LAYOUT_SHAPES = [
+    (1, 17, 127),
+    (17, 127, 1),
+    (127, 1, 17),
+    (1000, 4097, 17),
+    (17, 1000, 4097),
+    (4097, 127, 1000),
+    (1, 4097, 1000),
+    (1000, 1000, 1000),
+    (4097, 17, 4097),
+    (256, 384, 520),
+    (2048, 8192, 2048),
+]
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("shape", LAYOUT_SHAPES)
+def test_matmul_every_layout(kernel, dtype, layout, shape):
+    check_layout_case(None, *shape, layout, dtype)
+
+
+@CUDA
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("shapes", [(3, 127, 1000, 17), (2, 520, 4097, 264), (4, 1, 2048, 1000)])
+def test_matmul_every_layout_batched(kernel, layout, shapes):
+    check_layout_case(*shapes, layout, torch.bfloat16)
+
+
+def is_hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+HOPPER = pytest.mark.skipif(not is_hopper(), reason="the Hopper kernel needs compute capability 9.0")
+
+_HOPPER_GEMM = re.compile(
+    r"hopper_gemm_kernel<[^,]+, [\w:() ]*HopperConfig<(\d+)>, (true|false), (true|false), "
+    r"(true|false), (true|false)>"
+)
+
+
+def hopper_launches(fn):
+    """(BN, A K-major, B K-major, TMA store, split-K) of each Hopper GEMM fn() launches."""
+    return [
+        (int(m[1]), m[2] == "true", m[3] == "true", m[4] == "true", m[5] == "true")
+        for name in cuda_kernel_names(fn)
+        for m in [_HOPPER_GEMM.search(name)]
+        if m
+    ]
+
+
+# On an H100 / H200 every layout runs on the Hopper kernel, read in place (sizes that are
+# multiples of 8), at both tile widths; no portable kernel is launched.
+@CUDA
+@HOPPER
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("tile_n", ["auto", "128", "256"])
+def test_hopper_kernel_takes_every_layout(layout, tile_n, knobs):
+    knobs(f"matmul.kernel=hopper,matmul.tile_n={tile_n}")
+    for m, k, n in [(256, 384, 520), (1000, 1000, 1000 - 8)]:
+        a, b = layout_operands(None, m, k, n, *layout, torch.bfloat16)
+        names = cuda_kernel_names(lambda: fused_ops.matmul(a, b))
+        assert not any("portable_gemm_kernel" in x for x in names), names
+        runs = hopper_launches(lambda: fused_ops.matmul(a, b))
+        assert len(runs) == 1 and runs[0][1:3] == layout, runs
+        if tile_n != "auto":
+            assert runs[0][0] == int(tile_n), runs
+        check(fused_ops.matmul(a, b), a.double() @ b.double(), torch.bfloat16)
+
+
+# The weight gradient of a 2048 x 2048 weight over 8192 tokens (M = N = 2048, K = 8192, both
+# operands MN-major: 128 wide tiles for 132 SMs) runs on the Hopper kernel's wide tile, whole
+# K; the linear layer's backward takes the same path. A narrow layer's weight gradient
+# (M = N = 1024, K = 16384: 32 wide tiles) and the decode shapes take split-K.
+@CUDA
+@HOPPER
+def test_hopper_schedule_of_training_gemms(knobs):
+    knobs("matmul.kernel=hopper")
+    dy = rand((8192, 2048), torch.bfloat16, "cuda")
+    x = rand((8192, 2048), torch.bfloat16, "cuda", 1 / 8192**0.5)
+    assert hopper_launches(lambda: fused_ops.matmul(dy.t(), x)) == [
+        (256, False, False, True, False)
+    ]
+    check(fused_ops.matmul(dy.t(), x), dy.double().t() @ x.double(), torch.bfloat16)
+
+    dy = rand((16384, 1024), torch.bfloat16, "cuda")
+    x = rand((16384, 1024), torch.bfloat16, "cuda", 1 / 16384**0.5)
+    runs = hopper_launches(lambda: fused_ops.matmul(dy.t(), x))
+    assert len(runs) == 1 and runs[0][1:] == (False, False, True, True), runs
+    check(fused_ops.matmul(dy.t(), x), dy.double().t() @ x.double(), torch.bfloat16)
+
+    w = rand((4096, 4096), torch.bfloat16, "cuda", 1 / 64)
+    for m in (1, 16, 128):
+        xs = rand((m, 4096), torch.bfloat16, "cuda")
+        runs = hopper_launches(lambda: fused_ops.matmul(xs, w.t()))
+        assert len(runs) == 1 and runs[0][1:] == (True, True, True, True), (m, runs)
+        check(fused_ops.matmul(xs, w.t()), xs.double() @ w.double().t(), torch.bfloat16)
+
+    # The whole linear backward of the square layer: dX (A K-major, B MN-major) and dW.
+    xl = rand((8192, 2048), torch.bfloat16, "cuda").requires_grad_()
+    wl = rand((2048, 2048), torch.bfloat16, "cuda", 1 / 2048**0.5).requires_grad_()
+    y = fused_ops.linear(xl, wl)
+    g = torch.randn_like(y)
+    runs = hopper_launches(lambda: torch.autograd.grad(y, (xl, wl), g, retain_graph=True))
+    assert sorted(r[1:3] for r in runs) == [(False, False), (True, False)], runs
+
+
+# Split-K (forced through matmul.split_k, and chosen): every layout, odd sizes, batches,
+# both dtypes, against float64; a piece count that does not divide the K tiles; more pieces
+# than K tiles (capped); bitwise the same result on every run (pieces summed in order).
+SPLIT_SHAPES = [  # (batch, M, K, N)
+    (None, 1000, 4097, 1000),
+    (None, 17, 1000, 8),
+    (None, 1, 4096, 4096),
+    (None, 127, 127, 136),
+    (3, 130, 2000, 264),
+    (None, 1024, 16384, 1024),
+]
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("splits", ["auto", "2", "3", "7", "64"])
+def test_matmul_split_k(dtype, layout, splits, knobs):
+    if not is_hopper():
+        pytest.skip("split-K is the Hopper kernel's schedule")
+    knobs(f"matmul.kernel=hopper,matmul.split_k={splits}")
+    for shape in SPLIT_SHAPES:
+        check_layout_case(*shape, layout, dtype, msg=f"split_k={splits}")
+        if splits == "7":
+            torch.manual_seed(0)
+            a, b = layout_operands(*shape, *layout, dtype)
+            first = fused_ops.matmul(a, b)
+            for _ in range(2):
+                assert torch.equal(fused_ops.matmul(a, b), first), f"{shape}: not deterministic"
+
+
+@CUDA
+@HOPPER
+def test_split_k_kernel_names(knobs):
+    knobs("matmul.kernel=hopper,matmul.split_k=3")
+    a, b = layout_operands(None, 1000, 2048, 1000, False, False, torch.bfloat16)
+    assert [r[4] for r in hopper_launches(lambda: fused_ops.matmul(a, b))] == [True]
+    # An output TMA cannot store (N % 8 != 0) keeps the whole K (split-K stores through TMA).
+    a, b = layout_operands(None, 1000, 2048, 1001, False, False, torch.bfloat16)
+    assert [r[3:] for r in hopper_launches(lambda: fused_ops.matmul(a, b))] == [(False, False)]
+    check(fused_ops.matmul(a, b), a.double() @ b.double(), torch.bfloat16)
+
+
+# The epilogue after the split-K reduction: bias, both GeLUs, the pre-activation output.
+@CUDA
+@pytest.mark.parametrize("act", ACTS)
+def test_linear_split_k_epilogue(act, knobs):
+    if not is_hopper():
+        pytest.skip("split-K is the Hopper kernel's schedule")
+    knobs("matmul.kernel=hopper,matmul.split_k=4")
+    linear_case((130, 4096), 264, torch.bfloat16, "cuda", True, act, all_views=False)
+    linear_case((1, 2048), 1000, torch.float16, "cuda", True, act, all_views=False)
+
+
+def test_bad_schedule_overrides(knobs):
+    for spec, what in (
+        ("matmul.split_k=0", "matmul.split_k must be auto or an integer from 1 to 64"),
+        ("matmul.split_k=65", "matmul.split_k must be"),
+        ("matmul.split_k=two", "matmul.split_k must be"),
+        ("matmul.tile_n=64", "matmul.tile_n must be auto, 128 or 256"),
+        ("matmul.tile_n=200", "matmul.tile_n must be"),
+    ):
+        with pytest.raises(RuntimeError, match=what):
+            knobs(spec)

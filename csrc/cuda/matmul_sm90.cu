@@ -6,7 +6,8 @@
 // portable kernel, each warp's 16 x 64 pieces written to shared memory and stored by TMA
 // (or, where TMA cannot describe the output, N % 8 != 0, by the warp's own stores).
 //
-// Block tile BM x BN x BK = 128 x BN x 64 (BN = 256, or 128 for problems with few tiles):
+// Block tile BM x BN x BK = 128 x BN x 64 (BN = 256, or 128 for some problems with few
+// tiles; choose_schedule, which also picks split-K for those):
 // consumer warpgroup c owns rows [64c, 64c + 64) of the tile and issues m64nBNk16 wgmma, four
 // per 64-wide K stage. STAGES shared-memory stages of (BM + BN) x 64 elements form a ring:
 //   producer (one thread): wait empty[s] -> expect_tx(full[s], bytes) -> TMA A and B into s
@@ -15,9 +16,10 @@
 // The producer runs ahead into the next tile while consumers store the current one; the
 // TMA stores drain while the consumers start the next tile.
 //
-// Scope: operands K-major (A [M, K] row-major; B given as [N, K] row-major, the weight of a
-// linear layer) or MN-major (the backward pass: dX = dZ W reads W N-major, dW = dZ^T X reads
-// both MN-major; wgmma transposes 16-bit MN-major tiles itself), 16-byte aligned base,
+// Scope: each operand K-major (A [M, K] row-major; B given as [N, K] row-major, the weight of
+// a linear layer) or MN-major (the backward pass: dX = dZ W reads W N-major, dW = dZ^T X reads
+// both MN-major; wgmma transposes 16-bit MN-major tiles itself), all four combinations at
+// both tile widths, 16-byte aligned base,
 // leading dimension and batch stride (TMA's rules), K >= 1. TMA zero-fills the parts of a
 // box outside the matrix (M, N, K edges) and clips its stores to it; the threads' stores are
 // predicated. Anything else returns false and runs on the portable kernel.
@@ -419,6 +421,7 @@ __device__ __forceinline__ bool split_k_reduce(const SplitK& split, float (&acc)
   consumers_sync();
   if (ct == 0) {
     const int done = atomicAdd(split.counters + tile, 1);
+    __threadfence();  // acquire: the pieces counted before this one are visible
     *last_piece = done == splits - 1;
   }
   consumers_sync();
@@ -504,8 +507,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
-      const int kt_end = (piece + 1) * k_tiles / splits;
-      for (int kt = piece * k_tiles / splits; kt < kt_end; ++kt, ++it) {
+      const int kt_end = static_cast<int>(int64_t(piece + 1) * k_tiles / splits);
+      for (int kt = static_cast<int>(int64_t(piece) * k_tiles / splits); kt < kt_end; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
@@ -556,8 +559,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         bias_lane[i] = load_bias_bits<T>(p, tn * BN + 2 * (lane + 32 * i));
       }
       int prev = -1;
-      const int kt_end = (piece + 1) * k_tiles / splits;
-      for (int kt = piece * k_tiles / splits; kt < kt_end; ++kt, ++it) {
+      const int kt_end = static_cast<int>(int64_t(piece + 1) * k_tiles / splits);
+      for (int kt = static_cast<int>(int64_t(piece) * k_tiles / splits); kt < kt_end; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
         // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
@@ -646,12 +649,14 @@ Schedule choose_schedule(int64_t M, int64_t N, int64_t K, int64_t batch, int sms
   const int64_t k_tiles = (K + 63) / 64;
   const auto tiles_for = [&](int bn) { return ((M + 127) / 128) * ((N + bn - 1) / bn) * batch; };
   Schedule best{256, 1};
-  if (force_bn == kAuto && force_splits == kAuto && tiles_for(256) >= sms) return best;
+  const bool small = tiles_for(256) < sms;
+  if (force_bn == kAuto && force_splits == kAuto && !small) return best;
   double best_time = std::numeric_limits<double>::infinity();
   for (int bn : {256, 128}) {
     if (force_bn != kAuto && bn != force_bn) continue;
     const int64_t tiles = tiles_for(bn);
-    int64_t lo = 1, hi = split_ok ? std::max<int64_t>(1, std::min<int64_t>(16, k_tiles / 4)) : 1;
+    int64_t lo = 1;
+    int64_t hi = split_ok && small ? std::max<int64_t>(1, std::min<int64_t>(16, k_tiles / 4)) : 1;
     if (force_splits != kAuto) lo = hi = split_ok ? std::min<int64_t>(force_splits, k_tiles) : 1;
     for (int64_t splits = lo; splits <= hi; ++splits) {
       const int64_t waves = (tiles * splits + sms - 1) / sms;
