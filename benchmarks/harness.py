@@ -707,7 +707,7 @@ def summed_records(records: list) -> list:
     """Summary rows for records carrying a "sum" field: per (op, sum group, pass, dtype), one
     record per implementation whose median_us (and wall_us) is the sum over the group's rows
     where every implementation has a time (so each sums the same GEMMs), its rate the summed
-    FLOPs (or bytes) over that time; variant "sum: <group> (<n> rows)", shape []. The speed-ups
+    FLOPs (or bytes) over that time; variant "sum of <group> (<n> rows)", shape []. The speed-ups
     then compare total times: the whole set as a training step runs it."""
     groups = {}
     for rec in records:
@@ -741,7 +741,7 @@ def summed_records(records: list) -> list:
             }
             rec.update(
                 op=op,
-                variant=f"sum: {name} ({len(full)} rows)",
+                variant=f"sum of {name} ({len(full)} rows)",
                 shape=[],
                 dtype=dtype,
                 impl=impl,

@@ -12,6 +12,8 @@
 //       grads=N (backward parameter gradients, default 2), unaligned (a pointer off the
 //       16-byte grid), scale=X, causal_q=N (softmax). overrides: a spec parsed for this call
 //       alone (the overrides in force are not read).
+//       op matmul: the GEMM's schedule (cuda/matmul/plan.h) for rows = M, cols = N and the
+//       options k=K (required), batch=B; unaligned: an output TMA cannot store (no split-K).
 // Plain C++ (the plans are pure host functions), so the CPU build has them too.
 #include <torch/library.h>
 
@@ -19,6 +21,7 @@
 #include <string>
 
 #include "common/overrides.h"
+#include "cuda/matmul/plan.h"
 #include "cuda/norm/plan.h"
 #include "cuda/softmax/plan.h"
 
@@ -33,6 +36,7 @@ struct Options {
   bool rms = false, residual = false, dsum = false, weight_fp32 = false, rows_fp32 = false;
   bool unaligned = false;
   int64_t grads = 2, causal_q = 0;
+  int64_t k = 0, batch = 1;  // matmul
   double scale = 1.0;
 };
 
@@ -64,10 +68,15 @@ Options parse_options(const std::string& spec) {
         o.causal_q = std::stoll(value);
       else if (key == "scale")
         o.scale = std::stod(value);
+      else if (key == "k")
+        o.k = std::stoll(value);
+      else if (key == "batch")
+        o.batch = std::stoll(value);
       else
-        TORCH_CHECK(false, "fused::_plan: unknown option '", item,
-                    "' (options: rms, residual, "
-                    "dsum, weight_fp32, rows_fp32, unaligned, grads=N, causal_q=N, scale=X)");
+        TORCH_CHECK(
+            false, "fused::_plan: unknown option '", item,
+            "' (options: rms, residual, "
+            "dsum, weight_fp32, rows_fp32, unaligned, grads=N, causal_q=N, scale=X, k=N, batch=N)");
     } catch (const std::logic_error&) {  // stoll / stod: not a number
       TORCH_CHECK(false, "fused::_plan: option ", key, " needs a number, but got '", value, "'");
     }
@@ -89,6 +98,19 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
   gpu.minor = static_cast<int>(sm % 10);
   gpu.num_sms = static_cast<int>(num_sms);
   gpu.sm90_code = sm90_code;
+  if (op == "matmul") {
+    TORCH_CHECK(o.k >= 1 && o.batch >= 1,
+                "fused::_plan: matmul needs k=K >= 1 (and batch=B >= 1), but got k=", o.k,
+                ", batch=", o.batch);
+    if (dtype == at::kFloat) return "cublas";
+    if (gpu.major != 9 || gpu.minor != 0 || !gpu.sm90_code ||
+        ov.matmul_kernel == Overrides::MatmulKernel::kPortable) {
+      return "portable";
+    }
+    const bool split_ok = !o.unaligned && cols % 8 == 0;
+    return matmul::describe(
+        matmul::choose_schedule(rows, cols, o.k, o.batch, gpu.num_sms, split_ok, ov));
+  }
   if (op == "norm_fwd" || op == "norm_bwd") {
     norm::Problem p;
     p.rows = rows;
@@ -106,7 +128,7 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
   }
   TORCH_CHECK(op == "softmax_fwd" || op == "softmax_bwd",
               "fused::_plan: op must be norm_fwd, "
-              "norm_bwd, softmax_fwd or softmax_bwd, but got '",
+              "norm_bwd, softmax_fwd, softmax_bwd or matmul, but got '",
               op, "'");
   softmax::Problem p;
   p.rows = rows;

@@ -211,6 +211,68 @@ def test_rates_and_speedups():
     assert recs[1]["x_vs_native"] == pytest.approx(1.0)
 
 
+def test_summed_records_total_the_rows_every_impl_timed():
+    def rec(variant, shape, impl, us, flops=1e9, group="train"):
+        return {
+            "op": "gemm_train",
+            "variant": variant,
+            "pass": "fwd",
+            "shape": shape,
+            "dtype": "bfloat16",
+            "impl": impl,
+            "median_us": us,
+            "min_us": us,
+            "wall_us": None,
+            "flops": flops,
+            "bytes": 10,
+            "sum": group,
+            "ceiling_mm_tflops": 100.0,
+        }
+
+    recs = [
+        rec("fwd", [1, 2, 3], "fused", 10.0),
+        rec("fwd", [1, 2, 3], "native", 20.0),
+        rec("wgrad", [1, 2, 3], "fused", 30.0),
+        rec("wgrad", [1, 2, 3], "native", 30.0),
+        rec("dgrad", [4, 5, 6], "fused", None),  # failed: the row is left out of every sum
+        rec("dgrad", [4, 5, 6], "native", 99.0),
+        {**rec("decode", [1, 2, 3], "fused", 5.0), "sum": None},  # not in a sum
+    ]
+    out = harness.summed_records(recs)
+    by_impl = {r["impl"]: r for r in out}
+    assert set(by_impl) == {"fused", "native"}
+    assert by_impl["fused"]["median_us"] == 40.0 and by_impl["native"]["median_us"] == 50.0
+    assert by_impl["fused"]["x_vs_native"] == pytest.approx(1.25)
+    assert by_impl["fused"]["tflops"] == pytest.approx(2e9 / 40e-6 / 1e12)
+    assert by_impl["fused"]["variant"] == "sum of train (2 rows)" and by_impl["fused"]["shape"] == []
+    assert by_impl["fused"]["pass"] == "fwd" and by_impl["fused"]["wall_us"] is None
+
+
+def test_gemm_train_case_covers_a_training_step():
+    from benchmarks.cases import gemm_train
+
+    cases = {c.variant: c for c in gemm_train.CASES}
+    assert {v: c.fields.get("layout") for v, c in cases.items()} == {
+        "fwd": "NT",
+        "dgrad": "NN",
+        "wgrad": "TN",
+        "decode": "NT",
+    }
+    assert all(c.fields.get("sum") == "train" for v, c in cases.items() if v != "decode")
+    # Every layer's four weights, three GEMMs each (shapes of one kind may coincide).
+    tokens, c = 8192, 4096
+    for o, i in gemm_train.WEIGHTS.values():
+        for kind in ("fwd", "dgrad", "wgrad"):
+            assert gemm_train.gemm_shape(kind, tokens, o * c, i * c) in cases[kind].shapes
+    assert (2048, 2048, 8192) in cases["wgrad"].shapes  # 2048^2 weight over 8192 tokens
+    # The operands are views in autograd's layouts: no copies, the stated strides.
+    for kind, want in (("fwd", (True, False)), ("dgrad", (True, True)), ("wgrad", (False, True))):
+        a, b = gemm_train._operands(kind, (24, 16, 8), torch.bfloat16, "cpu")
+        assert a.shape == (24, 8) and b.shape == (8, 16)
+        assert (a.stride(1) == 1, b.stride(1) == 1) == want, kind
+    assert {s[0] for s in cases["decode"].shapes} == {1, 16, 128}
+
+
 # --- the measurement loop, on CPU with a stand-in timer ------------------------------------
 
 

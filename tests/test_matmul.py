@@ -700,7 +700,9 @@ def is_hopper():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-HOPPER = pytest.mark.skipif(not is_hopper(), reason="the Hopper kernel needs compute capability 9.0")
+HOPPER = pytest.mark.skipif(
+    not is_hopper(), reason="the Hopper kernel needs compute capability 9.0"
+)
 
 _HOPPER_GEMM = re.compile(
     r"hopper_gemm_kernel<[^,]+, [\w:() ]*HopperConfig<(\d+)>, (true|false), (true|false), "
@@ -826,6 +828,84 @@ def test_linear_split_k_epilogue(act, knobs):
     knobs("matmul.kernel=hopper,matmul.split_k=4")
     linear_case((130, 4096), 264, torch.bfloat16, "cuda", True, act, all_views=False)
     linear_case((1, 2048), 1000, torch.float16, "cuda", True, act, all_views=False)
+
+
+def gemm_plan(m, n, k, batch=1, num_sms=132, spec="", unaligned=False, sm=90, dtype=None):
+    """The Hopper kernel's schedule (csrc/cuda/matmul/plan.h) as (BN, splits), or the other
+    path's name ("portable", "cublas")."""
+    opts = f"k={k},batch={batch}" + (",unaligned" if unaligned else "")
+    text = torch.ops.fused._plan(
+        "matmul", m, n, dtype or torch.bfloat16, opts, sm, num_sms, True, spec
+    )
+    if not text.startswith("hopper"):
+        return text
+    fields = dict(f.split("=") for f in text.split()[1:])
+    return int(fields["bn"]), int(fields["splits"])
+
+
+# The schedule rule (docs/design/matmul.md, "Schedules") on the gemm_train set's shapes,
+# checked on CPU: big grids keep 128 x 256 and the whole K; 128 wide tiles (one wave on 132
+# SMs) stay wide and whole; narrow layers' weight gradients and decode shapes split K.
+@pytest.mark.parametrize(
+    "mnk, want",
+    [
+        ((8192, 8192, 8192), (256, 1)),
+        ((8192, 12288, 4096), (256, 1)),
+        ((2048, 2048, 8192), (256, 1)),  # the 2048^2 wgrad over 8192 tokens
+        ((2048, 2048, 2048), (256, 1)),
+        ((4096, 1024, 16384), (256, 1)),
+        ((1024, 1024, 16384), (256, 4)),  # 32 tiles: 128 units in one wave
+        ((3072, 1024, 16384), (256, 4)),  # 96 tiles: 384 units in 2.9 waves
+        ((1, 4096, 4096), (128, 4)),
+        ((128, 4096, 4096), (128, 4)),
+        ((16, 14336, 4096), (128, 1)),  # 112 narrow tiles
+        ((1000, 1000, 64), (128, 1)),  # one k-tile, 64 narrow tiles: half the latency
+    ],
+)
+def test_gemm_schedule(mnk, want):
+    assert gemm_plan(*mnk) == want
+
+
+def test_gemm_schedule_edges_and_overrides():
+    # Split-K needs a TMA-stored output: N % 8 == 0 and an aligned pointer.
+    assert gemm_plan(1024, 1024, 16384, unaligned=True)[1] == 1
+    assert gemm_plan(1024, 1020, 16384)[1] == 1
+    assert gemm_plan(1024, 1016, 16384)[1] > 1
+    # Fewer SMs (an H100 PCIe): 128 wide tiles are a full grid there.
+    assert gemm_plan(2048, 2048, 8192, num_sms=114) == (256, 1)
+    assert gemm_plan(1024, 1024, 16384, num_sms=114)[1] > 1
+    # The batch multiplies the tiles: 8 x 32 wide tiles keep the whole K.
+    assert gemm_plan(1024, 1024, 16384, batch=8) == (256, 1)
+    # Each piece keeps >= 4 k-tiles: K = 512 (8 k-tiles) splits at most in 2.
+    assert gemm_plan(128, 256, 512)[1] <= 2
+    # The overrides: a forced width or piece count (capped at the K tiles).
+    assert gemm_plan(8192, 8192, 8192, spec="matmul.tile_n=128") == (128, 1)
+    assert gemm_plan(8192, 8192, 8192, spec="matmul.split_k=3") == (256, 3)
+    assert gemm_plan(1000, 1000, 100, spec="matmul.split_k=64")[1] == 2
+    assert gemm_plan(1024, 1024, 16384, spec="matmul.split_k=1")[1] == 1
+    assert gemm_plan(1024, 1024, 16384, spec="matmul.tile_n=128")[0] == 128
+    assert gemm_plan(1024, 1024, 16384, spec="matmul.split_k=5", unaligned=True)[1] == 1
+    # Other GPUs and dtypes, and the forced portable kernel.
+    assert gemm_plan(1024, 1024, 16384, sm=80) == "portable"
+    assert gemm_plan(1024, 1024, 16384, spec="matmul.kernel=portable") == "portable"
+    assert gemm_plan(1024, 1024, 16384, dtype=torch.float32) == "cublas"
+    with pytest.raises(RuntimeError, match="matmul needs k=K >= 1"):
+        torch.ops.fused._plan("matmul", 4, 4, torch.bfloat16, "", 90, 132, True, "")
+
+
+# On a Hopper GPU the kernel launched is the plan's: tile width and split-K as planned.
+@CUDA
+@HOPPER
+@pytest.mark.parametrize("mnk", [(2048, 2048, 8192), (1024, 1024, 16384), (16, 4096, 4096)])
+def test_hopper_launches_its_plan(mnk, knobs):
+    knobs("matmul.kernel=hopper")
+    m, n, k = mnk
+    a, b = layout_operands(None, m, k, n, False, False, torch.bfloat16)
+    bn, splits = gemm_plan(
+        m, n, k, num_sms=torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    runs = hopper_launches(lambda: fused_ops.matmul(a, b))
+    assert [(r[0], r[4]) for r in runs] == [(bn, splits > 1)], runs
 
 
 def test_bad_schedule_overrides(knobs):

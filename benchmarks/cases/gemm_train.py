@@ -121,7 +121,11 @@ def _case(kind, shapes, quick):
     )
 
 
-CASES = [_case(kind, _shapes(kind, LAYERS), _shapes(kind, QUICK_LAYERS)) for kind in LAYOUTS if kind != "decode"]
+CASES = [
+    _case(kind, _shapes(kind, LAYERS), _shapes(kind, QUICK_LAYERS))
+    for kind in LAYOUTS
+    if kind != "decode"
+]
 CASES.append(
     _case(
         "decode",

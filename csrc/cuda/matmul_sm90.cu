@@ -36,10 +36,10 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <cstring>
-#include <limits>
 
 #include "common/launch.cuh"
 #include "common/overrides.h"
+#include "cuda/matmul/plan.h"
 #include "cuda/matmul_sm90.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -430,8 +430,8 @@ __device__ __forceinline__ bool split_k_reduce(const SplitK& split, float (&acc)
   if (!*last_piece) return false;
   __threadfence();  // the other pieces' partials, published before their counts, are seen
   if (has_row) {
-    const float4* first =
-        reinterpret_cast<const float4*>(split.partials) + static_cast<int64_t>(tile) * splits * Q * 256;
+    const float4* first = reinterpret_cast<const float4*>(split.partials) +
+                          static_cast<int64_t>(tile) * splits * Q * 256;
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
       const float4 v = __ldcg(first + q * 256 + ct);
@@ -586,8 +586,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       if (prev >= 0) mbar_arrive(&empty[prev]);
       const int row0 = tm * BM + c * 64 + warp * 16;
       if constexpr (SPLIT) {
-        if (!split_k_reduce<Cfg>(split, acc, unit, tile, splits, t + 128 * c,
-                                 row0 + lane / 4 < p.M, &last_piece)) {
+        if (!split_k_reduce<Cfg>(split, acc, unit, tile, splits, t + 128 * c, row0 + lane / 4 < p.M,
+                                 &last_piece)) {
           continue;  // another piece of this tile finishes it
         }
       }
@@ -625,53 +625,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 
 // ---------------------------------------------------------------------------------------
 // Host side.
-
-// The schedule (docs/design/matmul.md, "Schedules"): the tile width BN (128 x 256 or
-// 128 x 128) and the K pieces per tile (split-K). A grid with at least one 128 x 256 tile per
-// SM keeps the wide tile and the whole K (the tail wave is at most one tile per SM). A smaller
-// grid (the weight gradients of narrow layers: small M N, long K; decode shapes) takes the
-// (BN, splits) of least estimated time, in units of one SM running one 128 x 256 x 64 k-tile:
-//   waves    = ceil(tiles(BN) * splits / SMs)
-//   per unit = ceil(k_tiles / splits) * (BN / 256) / eff(BN),  eff(256) = 1, eff(128) = 0.92
-//              (the narrow tile reads 4/3 the bytes per FLOP from L2 and shared memory)
-//   fixup    = (1 + splits) * (BN / 256) for splits > 1: the last piece of a tile writes its
-//              fp32 partial and reads all `splits` back (~0.8 k-tile each at ~64 B/clk from L2)
-//   time     = waves * per unit + fixup
-// with splits from 1 to min(16, k_tiles / 4) (each piece keeps the 4-6 stage pipeline busy),
-// 1 where split-K cannot store (split_ok false). Ties keep the wider tile and fewer pieces.
-// force_bn / force_splits: the overrides matmul.tile_n / matmul.split_k (kAuto = choose).
-struct Schedule {
-  int bn, splits;
-};
-Schedule choose_schedule(int64_t M, int64_t N, int64_t K, int64_t batch, int sms, bool split_ok,
-                         int force_bn, int force_splits) {
-  constexpr int kAuto = Overrides::kAuto;
-  const int64_t k_tiles = (K + 63) / 64;
-  const auto tiles_for = [&](int bn) { return ((M + 127) / 128) * ((N + bn - 1) / bn) * batch; };
-  Schedule best{256, 1};
-  const bool small = tiles_for(256) < sms;
-  if (force_bn == kAuto && force_splits == kAuto && !small) return best;
-  double best_time = std::numeric_limits<double>::infinity();
-  for (int bn : {256, 128}) {
-    if (force_bn != kAuto && bn != force_bn) continue;
-    const int64_t tiles = tiles_for(bn);
-    int64_t lo = 1;
-    int64_t hi = split_ok && small ? std::max<int64_t>(1, std::min<int64_t>(16, k_tiles / 4)) : 1;
-    if (force_splits != kAuto) lo = hi = split_ok ? std::min<int64_t>(force_splits, k_tiles) : 1;
-    for (int64_t splits = lo; splits <= hi; ++splits) {
-      const int64_t waves = (tiles * splits + sms - 1) / sms;
-      const double width = bn / 256.0, eff = bn == 256 ? 1.0 : 0.92;
-      const double per_unit = double((k_tiles + splits - 1) / splits) * width / eff;
-      const double fixup = splits > 1 ? (1.0 + splits) * width : 0.0;
-      const double time = waves * per_unit + fixup;
-      if (time < best_time) {
-        best_time = time;
-        best = {bn, static_cast<int>(splits)};
-      }
-    }
-  }
-  return best;
-}
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -759,7 +712,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
   const bool tma_store = make_out_map(&map_c, p.c, p.M, p.N, p.batch, dtype) &&
                          (p.z == nullptr || make_out_map(&map_z, p.z, p.M, p.N, p.batch, dtype));
   if (!tma_store) splits = 1;  // split-K is compiled with TMA stores only (choose_schedule)
-  auto kernel = splits > 1 ? hopper_gemm_kernel<T, Cfg, AK, BK, true, true>
+  auto kernel = splits > 1  ? hopper_gemm_kernel<T, Cfg, AK, BK, true, true>
                 : tma_store ? hopper_gemm_kernel<T, Cfg, AK, BK, true>
                             : hopper_gemm_kernel<T, Cfg, AK, BK, false>;
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
@@ -782,8 +735,7 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
 // A K-major with B K-major (forward), with B MN-major (dX = dZ W); A MN-major with B
 // MN-major (dW = dZ^T X), with B K-major (a transposed input times a linear weight).
 template <typename T, typename Cfg>
-Sm90Result launch_cfg(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream,
-                      int splits) {
+Sm90Result launch_cfg(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream, int splits) {
   if (p.a_kmajor) {
     return p.b_kmajor ? launch<T, Cfg, true, true>(p, dtype, stream, splits)
                       : launch<T, Cfg, true, false>(p, dtype, stream, splits);
@@ -799,8 +751,7 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
   // pre-activation) with N % 8 == 0 (make_out_map's conditions).
   const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const bool split_ok = p.N % 8 == 0 && aligned16(p.c) && (p.z == nullptr || aligned16(p.z));
-  const Schedule s = choose_schedule(p.M, p.N, p.K, p.batch, num_sms(), split_ok,
-                                     o.matmul_tile_n, o.matmul_split_k);
+  const Schedule s = choose_schedule(p.M, p.N, p.K, p.batch, num_sms(), split_ok, o);
   return s.bn == 256 ? launch_cfg<T, HopperConfig<256>>(p, dtype, stream, s.splits)
                      : launch_cfg<T, HopperConfig<128>>(p, dtype, stream, s.splits);
 }
