@@ -400,6 +400,14 @@ __device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores, const CU
   }
 }
 
+// The k-tiles [begin, end) of piece `piece` of `splits`: k_tiles / splits each, the first
+// k_tiles % splits one more (no products that could overflow).
+__device__ __forceinline__ void k_range(int piece, int splits, int k_tiles, int& begin, int& end) {
+  const int q = k_tiles / splits, r = k_tiles % splits;
+  begin = piece * q + min(piece, r);
+  end = begin + q + (piece < r ? 1 : 0);
+}
+
 // Split-K (SplitK): publishes this piece's accumulators and returns whether this block
 // finishes the tile, in which case acc then holds the sum of every piece in piece order.
 // ct: the consumer thread (0..255); has_row: this thread's first accumulator row (and so its
@@ -507,8 +515,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       int tm, tn;
       tile_coords(tile - b * tiles_per_batch, tiles_m, tiles_n, p.group_m, tm, tn);
       const int ba = p.batch_stride_a != 0 ? b : 0, bb = p.batch_stride_b != 0 ? b : 0;
-      const int kt_end = static_cast<int>(int64_t(piece + 1) * k_tiles / splits);
-      for (int kt = static_cast<int>(int64_t(piece) * k_tiles / splits); kt < kt_end; ++kt, ++it) {
+      int kt, kt_end;
+      k_range(piece, splits, k_tiles, kt, kt_end);
+      for (; kt < kt_end; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
@@ -559,8 +568,9 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         bias_lane[i] = load_bias_bits<T>(p, tn * BN + 2 * (lane + 32 * i));
       }
       int prev = -1;
-      const int kt_end = static_cast<int>(int64_t(piece + 1) * k_tiles / splits);
-      for (int kt = static_cast<int>(int64_t(piece) * k_tiles / splits); kt < kt_end; ++kt, ++it) {
+      int kt, kt_end;
+      k_range(piece, splits, k_tiles, kt, kt_end);
+      for (; kt < kt_end; ++kt, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
         // This consumer's 64 rows: 64 K-major rows, or the c-th 64-wide MN-major block (the
