@@ -244,7 +244,9 @@ def test_summed_records_total_the_rows_every_impl_timed():
     assert by_impl["fused"]["median_us"] == 40.0 and by_impl["native"]["median_us"] == 50.0
     assert by_impl["fused"]["x_vs_native"] == pytest.approx(1.25)
     assert by_impl["fused"]["tflops"] == pytest.approx(2e9 / 40e-6 / 1e12)
-    assert by_impl["fused"]["variant"] == "sum of train (2 rows)" and by_impl["fused"]["shape"] == []
+    assert (
+        by_impl["fused"]["variant"] == "sum of train (2 rows)" and by_impl["fused"]["shape"] == []
+    )
     assert by_impl["fused"]["pass"] == "fwd" and by_impl["fused"]["wall_us"] is None
 
 
