@@ -1,56 +1,49 @@
-"""GPT-2 124M training steps in eager PyTorch, as a user runs them, with and without the
-fused_ops modules swapped in: tokens/s, wall ms a step, GPU kernel ms a step, peak memory.
+"""End-to-end training steps of Hugging Face models, as a user runs them, with and without
+fused_ops applied (fused_ops.hf.patch): tokens/s, peak memory, a profiler breakdown of one
+step by kind of kernel, a plot, and optionally a 50-step loss-curve check.
 
-    python benchmarks/e2e_gpt2.py --out bench_out/e2e_gpt2.json          # eager vs fused
-    python benchmarks/e2e_gpt2.py --compile --batches 8                  # + torch.compile
-    python benchmarks/e2e_gpt2.py --tiny --device cpu --steps 2          # a check, anywhere
+    python benchmarks/e2e.py                       # GPT-2 124M and Llama ~1B, 4 impls (< 8 min, H200)
+    python benchmarks/e2e.py --quick               # fewer steps, per-layer compile (< 4 min)
+    python benchmarks/e2e.py --models gpt2 --impls eager,patched --loss-curve 50
+    python benchmarks/e2e.py --tiny --device cpu --steps 2 --impls eager,patched   # anywhere
+    torchrun --nproc_per_node 2 benchmarks/e2e.py --dist ddp --impls eager,patched  # 2 GPUs
 
-The model: Hugging Face transformers' GPT2LMHeadModel built from GPT2Config() (124M
-parameters; nothing downloaded), SDPA attention (attn_implementation="sdpa"), weights in
-bf16 (model.to(torch.bfloat16): parameters, activations and AdamW's states all bf16; no
-autocast; --precision autocast: fp32 weights, the forward under bf16 autocast, where
-PyTorch runs nn.LayerNorm in fp32 on CUDA and fused_ops' LayerNorm takes the bf16
-activations with the fp32 parameters as they come), AdamW (lr 1e-4, PyTorch's default
-foreach implementation), sequences of 1024
-random token ids, the loss HF computes from labels = the inputs. Batches 8 x 1024 and
-1 x 1024 by default.
+Models, built from transformers configurations with random weights (nothing downloaded),
+SDPA attention, on one GPU:
+  gpt2:      GPT2Config() (124M), sequence 1024, dropout 0.1 as configured;
+  llama-1b:  LlamaConfig with hidden 2048, MLP 5632 (SwiGLU), 22 layers, 32 heads, 4 key/value
+             heads, vocabulary 32000, RoPE (1.1B parameters), sequence 1024.
+Weights in bf16 (model.to(bfloat16): parameters, activations and AdamW's states all bf16, no
+autocast), AdamW (lr 1e-4, foreach), a fixed batch of random token ids, the loss HF computes
+from labels = the inputs.
 
-Implementations ("impl" in the records):
-  eager:  the model as built.
-  fused:  the same weights with its modules swapped by hand (swap_modules): every
-          nn.LayerNorm -> fused_ops.nn.LayerNorm (state copied), HF's GeLU
-          (NewGELUActivation, the tanh form, "gelu_new") -> fused_ops.nn.GELU("tanh"), every
-          nn.Dropout -> fused_ops.nn.Dropout (same p). The attention's attn_dropout is
-          swapped too, but under SDPA only its p is read (SDPA applies the dropout).
-  eager+compile, fused+compile (--compile): the same under torch.compile(model).
+Implementations ("impl"): eager (the model as built), patched (fused_ops.hf.patch(model):
+module swaps, fused residual + norm, fused LM head + loss), compile (torch.compile(model)),
+patched+compile. --compile-mode regional compiles each decoder layer on its own instead
+(compiled once, reused by every layer: a fraction of the compile time; --quick uses it).
 
-Measured per (impl, batch), on a fresh model and optimizer from the same seed:
-  loss_eval0:  the loss of one eval-mode forward (no dropout) before training: eager and
-               fused agree to bf16 rounding when the swap is right;
-  warm-up steps (--warmup), then --steps timed steps: wall_ms_per_step from the first
-  launch to the synchronisation after the last (what a user waits for), tokens_per_s from
-  it, peak_mem_bytes (torch.cuda.max_memory_allocated over those steps);
-  then --profile-steps steps under torch.profiler: gpu_kernel_ms_per_step (the sum of the
-  GPU activities' durations: kernels, memsets and copies), kernels_per_step and
-  profiled_wall_ms_per_step (the profiler slows the host; the wall figure above is the
-  one to quote).
-Records (JSON, --out) follow /work/shared/DESIGN.md: {"op": "e2e_train", "model":
-"gpt2-124M", "impl": ..., "tokens_per_s": ..., ...}, with x_vs_eager (tokens/s over the
-eager run of the same batch; compiled runs over eager+compile) on each.
+Per (model, impl), on a fresh model and optimizer from the same seed: warm-up steps, then
+--steps timed steps: tokens_per_s (from the wall time of those steps, first launch to the
+synchronisation after the last), peak_mem_bytes (torch.cuda.max_memory_allocated over them);
+then one step under torch.profiler: GPU time a step by kind of kernel (breakdown_ms: gemm,
+attention, norm, activation, dropout, loss, optimizer, copies, other). --loss-curve N trains
+eager and patched N steps on one batch with dropout off and checks that the final losses
+agree within 1e-2 relative (records with op "e2e_loss_curve").
+
+Records (JSON, --out; a PNG beside it): {"op": "e2e_train", "model", "impl", "tokens_per_s",
+"peak_mem_bytes", "x_vs_eager" (tokens/s over eager's; compiled impls over compile's), ...}.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gc
-import math
 import os
 import platform
 import sys
 import time
-from collections import Counter
+from collections import defaultdict
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a configuration: no downloads
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -63,7 +56,39 @@ import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
 
-IMPLS = ("eager", "fused", "eager+compile", "fused+compile")
+IMPLS = ("eager", "patched", "compile", "patched+compile")
+MODELS = ("gpt2", "llama-1b")
+KINDS = (
+    "gemm",
+    "attention",
+    "norm",
+    "activation",
+    "dropout",
+    "loss",
+    "optimizer",
+    "copies",
+    "other",
+)
+# Substrings of (lower-cased) kernel names, first match wins: a GEMM with a GeLU epilogue is
+# a GEMM; the fused dropout + residual + norm is a norm.
+_KIND_KEYS = (
+    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "matmul", "wgmma", "splitk")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("loss", ("xent", "cross_entropy", "nll_loss", "log_softmax")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("norm", ("norm",)),
+    ("dropout", ("dropout", "philox", "fused_dropout", "bernoulli")),
+    ("activation", ("gelu", "silu", "swiglu", "act_", "bias_act", "tanh", "sigmoid")),
+    ("copies", ("copy", "memcpy", "memset", "cat_", "catarray", "fill", "transpose")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, keys in _KIND_KEYS:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
 
 
 def import_transformers():
@@ -71,81 +96,69 @@ def import_transformers():
         import transformers
     except ImportError as e:
         print(
-            f"cannot import transformers ({e}): install it, e.g. from the wheels in .whl/ "
-            f"with `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` and "
-            f"PYTHONPATH=/tmp/site",
+            f"cannot import transformers ({e}): pip install 'fused_ops[hf]' (or transformers)",
             file=sys.stderr,
         )
         raise SystemExit(2) from None
     return transformers
 
 
-def gpt2_config(tiny: bool):
-    """GPT2Config() (124M), or the --tiny one: 2 layers, hidden 128, 4 heads, 64 positions
-    and a 512-token vocabulary (a CPU check in seconds)."""
-    from transformers import GPT2Config
+def model_config(name: str, tiny: bool):
+    """The configuration of a model name; --tiny: 2 layers, hidden 128 (a CPU check)."""
+    from transformers import GPT2Config, LlamaConfig
 
-    if tiny:
-        return GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=64, vocab_size=512)
-    return GPT2Config()
+    if name == "gpt2":
+        if tiny:
+            return GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=64, vocab_size=512)
+        return GPT2Config()
+    if name == "llama-1b":
+        if tiny:
+            return LlamaConfig(
+                hidden_size=128,
+                intermediate_size=352,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=512,
+                max_position_embeddings=64,
+            )
+        return LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=22,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            hidden_act="silu",
+            tie_word_embeddings=False,
+        )
+    raise ValueError(f"unknown model {name!r}: one of {', '.join(MODELS)}")
 
 
-def build_model(config, device, dtype, seed=0):
-    """GPT2LMHeadModel from the configuration, SDPA attention, in train mode on device and
-    dtype; the same weights for the same seed."""
+def build_model(config, device, dtype, seed=0, dropout=True):
+    """The causal LM from the configuration, SDPA attention, in train mode on device and dtype
+    (built there: no CPU initialisation of a billion parameters); the same weights for the
+    same seed. dropout=False zeroes the configuration's dropout probabilities."""
     from transformers import AutoModelForCausalLM
 
+    if not dropout:
+        for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):
+            if hasattr(config, key):
+                setattr(config, key, 0.0)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation="sdpa", dtype=dtype
+        )
     if model.config._attn_implementation != "sdpa":
         raise RuntimeError(f"attention is {model.config._attn_implementation!r}, not 'sdpa'")
     return model.to(device=device, dtype=dtype).train()
 
 
-def gelu_tanh_types() -> tuple:
-    """The module classes HF uses for GPT-2's "gelu_new" activation (the tanh GeLU)."""
-    from transformers import activations
-
-    return tuple(
-        getattr(activations, n)
-        for n in ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh")
-        if hasattr(activations, n)
-    )
-
-
-def swap_modules(model: torch.nn.Module, gelu_types: tuple) -> Counter:
-    """Replace, in place, every nn.LayerNorm by fused_ops.nn.LayerNorm (its state copied,
-    on the same device and dtype), every module of gelu_types (tanh GeLUs) by
-    fused_ops.nn.GELU(approximate="tanh") and every nn.Dropout by fused_ops.nn.Dropout
-    (same p). Subclasses of those are left alone: they may compute something else.
-    Returns how many of each were swapped."""
-    import fused_ops.nn as fnn
-
-    counts = Counter()
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.LayerNorm:
-                ref = child.weight if child.weight is not None else None
-                new = fnn.LayerNorm(
-                    child.normalized_shape,
-                    eps=child.eps,
-                    elementwise_affine=child.elementwise_affine,
-                    bias=child.bias is not None,
-                    device=ref.device if ref is not None else None,
-                    dtype=ref.dtype if ref is not None else None,
-                )
-                new.load_state_dict(child.state_dict())
-                kind = "LayerNorm"
-            elif type(child) in gelu_types:
-                new, kind = fnn.GELU(approximate="tanh"), "GELU"
-            elif type(child) is torch.nn.Dropout:
-                new, kind = fnn.Dropout(child.p, child.inplace), "Dropout"
-            else:
-                continue
-            new.train(child.training)
-            setattr(parent, name, new)
-            counts[kind] += 1
-    return counts
+def decoder_layers(model):
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model
+    return list(getattr(base, "h", None) or getattr(base, "layers", []))
 
 
 def random_batch(batch, seq, vocab, device, seed=1):
@@ -158,82 +171,123 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def gpu_activity(prof) -> tuple:
-    """(total µs, count) of the GPU activities (kernels, memsets, copies) in a profile."""
-    total, count = 0.0, 0
+def breakdown(prof, steps: int) -> tuple:
+    """({kind: GPU ms a step}, kernels a step) from a profile."""
+    ms = dict.fromkeys(KINDS, 0.0)
+    count = 0
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            total += e.time_range.elapsed_us()
+            ms[kernel_kind(e.name)] += e.time_range.elapsed_us() / 1e3 / steps
             count += 1
-    return total, count
+    return ms, count / steps
 
 
-PRECISIONS = {
-    # name: (weights' dtype, autocast dtype or None, what the records say)
-    "bf16": (torch.bfloat16, None, "bf16 weights, no autocast"),
-    "autocast": (torch.float32, torch.bfloat16, "fp32 weights, bf16 autocast"),
-    "fp32": (torch.float32, None, "fp32 weights, no autocast"),
-}
+class Dist:
+    """torch.distributed under torchrun (WORLD_SIZE > 1), else a single process."""
+
+    def __init__(self, mode):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.mode = mode if self.world > 1 else None
+        if self.world > 1:
+            import torch.distributed as dist
+
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+
+    def wrap(self, model):
+        if self.mode == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model)
+        if self.mode == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in decoder_layers(model):
+                fully_shard(layer)
+            fully_shard(model)
+        return model
+
+    def close(self):
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
 
 
-def run_one(impl, batch, seq, args, config, device, precision, env) -> dict:
-    """One (impl, batch) measurement on a fresh model and optimizer; errors are recorded."""
-    dtype, amp, described = PRECISIONS[precision]
-    autocast = (
-        (lambda: torch.autocast(device.type, dtype=amp))
-        if amp is not None
-        else contextlib.nullcontext
-    )
+def make_step(model, opt, ids):
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def prepare(model_name, impl, args, config, device, dist, dropout=True):
+    import fused_ops
+
+    model = build_model(config, device, torch.bfloat16, seed=args.seed, dropout=dropout)
+    patched = {}
+    if impl.startswith("patched"):
+        rep = fused_ops.hf.patch(model)
+        patched = {"modules": dict(rep.counts()), "forwards": sorted(rep.forwards)}
+        if rep.notes:
+            patched["notes"] = rep.notes
+    model = dist.wrap(model)
+    if impl.endswith("compile"):
+        if args.compile_mode == "regional":
+            for layer in decoder_layers(model):
+                layer.compile()
+        else:
+            model = torch.compile(model)
+    return model, patched
+
+
+def run_one(model_name, impl, batch, seq, args, config, device, env, dist) -> dict:
+    """One (model, impl) measurement on a fresh model and optimizer; errors are recorded."""
     rec = {
         "op": "e2e_train",
-        "model": "gpt2-tiny" if args.tiny else "gpt2-124M",
+        "model": model_name + ("-tiny" if args.tiny else ""),
         "impl": impl,
         "batch": batch,
         "seq": seq,
         "shape": [batch, seq],
-        "tokens_per_step": batch * seq,
-        "dtype": str(dtype).replace("torch.", ""),
-        "precision": described,
+        "gpus": dist.world,
+        "dist": dist.mode,
+        "tokens_per_step": batch * seq * dist.world,
+        "dtype": "bfloat16",
         "optimizer": "AdamW(lr=1e-4, foreach)",
         "attn": "sdpa",
+        "compile_mode": args.compile_mode if impl.endswith("compile") else None,
         "tokens_per_s": None,
         "wall_ms_per_step": None,
-        "gpu_kernel_ms_per_step": None,
-        "kernels_per_step": None,
-        "profiled_wall_ms_per_step": None,
         "peak_mem_bytes": None,
-        "loss_eval0": None,
+        "gpu_ms_per_step": None,
+        "kernels_per_step": None,
+        "breakdown_ms": None,
+        "warmup_s": None,
         "loss_last": None,
-        "swapped": {},
+        "patched": {},
         "steps": args.steps,
-        "warmup": args.warmup,
         "error": None,
         **env,
     }
-    model = opt = fwd = step = None
+    model = opt = step = None
     try:
-        model = build_model(config, device, dtype, seed=args.seed)
-        if impl.startswith("fused"):
-            rec["swapped"] = dict(swap_modules(model, gelu_tanh_types()))
-        ids = random_batch(batch, seq, config.vocab_size, device, seed=args.seed + 1)
-        model.eval()
-        with torch.no_grad(), autocast():
-            rec["loss_eval0"] = float(model(input_ids=ids, labels=ids).loss)
-        model.train()
+        model, rec["patched"] = prepare(model_name, impl, args, config, device, dist)
+        ids = random_batch(batch, seq, config.vocab_size, device, seed=args.seed + 1 + dist.rank)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        fwd = torch.compile(model) if impl.endswith("+compile") else model
-
-        def step():
-            with autocast():
-                loss = fwd(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
-
-        for _ in range(args.warmup):
+        step = make_step(model, opt, ids)
+        warm = args.warmup + (2 if impl.endswith("compile") else 0)
+        t0 = time.perf_counter()
+        for _ in range(warm):
             step()
         sync(device)
+        rec["warmup_s"] = time.perf_counter() - t0
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
@@ -243,55 +297,86 @@ def run_one(impl, batch, seq, args, config, device, precision, env) -> dict:
         wall = (time.perf_counter() - t0) / args.steps
         rec["loss_last"] = float(loss.detach())
         rec["wall_ms_per_step"] = wall * 1e3
-        rec["tokens_per_s"] = batch * seq / wall
+        rec["tokens_per_s"] = rec["tokens_per_step"] / wall
         if device.type == "cuda":
             rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
-        if args.profile_steps > 0:
+        if args.profile_steps > 0 and impl in args.profile_impls:
             acts = [torch.profiler.ProfilerActivity.CPU]
             if device.type == "cuda":
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
             with torch.profiler.profile(activities=acts) as prof:
-                t0 = time.perf_counter()
                 for _ in range(args.profile_steps):
                     step()
                 sync(device)
-                pwall = (time.perf_counter() - t0) / args.profile_steps
-            rec["profiled_wall_ms_per_step"] = pwall * 1e3
             if device.type == "cuda":
-                total_us, count = gpu_activity(prof)
-                rec["gpu_kernel_ms_per_step"] = total_us / 1e3 / args.profile_steps
-                rec["kernels_per_step"] = count / args.profile_steps
-    except Exception as e:  # noqa: BLE001 - an OOM or a failing swap: record, go on
+                ms, count = breakdown(prof, args.profile_steps)
+                rec["breakdown_ms"] = ms
+                rec["gpu_ms_per_step"] = sum(ms.values())
+                rec["kernels_per_step"] = count
+    except Exception as e:  # noqa: BLE001 - an OOM or a failing patch: record, go on
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
         rec["error"] = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
     finally:
         # Drop every reference to the model (the step's closure included) before emptying
         # the cache, so the next run starts from an empty GPU.
-        model = opt = fwd = step = None  # noqa: F841
-        if impl.endswith("+compile"):
-            torch._dynamo.reset()  # its caches hold the compiled model
+        model = opt = step = None  # noqa: F841
+        if impl.endswith("compile"):
+            torch._dynamo.reset()
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rec
 
 
+def loss_curve(model_name, steps, batch, seq, args, config, device, env, dist) -> dict:
+    """eager and patched trained `steps` steps on one batch, dropout off: both curves and
+    whether the final losses agree within 1e-2 relative."""
+    curves = {}
+    for impl in ("eager", "patched"):
+        model, _ = prepare(model_name, impl, args, config, device, dist, dropout=False)
+        ids = random_batch(batch, seq, config.vocab_size, device, seed=args.seed + 1 + dist.rank)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        step = make_step(model, opt, ids)
+        curves[impl] = [float(step().detach()) for _ in range(steps)]
+        model = opt = step = None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    a, b = curves["eager"][-1], curves["patched"][-1]
+    rel = abs(b - a) / abs(a)
+    return {
+        "op": "e2e_loss_curve",
+        "model": model_name + ("-tiny" if args.tiny else ""),
+        "impl": "patched",
+        "batch": batch,
+        "seq": seq,
+        "steps": steps,
+        "dropout": 0.0,
+        "loss_eager": curves["eager"],
+        "loss_patched": curves["patched"],
+        "final_rel_diff": rel,
+        "ok": rel <= 1e-2,
+        **env,
+    }
+
+
 def add_ratios(records: list) -> None:
-    """x_vs_eager: tokens/s over the eager run of the same batch and repeat (compiled
-    runs: over eager+compile); loss_eval0_diff: loss_eval0 minus that run's."""
-    by = {(r["batch"], r.get("repeat", 0), r["impl"]): r for r in records}
+    """x_vs_eager: tokens/s over the eager run of the same model, batch and GPU count
+    (compiled impls: over compile's); mem_vs_eager likewise for peak memory."""
+    by = {(r["model"], r["batch"], r.get("gpus", 1), r["impl"]): r for r in records}
     for r in records:
         base = by.get(
             (
+                r["model"],
                 r["batch"],
-                r.get("repeat", 0),
-                "eager+compile" if r["impl"].endswith("+compile") else "eager",
+                r.get("gpus", 1),
+                "compile" if r["impl"].endswith("compile") else "eager",
             )
         )
         ok = base and base.get("tokens_per_s") and r.get("tokens_per_s")
         r["x_vs_eager"] = r["tokens_per_s"] / base["tokens_per_s"] if ok else None
-        ok = base and base.get("loss_eval0") is not None and r.get("loss_eval0") is not None
-        r["loss_eval0_diff"] = r["loss_eval0"] - base["loss_eval0"] if ok else None
+        ok = base and base.get("peak_mem_bytes") and r.get("peak_mem_bytes")
+        r["mem_vs_eager"] = r["peak_mem_bytes"] / base["peak_mem_bytes"] if ok else None
 
 
 def _f(v, fmt):
@@ -299,113 +384,153 @@ def _f(v, fmt):
 
 
 def table(records: list) -> str:
-    header = [
-        "batch",
-        "impl",
-        "tokens/s",
-        "× eager",
-        "wall ms/step",
-        "GPU kernel ms/step",
-        "kernels/step",
-        "profiled wall ms/step",
-        "peak GiB",
-        "eval loss",
-        "error",
-    ]
-    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 3) + "---|"]
+    header = ["model", "tokens", "GPUs", "impl", "tokens/s", "× base", "peak GiB", "× mem"]
+    header += ["GPU ms/step", "warm-up s", "error"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---:|---|" + "---:|" * 6 + "---|"]
     for r in records:
         mem = r.get("peak_mem_bytes")
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    f"{r['batch']}x{r['seq']}",
-                    r["impl"],
-                    _f(r.get("tokens_per_s"), ",.0f"),
-                    _f(r.get("x_vs_eager"), ".3f"),
-                    _f(r.get("wall_ms_per_step"), ".2f"),
-                    _f(r.get("gpu_kernel_ms_per_step"), ".2f"),
-                    _f(r.get("kernels_per_step"), ".0f"),
-                    _f(r.get("profiled_wall_ms_per_step"), ".2f"),
-                    _f(mem / 2**30 if mem is not None else None, ".2f"),
-                    _f(r.get("loss_eval0"), ".4f"),
-                    (r.get("error") or "").replace("|", "/"),
-                ]
-            )
-            + " |"
-        )
+        cells = [
+            r["model"],
+            f"{r['batch']}x{r['seq']}",
+            str(r.get("gpus", 1)) + (f" {r['dist']}" if r.get("dist") else ""),
+            r["impl"],
+            _f(r.get("tokens_per_s"), ",.0f"),
+            _f(r.get("x_vs_eager"), ".3f"),
+            _f(mem / 2**30 if mem is not None else None, ".2f"),
+            _f(r.get("mem_vs_eager"), ".3f"),
+            _f(r.get("gpu_ms_per_step"), ".2f"),
+            _f(r.get("warmup_s"), ".1f"),
+            (r.get("error") or "").replace("|", "/"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def breakdown_table(records: list) -> str:
+    rows = [r for r in records if r.get("breakdown_ms")]
+    if not rows:
+        return ""
+    header = ["model", "impl"] + list(KINDS) + ["total"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(KINDS) + 1)]
+    for r in rows:
+        ms = r["breakdown_ms"]
+        cells = [r["model"], r["impl"]] + [f"{ms[k]:.2f}" for k in KINDS]
+        lines.append("| " + " | ".join(cells + [f"{sum(ms.values()):.2f}"]) + " |")
+    return "GPU ms a step by kind of kernel (one profiled step):\n\n" + "\n".join(lines)
+
+
+def plot(records: list, path: str) -> str | None:
+    """tokens/s per model and impl (left) and the per-kind breakdown (right), one PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ok = [r for r in records if r.get("tokens_per_s")]
+    if not ok:
+        return None
+    models = list(dict.fromkeys(r["model"] + (f" x{r['gpus']}" if r["gpus"] > 1 else "") for r in ok))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / max(1, len(IMPLS))
+    for i, impl in enumerate(IMPLS):
+        vals = []
+        for m in models:
+            hit = [
+                r
+                for r in ok
+                if r["impl"] == impl
+                and r["model"] + (f" x{r['gpus']}" if r["gpus"] > 1 else "") == m
+            ]
+            vals.append(hit[0]["tokens_per_s"] / 1e3 if hit else 0)
+        ax1.bar([j + i * width for j in range(len(models))], vals, width, label=impl)
+    ax1.set_xticks([j + 0.4 - width / 2 for j in range(len(models))], models)
+    ax1.set_ylabel("thousand tokens/s")
+    ax1.set_title("training step throughput")
+    ax1.legend(fontsize=8)
+    rows = [r for r in ok if r.get("breakdown_ms")]
+    labels = [f"{r['model']}\n{r['impl']}" for r in rows]
+    bottom = [0.0] * len(rows)
+    for kind in KINDS:
+        vals = [r["breakdown_ms"][kind] for r in rows]
+        ax2.bar(range(len(rows)), vals, bottom=bottom, label=kind)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax2.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax2.set_ylabel("GPU ms a step")
+    ax2.set_title("one step by kind of kernel")
+    ax2.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    p.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"of {', '.join(IMPLS)}")
     p.add_argument(
-        "--impls",
-        default="eager,fused",
-        help=f"comma-separated, of {', '.join(IMPLS)} (default eager,fused)",
+        "--batch", default=None, help="batch per GPU, or model=batch pairs (default gpt2=8,llama-1b=4)"
+    )
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024; --tiny 64)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10, --quick 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (+2 when compiled)")
+    p.add_argument("--profile-steps", type=int, default=1, help="profiled steps (0: none)")
+    p.add_argument(
+        "--profile-impls", default="eager,patched", help="the impls profiled (default eager,patched)"
     )
     p.add_argument(
-        "--compile", action="store_true", help="also the +compile form of each impl given"
+        "--compile-mode",
+        choices=("full", "regional"),
+        default=None,
+        help="full: torch.compile(model) (default); regional: each decoder layer (--quick)",
     )
-    p.add_argument("--batches", default="8,1", help="batch sizes (default 8,1)")
     p.add_argument(
-        "--seq", type=int, default=None, help="sequence length (default 1024; --tiny: 64)"
-    )
-    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    p.add_argument(
-        "--repeat",
+        "--loss-curve",
         type=int,
-        default=1,
-        help="run the whole list of (batch, impl) this many times, in the same "
-        "order, each a record (default 1): the spread between repeats is "
-        "the run-to-run noise",
+        default=0,
+        metavar="N",
+        help="also train eager and patched N steps (dropout off) and compare the losses",
     )
-    p.add_argument(
-        "--warmup",
-        type=int,
-        default=3,
-        help="untimed steps first (default 3; +compile runs get 2 more)",
-    )
-    p.add_argument(
-        "--profile-steps",
-        type=int,
-        default=3,
-        help="steps under torch.profiler for the GPU kernel time (default 3; 0: none)",
-    )
-    p.add_argument(
-        "--tiny",
-        action="store_true",
-        help="2 layers, hidden 128, seq 64, vocabulary 512: a quick check",
-    )
+    p.add_argument("--dist", choices=("ddp", "fsdp"), default="ddp", help="under torchrun")
+    p.add_argument("--quick", action="store_true", help="5 timed steps, regional compile")
+    p.add_argument("--tiny", action="store_true", help="2-layer models, sequence 64")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
-    p.add_argument(
-        "--precision",
-        default="bf16",
-        choices=list(PRECISIONS),
-        help="bf16: bf16 weights (and AdamW states), no autocast (default); "
-        "autocast: fp32 weights, the forward under bf16 autocast; fp32",
-    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench_out/e2e_gpt2.json", help="JSON output path")
-    return p.parse_args(argv)
+    p.add_argument("--out", default="bench_out/e2e.json", help="JSON output (a PNG beside it)")
+    args = p.parse_args(argv)
+    args.steps = args.steps or (5 if args.quick else 10)
+    args.compile_mode = args.compile_mode or ("regional" if args.quick else "full")
+    args.profile_impls = [s for s in args.profile_impls.split(",") if s]
+    return args
+
+
+def batches(spec, models, tiny) -> dict:
+    default = {"gpt2": 8, "llama-1b": 4} if not tiny else {m: 2 for m in MODELS}
+    if spec is None:
+        return {m: default[m] for m in models}
+    if "=" not in spec:
+        return dict.fromkeys(models, int(spec))
+    pairs = dict(kv.split("=") for kv in spec.split(","))
+    return {m: int(pairs.get(m, default[m])) for m in models}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
-    if args.compile:
-        impls += [f"{i}+compile" for i in impls if not i.endswith("+compile")]
-    bad = [i for i in impls if i not in IMPLS]
+    models = [s.strip() for s in args.models.split(",") if s.strip()]
+    bad = [i for i in impls if i not in IMPLS] + [m for m in models if m not in MODELS]
     try:
-        batches = [int(b) for b in args.batches.split(",") if b.strip()]
+        per_model = batches(args.batch, models, args.tiny)
     except ValueError:
-        batches = []
-    if bad or not impls or not batches or min(batches) < 1 or args.steps < 1 or args.repeat < 1:
+        per_model = {}
+    if bad or not impls or not models or not per_model or min(per_model.values()) < 1:
         print(
-            f"error: --impls takes {', '.join(IMPLS)}; --batches positive integers; "
-            f"--steps and --repeat at least 1",
+            f"error: --impls of {', '.join(IMPLS)}; --models of {', '.join(MODELS)}; "
+            f"--batch a positive integer or model=batch pairs (got {', '.join(bad) or args.batch})",
             file=sys.stderr,
         )
         return 2
@@ -414,82 +539,68 @@ def main(argv=None) -> int:
         print("no CUDA GPU found: use --device cpu", file=sys.stderr)
         return 2
     transformers = import_transformers()
-    import fused_ops  # noqa: F401 - registers the ops
+    import fused_ops
 
     if device.type == "cuda" and not fused_ops.WITH_CUDA:
         print("fused_ops was built without its CUDA kernels", file=sys.stderr)
         return 2
-    config = gpt2_config(args.tiny)
+    dist = Dist(args.dist)
+    if dist.world > 1:
+        device = torch.device("cuda", torch.cuda.current_device())
     seq = args.seq or (64 if args.tiny else 1024)
-    if seq > config.n_positions:
-        print(
-            f"error: --seq {seq} is longer than the model's {config.n_positions} positions",
-            file=sys.stderr,
-        )
-        return 2
     env = {
-        "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__.split("+")[0],
         "transformers": transformers.__version__,
         "python": platform.python_version(),
     }
-    records = []
-    for repeat in range(args.repeat):
-        for batch in batches:
-            for impl in impls:
-                print(f"  {impl} batch {batch}x{seq} (repeat {repeat}) ...", file=sys.stderr)
-                sub = argparse.Namespace(**vars(args))
-                if impl.endswith("+compile"):
-                    sub.warmup = args.warmup + 2  # compiles in the first, settles next
-                rec = run_one(impl, batch, seq, sub, config, device, args.precision, env)
-                records.append(dict(rec, repeat=repeat))
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if dist.rank == 0 else (lambda *a: 0)
+    t_start = time.perf_counter()
+    records, curves, configs = [], [], {}
+    for name in models:
+        config = model_config(name, args.tiny)
+        configs[name] = config.to_dict()
+        for impl in impls:
+            say(f"  {name} {impl} {per_model[name]}x{seq} ({time.perf_counter() - t_start:.0f} s) ...")
+            records.append(
+                run_one(name, impl, per_model[name], seq, args, config, device, env, dist)
+            )
+        if args.loss_curve > 0:
+            say(f"  {name} loss curve, {args.loss_curve} steps ...")
+            curves.append(
+                loss_curve(name, args.loss_curve, per_model[name], seq, args, config, device, env, dist)
+            )
+    dist.close()
+    if dist.rank != 0:
+        return 0
     add_ratios(records)
     header = {
         **env,
-        "config": {
-            k: getattr(config, k)
-            for k in (
-                "n_layer",
-                "n_embd",
-                "n_head",
-                "n_positions",
-                "vocab_size",
-                "activation_function",
-                "resid_pdrop",
-                "embd_pdrop",
-                "attn_pdrop",
-            )
-        },
-        "params": sum(math.prod(s) for s in _param_shapes(config)),
+        "configs": {k: {c: v[c] for c in sorted(v) if isinstance(v[c], (int, float, str))} for k, v in configs.items()},
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": sys.argv[1:],
+        "wall_s": time.perf_counter() - t_start,
     }
     print(
-        f"GPT-2 ({header['params'] / 1e6:.1f}M parameters) training step, "
-        f"{env['device']}, torch {env['torch']}, transformers {env['transformers']}; "
-        f"{records[0]['precision']}, SDPA attention, AdamW.\n"
+        f"Training steps, {env['device']}, torch {env['torch']}, transformers "
+        f"{env['transformers']}; bf16 weights, SDPA attention, AdamW; compile mode "
+        f"{args.compile_mode}.\n"
     )
     print(table(records))
-    for r in records:
-        d = r.get("loss_eval0_diff")
-        if d is not None and abs(d) > 0.05:
-            print(
-                f"warning: {r['impl']} batch {r['batch']}: eval loss differs from eager's "
-                f"by {d:+.4f} (same weights: the swap changed the model?)",
-                file=sys.stderr,
-            )
-    report.write_json(args.out, header, records)
-    print(f"\nwrote {args.out}", file=sys.stderr)
-    return 1 if any(r["error"] for r in records) else 0
-
-
-def _param_shapes(config):
-    """The parameter shapes of the model (built on the meta device: no memory)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return [p.shape for p in model.parameters()]
+    text = breakdown_table(records)
+    if text:
+        print("\n" + text)
+    for c in curves:
+        print(
+            f"\nloss curve {c['model']}, {c['steps']} steps: eager {c['loss_eager'][-1]:.4f}, "
+            f"patched {c['loss_patched'][-1]:.4f}, relative difference "
+            f"{c['final_rel_diff']:.2e} ({'ok' if c['ok'] else 'ABOVE 1e-2'})"
+        )
+    report.write_json(args.out, header, records + curves)
+    png = plot(records, os.path.splitext(args.out)[0] + ".png")
+    say(f"\nwrote {args.out}" + (f" and {png}" if png else "") + f" in {header['wall_s']:.0f} s")
+    failed = any(r["error"] for r in records) or any(not c["ok"] for c in curves)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
