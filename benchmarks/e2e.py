@@ -43,7 +43,6 @@ import os
 import platform
 import sys
 import time
-from collections import defaultdict
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a configuration: no downloads
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -148,17 +147,17 @@ def build_model(config, device, dtype, seed=0, dropout=True):
                 setattr(config, key, 0.0)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(
-            config, attn_implementation="sdpa", dtype=dtype
-        )
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
     if model.config._attn_implementation != "sdpa":
         raise RuntimeError(f"attention is {model.config._attn_implementation!r}, not 'sdpa'")
     return model.to(device=device, dtype=dtype).train()
 
 
 def decoder_layers(model):
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model
-    return list(getattr(base, "h", None) or getattr(base, "layers", []))
+    """The decoder blocks of a GPT-2 or Llama causal LM (DDP's wrapper looked through)."""
+    model = getattr(model, "module", model)
+    base = getattr(model, "transformer", None) or getattr(model, "model", None) or model
+    return list(getattr(base, "h", None) or getattr(base, "layers", None) or [])
 
 
 def random_batch(batch, seq, vocab, device, seed=1):
@@ -431,7 +430,9 @@ def plot(records: list, path: str) -> str | None:
     ok = [r for r in records if r.get("tokens_per_s")]
     if not ok:
         return None
-    models = list(dict.fromkeys(r["model"] + (f" x{r['gpus']}" if r["gpus"] > 1 else "") for r in ok))
+    models = list(
+        dict.fromkeys(r["model"] + (f" x{r['gpus']}" if r["gpus"] > 1 else "") for r in ok)
+    )
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / max(1, len(IMPLS))
     for i, impl in enumerate(IMPLS):
@@ -473,14 +474,20 @@ def parse_args(argv=None):
     p.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"of {', '.join(IMPLS)}")
     p.add_argument(
-        "--batch", default=None, help="batch per GPU, or model=batch pairs (default gpt2=8,llama-1b=4)"
+        "--batch",
+        default=None,
+        help="batch per GPU, or model=batch pairs (default gpt2=8,llama-1b=4)",
     )
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024; --tiny 64)")
+    p.add_argument(
+        "--seq", type=int, default=None, help="sequence length (default 1024; --tiny 64)"
+    )
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 10, --quick 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (+2 when compiled)")
     p.add_argument("--profile-steps", type=int, default=1, help="profiled steps (0: none)")
     p.add_argument(
-        "--profile-impls", default="eager,patched", help="the impls profiled (default eager,patched)"
+        "--profile-impls",
+        default="eager,patched",
+        help="the impls profiled (default eager,patched)",
     )
     p.add_argument(
         "--compile-mode",
@@ -561,14 +568,18 @@ def main(argv=None) -> int:
         config = model_config(name, args.tiny)
         configs[name] = config.to_dict()
         for impl in impls:
-            say(f"  {name} {impl} {per_model[name]}x{seq} ({time.perf_counter() - t_start:.0f} s) ...")
+            say(
+                f"  {name} {impl} {per_model[name]}x{seq} ({time.perf_counter() - t_start:.0f} s) ..."
+            )
             records.append(
                 run_one(name, impl, per_model[name], seq, args, config, device, env, dist)
             )
         if args.loss_curve > 0:
             say(f"  {name} loss curve, {args.loss_curve} steps ...")
             curves.append(
-                loss_curve(name, args.loss_curve, per_model[name], seq, args, config, device, env, dist)
+                loss_curve(
+                    name, args.loss_curve, per_model[name], seq, args, config, device, env, dist
+                )
             )
     dist.close()
     if dist.rank != 0:
@@ -576,7 +587,10 @@ def main(argv=None) -> int:
     add_ratios(records)
     header = {
         **env,
-        "configs": {k: {c: v[c] for c in sorted(v) if isinstance(v[c], (int, float, str))} for k, v in configs.items()},
+        "configs": {
+            k: {c: v[c] for c in sorted(v) if isinstance(v[c], (int, float, str))}
+            for k, v in configs.items()
+        },
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": sys.argv[1:],
         "wall_s": time.perf_counter() - t_start,

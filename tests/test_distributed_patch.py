@@ -100,7 +100,9 @@ def _worker(rank, arch, mode, store, out):
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_patched_model_trains_on_two_gpus(arch, mode, tmp_path):
-    pytest.importorskip("transformers", reason="transformers is not installed: pip install 'fused_ops[hf]'")
+    pytest.importorskip(
+        "transformers", reason="transformers is not installed: pip install 'fused_ops[hf]'"
+    )
     import fused_ops
 
     model = _model(arch).cuda()
@@ -108,9 +110,7 @@ def test_patched_model_trains_on_two_gpus(arch, mode, tmp_path):
     want = _train(model, _ids().cuda())
     del model
     out = tmp_path / "losses.pt"
-    mp.spawn(
-        _worker, args=(arch, mode, str(tmp_path / "store"), str(out)), nprocs=2, join=True
-    )
+    mp.spawn(_worker, args=(arch, mode, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
     got = torch.load(out)
     assert len(got) == STEPS
     # bf16 weights: the halves' GEMMs and the gradient all-reduce round differently.

@@ -26,7 +26,6 @@ from ..patch import has_forward, set_forward
 from ..patch import patch as patch_modules
 from . import _common
 
-
 _HF = object()  # a layer called without fused_residual: Hugging Face's own call
 
 
