@@ -68,11 +68,12 @@ KINDS = (
     "copies",
     "other",
 )
-# Substrings of (lower-cased) kernel names, first match wins: a GEMM with a GeLU epilogue is
-# a GEMM; the fused dropout + residual + norm is a norm.
+# Substrings of (lower-cased) kernel names, first match wins: attention kernels before GEMMs
+# (cutlass-built flash kernels), a GEMM with a GeLU epilogue is a GEMM, the fused dropout +
+# residual + norm is a norm.
 _KIND_KEYS = (
-    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "matmul", "wgmma", "splitk")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "matmul", "wgmma", "splitk")),
     ("loss", ("xent", "cross_entropy", "nll_loss", "log_softmax")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("norm", ("norm",)),
@@ -531,7 +532,7 @@ def main(argv=None) -> int:
     models = [s.strip() for s in args.models.split(",") if s.strip()]
     bad = [i for i in impls if i not in IMPLS] + [m for m in models if m not in MODELS]
     try:
-        per_model = batches(args.batch, models, args.tiny)
+        per_model = batches(args.batch, [m for m in models if m in MODELS], args.tiny)
     except ValueError:
         per_model = {}
     if bad or not impls or not models or not per_model or min(per_model.values()) < 1:
