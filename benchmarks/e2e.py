@@ -209,6 +209,16 @@ class Dist:
             fully_shard(model)
         return model
 
+    def latest(self, seconds: float) -> float:
+        """The largest of the ranks' elapsed times, so every rank skips the same runs."""
+        if self.world == 1:
+            return seconds
+        import torch.distributed as dist
+
+        t = torch.tensor([seconds], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
     def close(self):
         if self.world > 1:
             import torch.distributed as dist
@@ -452,6 +462,8 @@ def plot(records: list, path: str) -> str | None:
     ax1.set_title("training step throughput")
     ax1.legend(fontsize=8)
     rows = [r for r in ok if r.get("breakdown_ms")]
+    if not rows:
+        ax2.set_visible(False)
     labels = [f"{r['model']}\n{r['impl']}" for r in rows]
     bottom = [0.0] * len(rows)
     for kind in KINDS:
@@ -505,12 +517,22 @@ def parse_args(argv=None):
     )
     p.add_argument("--dist", choices=("ddp", "fsdp"), default="ddp", help="under torchrun")
     p.add_argument("--quick", action="store_true", help="5 timed steps, regional compile")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start no run after S seconds (its record says skipped; default 420, --quick 200, "
+        "0: none)",
+    )
     p.add_argument("--tiny", action="store_true", help="2-layer models, sequence 64")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out/e2e.json", help="JSON output (a PNG beside it)")
     args = p.parse_args(argv)
     args.steps = args.steps or (5 if args.quick else 10)
+    if args.time_limit is None:
+        args.time_limit = 200.0 if args.quick else 420.0
     args.compile_mode = args.compile_mode or ("regional" if args.quick else "full")
     args.profile_impls = [s for s in args.profile_impls.split(",") if s]
     return args
@@ -564,24 +586,42 @@ def main(argv=None) -> int:
     }
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if dist.rank == 0 else (lambda *a: 0)
     t_start = time.perf_counter()
-    records, curves, configs = [], [], {}
-    for name in models:
-        config = model_config(name, args.tiny)
-        configs[name] = config.to_dict()
-        for impl in impls:
-            say(
-                f"  {name} {impl} {per_model[name]}x{seq} ({time.perf_counter() - t_start:.0f} s) ..."
-            )
-            records.append(
-                run_one(name, impl, per_model[name], seq, args, config, device, env, dist)
-            )
-        if args.loss_curve > 0:
-            say(f"  {name} loss curve, {args.loss_curve} steps ...")
-            curves.append(
-                loss_curve(
-                    name, args.loss_curve, per_model[name], seq, args, config, device, env, dist
+    records, curves = [], []
+    configs = {name: model_config(name, args.tiny) for name in models}
+    # The uncompiled runs of every model first, then the compiled ones (minutes of compile
+    # time), then the loss curves: what a time limit cuts is the least informative.
+    order = [(n, i) for n in models for i in impls if not i.endswith("compile")]
+    order += [(n, i) for n in models for i in impls if i.endswith("compile")]
+    jobs = [("train", n, i) for n, i in order] + [("curve", n, None) for n in models]
+    for what, name, impl in jobs:
+        if what == "curve" and args.loss_curve <= 0:
+            continue
+        elapsed = dist.latest(time.perf_counter() - t_start)
+        label = f"{name} {impl or 'loss curve'} {per_model[name]}x{seq}"
+        if args.time_limit and elapsed > args.time_limit:
+            say(f"  {label}: skipped, past --time-limit {args.time_limit:.0f} s")
+            if what == "train":
+                records.append(
+                    dict(
+                        op="e2e_train",
+                        model=name + ("-tiny" if args.tiny else ""),
+                        impl=impl,
+                        batch=per_model[name],
+                        seq=seq,
+                        gpus=dist.world,
+                        dist=dist.mode,
+                        tokens_per_s=None,
+                        error=f"skipped: past --time-limit {args.time_limit:.0f} s",
+                        **env,
+                    )
                 )
-            )
+            continue
+        say(f"  {label} ({elapsed:.0f} s) ...")
+        args_ = (per_model[name], seq, args, configs[name], device, env, dist)
+        if what == "train":
+            records.append(run_one(name, impl, *args_))
+        else:
+            curves.append(loss_curve(name, args.loss_curve, *args_))
     dist.close()
     if dist.rank != 0:
         return 0
@@ -589,8 +629,8 @@ def main(argv=None) -> int:
     header = {
         **env,
         "configs": {
-            k: {c: v[c] for c in sorted(v) if isinstance(v[c], (int, float, str))}
-            for k, v in configs.items()
+            k: {c: v for c, v in sorted(cfg.to_dict().items()) if isinstance(v, (int, float, str))}
+            for k, cfg in configs.items()
         },
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": sys.argv[1:],

@@ -368,6 +368,8 @@ def test_e2e_command_line_tiny_on_cpu(tmp_path):
             "32",
             "--loss-curve",
             "3",
+            "--time-limit",
+            "0",
             "--out",
             str(out),
         ],
@@ -406,7 +408,17 @@ def test_e2e_tiny_on_the_gpu(tmp_path):
     # The GPU-only parts: the per-kind profile, peak memory, compile.
     out = tmp_path / "e2e.json"
     res = subprocess.run(
-        [sys.executable, "benchmarks/e2e.py", "--tiny", "--steps", "2", "--out", str(out)],
+        [
+            sys.executable,
+            "benchmarks/e2e.py",
+            "--tiny",
+            "--steps",
+            "2",
+            "--time-limit",
+            "0",
+            "--out",
+            str(out),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
