@@ -522,7 +522,7 @@ def parse_args(argv=None):
         type=float,
         default=None,
         metavar="S",
-        help="start no run after S seconds (its record says skipped; default 420, --quick 200, "
+        help="start no run after S seconds (its record says skipped; default 330, --quick 170, "
         "0: none)",
     )
     p.add_argument("--tiny", action="store_true", help="2-layer models, sequence 64")
@@ -532,7 +532,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.steps = args.steps or (5 if args.quick else 10)
     if args.time_limit is None:
-        args.time_limit = 200.0 if args.quick else 420.0
+        args.time_limit = 170.0 if args.quick else 330.0
     args.compile_mode = args.compile_mode or ("regional" if args.quick else "full")
     args.profile_impls = [s for s in args.profile_impls.split(",") if s]
     return args
