@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .. import functional
-from ..patch import has_attr, set_attr
+from ..patch import has_attr, has_forward, set_attr, set_forward
 
 # Keyword arguments that ask for something only Hugging Face's own forward provides.
 _HF_ONLY = ("output_attentions", "output_hidden_states", "past_key_values")
@@ -152,3 +152,45 @@ def dropout_add_layer_norm_fn():
         "fused_ops.dropout_add_layer_norm is not in this build: bias_dropout_add + "
         "layer_norm instead (two kernels)"
     )
+
+
+def lm_forward_fn(output_cls):
+    """The causal LM's forward: in training with labels, the base model's hidden states go
+    to head_loss (no logits); anything else is the class's own forward."""
+
+    def forward(self, *args, labels=None, **kwargs):
+        if len(args) == 1 and "input_ids" not in kwargs:
+            kwargs["input_ids"] = args[0]
+            args = ()
+        if (
+            args
+            or kwargs.get("encoder_hidden_states") is not None
+            or not head_loss_ok(
+                self,
+                labels,
+                kwargs.get("cache"),
+                kwargs.get("use_cache"),
+                kwargs.get("logits_to_keep", 0),
+                kwargs,
+            )
+        ):
+            return type(self).forward(self, *args, labels=labels, **kwargs)
+        kwargs.pop("logits_to_keep", None)
+        kwargs.pop("cache", None)
+        kwargs["use_cache"] = False
+        out = getattr(self, self.base_model_prefix)(**kwargs)
+        loss = head_loss(out.last_hidden_state, self.get_output_embeddings(), labels, kwargs)
+        return output_cls(loss=loss, logits=None)
+
+    return forward
+
+
+def install_head(model, report, head_loss_on: bool, output_cls) -> None:
+    """The loss on fused_ops.cross_entropy and, with head_loss_on, the fused head + loss."""
+    install_loss(model, report, "")
+    if head_loss_on and not has_forward(model):
+        set_forward(model, lm_forward_fn(output_cls))
+        report.forwards["lm_head"] = (
+            "training with labels: LM head + loss through fused_ops.linear_cross_entropy "
+            "(logits not returned)"
+        )

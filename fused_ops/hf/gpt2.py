@@ -174,54 +174,6 @@ def _forwards(dropout_add_layer_norm, epilogue):
     return block_forward, stack_forward
 
 
-def _lm_forward(
-    self,
-    input_ids=None,
-    cache=None,
-    attention_mask=None,
-    token_type_ids=None,
-    position_ids=None,
-    inputs_embeds=None,
-    encoder_hidden_states=None,
-    encoder_attention_mask=None,
-    labels=None,
-    use_cache=None,
-    logits_to_keep=0,
-    **kwargs,
-):
-    from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
-
-    if encoder_hidden_states is not None or not _common.head_loss_ok(
-        self, labels, cache, use_cache, logits_to_keep, kwargs
-    ):
-        return type(self).forward(
-            self,
-            input_ids,
-            cache=cache,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask,
-            labels=labels,
-            use_cache=use_cache,
-            logits_to_keep=logits_to_keep,
-            **kwargs,
-        )
-    out = self.transformer(
-        input_ids,
-        attention_mask=attention_mask,
-        token_type_ids=token_type_ids,
-        position_ids=position_ids,
-        inputs_embeds=inputs_embeds,
-        use_cache=False,
-        **kwargs,
-    )
-    loss = _common.head_loss(out.last_hidden_state, self.lm_head, labels, kwargs)
-    return CausalLMOutputWithCrossAttentions(loss=loss, logits=None)
-
-
 def patch_gpt2(model: torch.nn.Module, *, modules: bool = True, head_loss: bool = True):
     """Patch a Hugging Face GPT-2 model (GPT2LMHeadModel or GPT2Model) in place: the module
     swaps of fused_ops.patch (modules=False skips them), the decoder stack's fused forward,
@@ -262,11 +214,7 @@ def patch_gpt2(model: torch.nn.Module, *, modules: bool = True, head_loss: bool 
                 f"activation {config.activation_function!r}: applied after c_fc, not fused"
             )
     if isinstance(model, GPT2LMHeadModel):
-        _common.install_loss(model, report, "")
-        if head_loss and not has_forward(model):
-            set_forward(model, _lm_forward)
-            report.forwards["lm_head"] = (
-                "training with labels: LM head + loss through fused_ops.linear_cross_entropy "
-                "(logits not returned)"
-            )
+        from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
+
+        _common.install_head(model, report, head_loss, CausalLMOutputWithCrossAttentions)
     return report

@@ -110,45 +110,6 @@ def _mlp_forward(self, x):
     return self.down_proj(functional.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
-def _lm_forward(
-    self,
-    input_ids=None,
-    attention_mask=None,
-    position_ids=None,
-    cache=None,
-    inputs_embeds=None,
-    labels=None,
-    use_cache=None,
-    logits_to_keep=0,
-    **kwargs,
-):
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    if not _common.head_loss_ok(self, labels, cache, use_cache, logits_to_keep, kwargs):
-        return type(self).forward(
-            self,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            labels=labels,
-            use_cache=use_cache,
-            logits_to_keep=logits_to_keep,
-            **kwargs,
-        )
-    out = self.model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        inputs_embeds=inputs_embeds,
-        use_cache=False,
-        **kwargs,
-    )
-    loss = _common.head_loss(out.last_hidden_state, self.lm_head, labels, kwargs)
-    return CausalLMOutputWithPast(loss=loss, logits=None)
-
-
 def _is_llama_rms(norm) -> bool:
     try:
         return _common.residual_norm(norm)[0] == "rms"
@@ -201,11 +162,7 @@ def patch_llama(model: torch.nn.Module, *, modules: bool = True, head_loss: bool
                     "down(swiglu(gate(x), up(x))) through fused_ops.swiglu"
                 )
     if isinstance(model, LlamaForCausalLM):
-        _common.install_loss(model, report, "")
-        if head_loss and not has_forward(model):
-            set_forward(model, _lm_forward)
-            report.forwards["lm_head"] = (
-                "training with labels: LM head + loss through fused_ops.linear_cross_entropy "
-                "(logits not returned)"
-            )
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        _common.install_head(model, report, head_loss, CausalLMOutputWithPast)
     return report
