@@ -194,3 +194,21 @@ def install_head(model, report, head_loss_on: bool, output_cls) -> None:
             "training with labels: LM head + loss through fused_ops.linear_cross_entropy "
             "(logits not returned)"
         )
+
+
+def positions_and_mask(stack, inputs_embeds, attention_mask, position_ids):
+    """(position ids, the attention mask as the configured attention wants it) for a call
+    without a cache, as Hugging Face's stack forward makes them."""
+    from transformers.masking_utils import create_causal_mask
+
+    if position_ids is None:
+        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
+        position_ids = position_ids.unsqueeze(0)
+    mask = create_causal_mask(
+        config=stack.config,
+        inputs_embeds=inputs_embeds,
+        attention_mask=attention_mask,
+        cache=None,
+        position_ids=position_ids,
+    )
+    return position_ids, mask

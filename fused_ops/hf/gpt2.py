@@ -33,7 +33,6 @@ _GELU_EPILOGUE = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "ge
 
 def _forwards(dropout_add_layer_norm, epilogue):
     """(the block's forward, the stack's forward) for these ops."""
-    from transformers.masking_utils import create_causal_mask
     from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
@@ -141,19 +140,12 @@ def _forwards(dropout_add_layer_norm, epilogue):
             inputs_embeds = self.wte(input_ids)
         else:
             input_shape = inputs_embeds.shape[:-1]
-        if position_ids is None:
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
-            position_ids = position_ids.unsqueeze(0)
-        hidden = inputs_embeds + self.wpe(position_ids).to(inputs_embeds.device)
         if attention_mask is not None and attention_mask.ndim < 4:
             attention_mask = attention_mask.view(inputs_embeds.shape[0], -1)
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            cache=None,
-            position_ids=position_ids,
+        position_ids, mask = _common.positions_and_mask(
+            self, inputs_embeds, attention_mask, position_ids
         )
+        hidden = inputs_embeds + self.wpe(position_ids).to(inputs_embeds.device)
         if token_type_ids is not None:
             hidden = hidden + self.wte(token_type_ids.view(-1, input_shape[-1]))
         delta, residual, p = None, self.drop(hidden), 0.0

@@ -62,7 +62,6 @@ def _stack_forward(
     use_cache=None,
     **kwargs,
 ):
-    from transformers.masking_utils import create_causal_mask
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     if not _common.fused_path_ok(self, cache, use_cache, kwargs) or (input_ids is None) == (
@@ -81,15 +80,8 @@ def _stack_forward(
     kwargs.pop("return_dict", None)
     if inputs_embeds is None:
         inputs_embeds = self.embed_tokens(input_ids)
-    if position_ids is None:
-        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
-        position_ids = position_ids.unsqueeze(0)
-    mask = create_causal_mask(
-        config=self.config,
-        inputs_embeds=inputs_embeds,
-        attention_mask=attention_mask,
-        cache=None,
-        position_ids=position_ids,
+    position_ids, mask = _common.positions_and_mask(
+        self, inputs_embeds, attention_mask, position_ids
     )
     delta, residual = None, inputs_embeds
     rope = self.rotary_emb(residual, position_ids=position_ids)
