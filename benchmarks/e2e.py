@@ -243,7 +243,7 @@ def prepare(model_name, impl, args, config, device, dist, dropout=True):
     model = build_model(config, device, torch.bfloat16, seed=args.seed, dropout=dropout)
     patched = {}
     if impl.startswith("patched"):
-        rep = fused_ops.hf.patch(model)
+        rep = fused_ops.hf.patch(model, head_loss=args.head_loss)
         patched = {"modules": dict(rep.counts()), "forwards": sorted(rep.forwards)}
         if rep.notes:
             patched["notes"] = rep.notes
@@ -514,6 +514,13 @@ def parse_args(argv=None):
         default=0,
         metavar="N",
         help="also train eager and patched N steps (dropout off) and compare the losses",
+    )
+    p.add_argument(
+        "--head-loss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="patched: the LM head + loss in one linear_cross_entropy (default; "
+        "--no-head-loss keeps the logits and runs the loss on cross_entropy)",
     )
     p.add_argument("--dist", choices=("ddp", "fsdp"), default="ddp", help="under torchrun")
     p.add_argument("--quick", action="store_true", help="5 timed steps, regional compile")
