@@ -595,11 +595,11 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     records, curves = [], []
     configs = {name: model_config(name, args.tiny) for name in models}
-    # The uncompiled runs of every model first, then the compiled ones (minutes of compile
-    # time), then the loss curves: what a time limit cuts is the least informative.
-    order = [(n, i) for n in models for i in impls if not i.endswith("compile")]
-    order += [(n, i) for n in models for i in impls if i.endswith("compile")]
-    jobs = [("train", n, i) for n, i in order] + [("curve", n, None) for n in models]
+    # The uncompiled runs of every model first, then the loss curves, then the compiled runs
+    # (minutes of compile time): what a time limit cuts is the least informative.
+    jobs = [("train", n, i) for n in models for i in impls if not i.endswith("compile")]
+    jobs += [("curve", n, None) for n in models]
+    jobs += [("train", n, i) for n in models for i in impls if i.endswith("compile")]
     for what, name, impl in jobs:
         if what == "curve" and args.loss_curve <= 0:
             continue
