@@ -405,7 +405,7 @@ def test_e2e_command_line_tiny_on_cpu(tmp_path):
 @CUDA
 @needs_transformers
 def test_e2e_tiny_on_the_gpu(tmp_path):
-    # The GPU-only parts: the per-kind profile, peak memory, compile.
+    # The GPU-only parts: the per-kind profile, peak memory, compile (per layer: quicker).
     out = tmp_path / "e2e.json"
     res = subprocess.run(
         [
@@ -416,6 +416,8 @@ def test_e2e_tiny_on_the_gpu(tmp_path):
             "2",
             "--time-limit",
             "0",
+            "--compile-mode",
+            "regional",
             "--out",
             str(out),
         ],
