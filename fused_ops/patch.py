@@ -195,12 +195,30 @@ def swap_class(module: torch.nn.Module, cls: type) -> None:
     module.__class__ = cls
 
 
+class InstanceForward:
+    """A module instance's own forward: fn(module, ...). Unlike a bound method it pickles
+    (fn by its qualified name), so a patched model can be saved whole or sent to another
+    process."""
+
+    __slots__ = ("fn", "module")
+
+    def __init__(self, fn, module):
+        self.fn = fn
+        self.module = module
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(self.module, *args, **kwargs)
+
+    def __reduce__(self):
+        return (InstanceForward, (self.fn, self.module))
+
+
 def set_forward(module: torch.nn.Module, forward) -> None:
-    """Give this instance its own forward (a function of (module, ...)), remembering what it
-    had; nn.Module.__call__ looks forward up on the instance first."""
+    """Give this instance its own forward (a module-level function of (module, ...)),
+    remembering what it had; nn.Module.__call__ looks forward up on the instance first."""
     state = _state(module)
     state.setdefault("forward", module.__dict__.get("forward", _NO_FORWARD))
-    module.__dict__["forward"] = forward.__get__(module, type(module))
+    module.__dict__["forward"] = InstanceForward(forward, module)
 
 
 def set_attr(module: torch.nn.Module, name: str, value) -> None:

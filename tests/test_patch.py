@@ -309,6 +309,24 @@ def test_hf_unpatch_restores(pair):
         torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=0, atol=0)
 
 
+def test_hf_patched_model_pickles(pair):
+    """A patched model saves whole (torch.save pickles it) and loads still patched."""
+    import io
+
+    _, ref, model, _ = pair
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert [type(m) for m in loaded.modules()] == [type(m) for m in model.modules()]
+    ids = _ids()
+    loaded.train(), ref.train()
+    got = loaded(ids, labels=ids)
+    assert got.logits is None  # still the fused head + loss
+    torch.testing.assert_close(got.loss, ref(ids, labels=ids).loss, **F32)
+    assert fused_ops.unpatch(loaded)
+
+
 def test_hf_state_dict_round_trip(pair):
     arch, ref, model, _ = pair
     assert list(model.state_dict()) == list(ref.state_dict())

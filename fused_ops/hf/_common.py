@@ -1,10 +1,12 @@
 """What the GPT-2 and Llama patchers share: the causal-LM loss on fused_ops.cross_entropy,
 the LM head + loss through fused_ops.linear_cross_entropy, and when a fused forward may
-stand in for Hugging Face's."""
+stand in for Hugging Face's. Imported only when a patcher runs: transformers is needed."""
 
 from __future__ import annotations
 
 import torch
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions, CausalLMOutputWithPast
 
 from .. import functional
 from ..patch import has_attr, has_forward, set_attr, set_forward
@@ -124,6 +126,24 @@ def residual_norm(norm):
     raise TypeError(f"fused_ops.hf: {type(norm).__name__} is not a LayerNorm or RMSNorm")
 
 
+def _dropout_add_layer_norm_composed(
+    input,
+    residual,
+    normalized_shape,
+    weight=None,
+    bias=None,
+    eps=1e-5,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+):
+    """dropout_add_layer_norm as bias_dropout_add + layer_norm (two kernels)."""
+    s = functional.bias_dropout_add(input, input_bias, residual, p, training)
+    return functional.layer_norm(s, normalized_shape, weight, bias, eps), s
+
+
 def dropout_add_layer_norm_fn():
     """fused_ops.dropout_add_layer_norm when this build has it, else the two-kernel
     composition bias_dropout_add + layer_norm (same results, one more pass over the
@@ -131,65 +151,48 @@ def dropout_add_layer_norm_fn():
     fused = getattr(functional, "dropout_add_layer_norm", None)
     if fused is not None:
         return fused, "fused_ops.dropout_add_layer_norm"
-
-    def composed(
-        input,
-        residual,
-        normalized_shape,
-        weight=None,
-        bias=None,
-        eps=1e-5,
-        *,
-        p=0.0,
-        training=True,
-        input_bias=None,
-        residual_in_fp32=False,
-    ):
-        s = functional.bias_dropout_add(input, input_bias, residual, p, training)
-        return functional.layer_norm(s, normalized_shape, weight, bias, eps), s
-
-    return composed, (
+    return _dropout_add_layer_norm_composed, (
         "fused_ops.dropout_add_layer_norm is not in this build: bias_dropout_add + "
         "layer_norm instead (two kernels)"
     )
 
 
-def lm_forward_fn(output_cls):
+# The output class of each supported causal LM's forward, by config.model_type.
+_LM_OUTPUT = {"gpt2": CausalLMOutputWithCrossAttentions, "llama": CausalLMOutputWithPast}
+
+
+def lm_forward(self, *args, labels=None, **kwargs):
     """The causal LM's forward: in training with labels, the base model's hidden states go
     to head_loss (no logits); anything else is the class's own forward."""
-
-    def forward(self, *args, labels=None, **kwargs):
-        if len(args) == 1 and "input_ids" not in kwargs:
-            kwargs["input_ids"] = args[0]
-            args = ()
-        if (
-            args
-            or kwargs.get("encoder_hidden_states") is not None
-            or not head_loss_ok(
-                self,
-                labels,
-                kwargs.get("cache"),
-                kwargs.get("use_cache"),
-                kwargs.get("logits_to_keep", 0),
-                kwargs,
-            )
-        ):
-            return type(self).forward(self, *args, labels=labels, **kwargs)
-        kwargs.pop("logits_to_keep", None)
-        kwargs.pop("cache", None)
-        kwargs["use_cache"] = False
-        out = getattr(self, self.base_model_prefix)(**kwargs)
-        loss = head_loss(out.last_hidden_state, self.get_output_embeddings(), labels, kwargs)
-        return output_cls(loss=loss, logits=None)
-
-    return forward
+    if len(args) == 1 and "input_ids" not in kwargs:
+        kwargs["input_ids"] = args[0]
+        args = ()
+    if (
+        args
+        or kwargs.get("encoder_hidden_states") is not None
+        or not head_loss_ok(
+            self,
+            labels,
+            kwargs.get("cache"),
+            kwargs.get("use_cache"),
+            kwargs.get("logits_to_keep", 0),
+            kwargs,
+        )
+    ):
+        return type(self).forward(self, *args, labels=labels, **kwargs)
+    kwargs.pop("logits_to_keep", None)
+    kwargs.pop("cache", None)
+    kwargs["use_cache"] = False
+    out = getattr(self, self.base_model_prefix)(**kwargs)
+    loss = head_loss(out.last_hidden_state, self.get_output_embeddings(), labels, kwargs)
+    return _LM_OUTPUT[self.config.model_type](loss=loss, logits=None)
 
 
-def install_head(model, report, head_loss_on: bool, output_cls) -> None:
+def install_head(model, report, head_loss_on: bool) -> None:
     """The loss on fused_ops.cross_entropy and, with head_loss_on, the fused head + loss."""
     install_loss(model, report, "")
     if head_loss_on and not has_forward(model):
-        set_forward(model, lm_forward_fn(output_cls))
+        set_forward(model, lm_forward)
         report.forwards["lm_head"] = (
             "training with labels: LM head + loss through fused_ops.linear_cross_entropy "
             "(logits not returned)"
@@ -199,8 +202,6 @@ def install_head(model, report, head_loss_on: bool, output_cls) -> None:
 def positions_and_mask(stack, inputs_embeds, attention_mask, position_ids):
     """(position ids, the attention mask as the configured attention wants it) for a call
     without a cache, as Hugging Face's stack forward makes them."""
-    from transformers.masking_utils import create_causal_mask
-
     if position_ids is None:
         position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
         position_ids = position_ids.unsqueeze(0)

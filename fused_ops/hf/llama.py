@@ -20,6 +20,8 @@ logits are then None).
 from __future__ import annotations
 
 import torch
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
 
 from .. import functional
 from ..patch import has_forward, set_forward
@@ -62,8 +64,6 @@ def _stack_forward(
     use_cache=None,
     **kwargs,
 ):
-    from transformers.modeling_outputs import BaseModelOutputWithPast
-
     if not _common.fused_path_ok(self, cache, use_cache, kwargs) or (input_ids is None) == (
         inputs_embeds is None
     ):
@@ -116,8 +116,6 @@ def patch_llama(model: torch.nn.Module, *, modules: bool = True, head_loss: bool
     this build has it, the loss on fused_ops.cross_entropy and, with head_loss, the LM head
     + loss in one fused_ops.linear_cross_entropy when training with labels. Returns a
     PatchReport."""
-    from transformers.models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
-
     if not isinstance(model, (LlamaForCausalLM, LlamaModel)):
         raise ValueError(
             f"fused_ops.hf.patch_llama: expected a LlamaForCausalLM or LlamaModel, got "
@@ -154,7 +152,5 @@ def patch_llama(model: torch.nn.Module, *, modules: bool = True, head_loss: bool
                     "down(swiglu(gate(x), up(x))) through fused_ops.swiglu"
                 )
     if isinstance(model, LlamaForCausalLM):
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-
-        _common.install_head(model, report, head_loss, CausalLMOutputWithPast)
+        _common.install_head(model, report, head_loss)
     return report
