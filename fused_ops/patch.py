@@ -121,8 +121,12 @@ def _hf_gelu_kind(module) -> str | None:
     if cls.__name__ == "NewGELUActivation":
         return "tanh"
     if cls.__name__ in ("GELUTanh", "PytorchGELUTanh"):
-        act = getattr(module, "act", None)
-        return "tanh" if getattr(act, "keywords", None) == {"approximate": "tanh"} else None
+        act = getattr(module, "act", None)  # functools.partial(F.gelu, approximate="tanh")
+        if getattr(act, "func", None) is torch.nn.functional.gelu and act.keywords == {
+            "approximate": "tanh"
+        }:
+            return "tanh"
+        return None
     if cls.__name__ == "GELUActivation":
         return "none" if getattr(module, "act", None) is torch.nn.functional.gelu else None
     return None

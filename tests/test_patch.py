@@ -500,3 +500,32 @@ def test_hf_bf16_cuda(pair):
         assert torch.isfinite(gb).all(), n
         cos = torch.nn.functional.cosine_similarity(g.float().flatten(), gb.float().flatten(), 0)
         assert cos > 0.99, (n, float(cos))
+
+
+def test_patch_hf_activations():
+    """Hugging Face's GeLU modules: the tanh and erf forms on F.gelu are swapped; the Python
+    forms and other GeLU approximations are left alone."""
+    _transformers()
+    from transformers.activations import (
+        FastGELUActivation,
+        GELUActivation,
+        GELUTanh,
+        NewGELUActivation,
+    )
+
+    acts = torch.nn.ModuleList(
+        [
+            GELUTanh(),
+            GELUTanh(use_gelu_tanh_python=True),
+            NewGELUActivation(),
+            GELUActivation(),
+            FastGELUActivation(),
+        ]
+    )
+    x = torch.randn(257)
+    want = [a(x) for a in acts]
+    report = fused_ops.patch(acts)
+    assert sorted(report.modules) == ["0", "2", "3"]
+    for a, w in zip(acts, want):
+        torch.testing.assert_close(a(x), w, **F32)
+    assert isinstance(acts[0], GELUTanh) and type(acts[1]) is GELUTanh
