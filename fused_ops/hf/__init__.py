@@ -11,16 +11,28 @@ __all__ = ["patch", "patch_gpt2", "patch_llama", "SUPPORTED"]
 SUPPORTED = {"gpt2": "patch_gpt2", "llama": "patch_llama"}
 
 
-def patch_gpt2(model, *, modules: bool = True, head_loss: bool = True):
-    from .gpt2 import patch_gpt2 as fn
+def _patcher(name: str):
+    """The patcher function of module fused_ops.hf.<name> (imports transformers)."""
+    import importlib
 
-    return fn(model, modules=modules, head_loss=head_loss)
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name is None or not e.name.startswith("transformers"):
+            raise
+        raise ImportError(
+            "fused_ops.hf patches Hugging Face transformers models and needs transformers: "
+            "pip install 'fused_ops[hf]' (or transformers)"
+        ) from e
+    return getattr(module, f"patch_{name}")
+
+
+def patch_gpt2(model, *, modules: bool = True, head_loss: bool = True):
+    return _patcher("gpt2")(model, modules=modules, head_loss=head_loss)
 
 
 def patch_llama(model, *, modules: bool = True, head_loss: bool = True):
-    from .llama import patch_llama as fn
-
-    return fn(model, modules=modules, head_loss=head_loss)
+    return _patcher("llama")(model, modules=modules, head_loss=head_loss)
 
 
 patch_gpt2.__doc__ = "See fused_ops.hf.gpt2.patch_gpt2."
