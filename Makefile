@@ -7,6 +7,9 @@ JOBS ?= $(shell nproc)
 # The linters are pinned: another version formats differently and would fail `make lint`.
 RUFF_VERSION ?= 0.17.6
 CLANG_FORMAT_VERSION ?= 14.0.6
+# The optional extra fused_ops[hf] (setup.py's HF_REQUIREMENT): tests/test_patch.py and the
+# end-to-end benchmark need it.
+TRANSFORMERS_SPEC ?= transformers>=5.24,<6
 PY_SCRIPTS := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 CLANG_FORMAT ?= $(or $(wildcard $(PY_SCRIPTS)/clang-format),clang-format)
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
@@ -20,7 +23,7 @@ setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || { \
 	  echo "make: no torch in $(PYTHON): installing torch==$(TORCH_VERSION) with its CUDA libraries (about 4.8 GB to download; a few minutes)"; \
 	  $(PYTHON) -m pip install -q torch==$(TORCH_VERSION); }
-	@missing=$$($(PYTHON) -c "import importlib.util as u; print(' '.join(p for p, m in [('numpy', 'numpy'), ('pytest', 'pytest'), ('ninja', 'ninja'), ('setuptools', 'setuptools'), ('wheel', 'wheel'), ('expecttest', 'expecttest'), ('matplotlib', 'matplotlib'), ('ruff==$(RUFF_VERSION)', 'ruff'), ('clang-format==$(CLANG_FORMAT_VERSION)', 'clang_format')] if u.find_spec(m) is None))"); \
+	@missing=$$($(PYTHON) -c "import importlib.util as u; print(' '.join(p for p, m in [('numpy', 'numpy'), ('pytest', 'pytest'), ('ninja', 'ninja'), ('setuptools', 'setuptools'), ('wheel', 'wheel'), ('expecttest', 'expecttest'), ('matplotlib', 'matplotlib'), ('ruff==$(RUFF_VERSION)', 'ruff'), ('clang-format==$(CLANG_FORMAT_VERSION)', 'clang_format'), ('$(TRANSFORMERS_SPEC)', 'transformers')] if u.find_spec(m) is None))"); \
 	if [ -n "$$missing" ]; then echo "make: installing into $(PYTHON): $$missing"; \
 	  $(PYTHON) -m pip install -q --disable-pip-version-check $$missing; fi
 
@@ -45,8 +48,12 @@ format:
 	$(PYTHON) -m ruff format .
 	$(CLANG_FORMAT) -i $(CSRC)
 
+# The kernel suite, then the end-to-end training steps (benchmarks/e2e.py, minutes; --quick
+# in BENCH_ARGS makes both quick, E2E_ARGS adds the e2e benchmark's own options, E2E=0 skips it).
+E2E ?= 1
 bench: build
 	$(PYTHON) benchmarks/run.py $(BENCH_ARGS)
+	$(if $(filter 1,$(E2E)),$(PYTHON) benchmarks/e2e.py $(filter --quick,$(BENCH_ARGS)) $(E2E_ARGS))
 
 profile: build
 	$(PYTHON) profiling/trace.py $(PROFILE_ARGS)

@@ -33,6 +33,9 @@ SUPPORTED_TORCH = "2.11"
 # GPUs) and sm_90a (Hopper-only wgmma/TMA). TORCH_CUDA_ARCH_LIST overrides it.
 DEFAULT_ARCHS = "8.0+PTX;9.0a"
 INSTALL = "pip install --no-build-isolation ."
+# The optional extra `pip install fused_ops[hf]`: the transformers the fused_ops.hf patchers
+# are written against (its GPT-2 and Llama forwards' keyword arguments, masking_utils).
+HF_REQUIREMENT = "transformers>=5.24,<6"
 CHECKS = os.environ.get("FUSED_OPS_BUILD_CHECKS", "1") != "0"
 
 
@@ -384,6 +387,8 @@ def main():
         # torch.__version__ says 2.11.0+cu130); fused_ops/__init__.py checks it at import.
         install_requires=[f"torch=={importlib.metadata.version('torch')}"],
         python_requires=">=3.10",
+        # fused_ops.hf patches Hugging Face models; tested with transformers 5.24.
+        extras_require={"hf": [HF_REQUIREMENT]},
     )
 
 

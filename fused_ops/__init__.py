@@ -59,3 +59,9 @@ from .functional import __all__ as _functional_all  # noqa: E402
 WITH_CUDA = _build_info.WITH_CUDA
 __version__ = "0.1.0"
 __all__ = list(_functional_all) + ["nn", "WITH_CUDA"]
+
+# Applying the library to an existing model: fused_ops.patch(model), fused_ops.hf.patch(model).
+from . import hf  # noqa: E402,F401
+from .patch import PatchReport, patch, unpatch  # noqa: E402,F401
+
+__all__ += ["patch", "unpatch", "PatchReport", "hf"]

@@ -1,7 +1,7 @@
 """benchmarks/host_time.py (host time per call, fused vs native) and
-benchmarks/e2e_gpt2.py (GPT-2 training steps with fused_ops modules swapped in), on CPU:
-their timing logic with a stand-in clock, their rows on the CPU kernels, and the module
-swap. The GPT-2 tests need transformers and are skipped without it."""
+benchmarks/e2e.py (GPT-2 and Llama training steps, patched by fused_ops.hf), on CPU: their
+timing logic with a stand-in clock, their rows on the CPU kernels, the kernel kinds of the
+e2e profile. The e2e runs need transformers and are skipped without it."""
 
 import importlib.util
 import json
@@ -15,7 +15,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks import e2e_gpt2, host_time  # noqa: E402
+from benchmarks import e2e, host_time  # noqa: E402
 
 from utils import CUDA  # noqa: E402
 
@@ -294,113 +294,82 @@ def test_host_time_on_the_gpu_keeps_it_busy():
     assert timer.gpu_idle_batches <= 2
 
 
-# --- e2e_gpt2 --------------------------------------------------------------------------
+# --- e2e ---------------------------------------------------------------------------------
 
 
-class _ToyGelu(torch.nn.Module):
-    def forward(self, x):
-        return torch.nn.functional.gelu(x, approximate="tanh")
+def test_kernel_kinds():
+    kinds = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "gemm",
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT": "gemm",
+        "void fused::hopper_gemm_kernel<GeluTanh>(Params)": "gemm",
+        "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>": "attention",
+        "fmha_cutlassB_bf16_aligned_64x64_k64_sm80": "attention",
+        "void fused::norm_fwd_regs<bf16, 4>(...)": "norm",
+        "void fused::dropout_kernel<bf16>(...)": "dropout",
+        "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>": "activation",
+        "void fused::xent_fwd_kernel<bf16>(...)": "loss",
+        "void at::native::(anonymous)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+        "Memcpy DtoD (Device -> Device)": "copies",
+        "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>": "copies",
+        "void at::native::reduce_kernel<512, 1, SumOps>": "other",
+    }
+    for name, kind in kinds.items():
+        assert e2e.kernel_kind(name) == kind, name
 
 
-class _SubclassedNorm(torch.nn.LayerNorm):
-    pass
-
-
-def test_swap_modules_replaces_norms_gelus_and_dropouts_in_place():
-    import fused_ops.nn as fnn
-
-    model = torch.nn.Sequential(
-        torch.nn.LayerNorm(8, eps=1e-6),
-        torch.nn.Linear(8, 8),
-        _ToyGelu(),
-        torch.nn.Sequential(torch.nn.Dropout(0.25), torch.nn.LayerNorm(8, bias=False)),
-        _SubclassedNorm(8),
-        torch.nn.GELU(),
-    )
-    with torch.no_grad():
-        model[0].weight.uniform_(0.5, 1.5)
-        model[0].bias.uniform_(-1, 1)
-    x = torch.randn(3, 8)
-    model.eval()
-    before = model(x)
-    counts = e2e_gpt2.swap_modules(model, (_ToyGelu,))
-    assert counts == {"LayerNorm": 2, "GELU": 1, "Dropout": 1}
-    assert type(model[0]) is fnn.LayerNorm and model[0].eps == 1e-6
-    assert type(model[2]) is fnn.GELU and model[2].approximate == "tanh"
-    assert type(model[3][0]) is fnn.Dropout and model[3][0].p == 0.25
-    assert type(model[3][1]) is fnn.LayerNorm and model[3][1].bias is None
-    assert type(model[4]) is _SubclassedNorm  # a subclass may compute something else
-    assert type(model[5]) is torch.nn.GELU  # not one of the types asked for
-    assert not model[3][0].training  # the mode is kept
-    torch.testing.assert_close(model(x), before)  # state copied: the same function
-
-
-def test_add_ratios():
+def test_add_ratios_and_table():
     recs = [
-        {"batch": 8, "impl": i, "tokens_per_s": t, "loss_eval0": 5.0 + d}
-        for i, t, d in (
-            ("eager", 100.0, 0.0),
-            ("fused", 125.0, 0.01),
-            ("eager+compile", 150.0, 0.0),
-            ("fused+compile", 165.0, 0.0),
+        {"model": "gpt2", "batch": 8, "gpus": 1, "impl": i, "tokens_per_s": t, "peak_mem_bytes": m}
+        for i, t, m in (
+            ("eager", 100.0, 10),
+            ("patched", 125.0, 8),
+            ("compile", 150.0, 9),
+            ("patched+compile", 165.0, 9),
         )
     ]
-    recs.append({"batch": 1, "impl": "fused", "tokens_per_s": 10.0, "loss_eval0": None})
-    e2e_gpt2.add_ratios(recs)
+    recs.append({"model": "gpt2", "batch": 8, "gpus": 2, "impl": "patched", "tokens_per_s": 10.0})
+    e2e.add_ratios(recs)
     assert [r["x_vs_eager"] for r in recs[:4]] == pytest.approx([1.0, 1.25, 1.0, 1.1])
-    assert recs[4]["x_vs_eager"] is None  # no eager run of that batch
-    assert recs[1]["loss_eval0_diff"] == pytest.approx(0.01)
-    assert recs[4]["loss_eval0_diff"] is None
-    # --repeat: each repeat's runs are compared with that repeat's eager run.
-    reps = [
-        {"batch": 8, "repeat": k, "impl": i, "tokens_per_s": t, "loss_eval0": 1.0}
-        for k, runs in enumerate(((100.0, 120.0), (80.0, 120.0)))
-        for i, t in zip(("eager", "fused"), runs)
-    ]
-    e2e_gpt2.add_ratios(reps)
-    assert [r["x_vs_eager"] for r in reps] == pytest.approx([1.0, 1.2, 1.0, 1.5])
-    lines = e2e_gpt2.table([dict(r, seq=64) for r in recs]).splitlines()
-    assert lines[3].startswith("| 8x64 | fused | 125 | 1.250 |")
+    assert recs[1]["mem_vs_eager"] == pytest.approx(0.8)
+    assert recs[4]["x_vs_eager"] is None  # no eager run on 2 GPUs
+    lines = e2e.table([dict(r, seq=1024) for r in recs]).splitlines()
+    assert lines[3].startswith("| gpt2 | 8x1024 | 1 | patched | 125 | 1.250 |")
     assert len({ln.count("|") for ln in lines}) == 1
 
 
-@needs_transformers
-def test_gpt2_swap_keeps_the_model():
-    config = e2e_gpt2.gpt2_config(tiny=True)
-    model = e2e_gpt2.build_model(config, "cpu", torch.float32)
-    ids = e2e_gpt2.random_batch(2, 16, config.vocab_size, "cpu")
-    model.eval()
-    with torch.no_grad():
-        before = model(input_ids=ids, labels=ids).loss
-    counts = e2e_gpt2.swap_modules(model, e2e_gpt2.gelu_tanh_types())
-    # 2 layers: ln_1, ln_2 each and ln_f; mlp.act each; attn_dropout, resid_dropout,
-    # mlp.dropout each and the embeddings' drop.
-    assert counts == {"LayerNorm": 5, "GELU": 2, "Dropout": 7}
-    with torch.no_grad():
-        after = model(input_ids=ids, labels=ids).loss
-    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+def test_batches_spec():
+    assert e2e.batches(None, ["gpt2", "llama-1b"], False) == {"gpt2": 8, "llama-1b": 4}
+    assert e2e.batches("3", ["gpt2"], False) == {"gpt2": 3}
+    assert e2e.batches("llama-1b=2", ["gpt2", "llama-1b"], False) == {"gpt2": 8, "llama-1b": 2}
+
+
+def test_bad_arguments_exit_2():
+    assert e2e.main(["--impls", "fused", "--device", "cpu"]) == 2
+    assert e2e.main(["--models", "gpt3", "--device", "cpu"]) == 2
 
 
 @needs_transformers
-def test_gpt2_command_line_tiny_on_cpu(tmp_path):
+def test_e2e_command_line_tiny_on_cpu(tmp_path):
     out = tmp_path / "e2e.json"
     res = subprocess.run(
         [
             sys.executable,
-            "benchmarks/e2e_gpt2.py",
+            "benchmarks/e2e.py",
             "--tiny",
             "--device",
             "cpu",
+            "--impls",
+            "eager,patched",
             "--steps",
             "1",
             "--warmup",
             "1",
-            "--profile-steps",
-            "1",
-            "--batches",
-            "2",
             "--seq",
             "32",
+            "--loss-curve",
+            "3",
+            "--time-limit",
+            "0",
             "--out",
             str(out),
         ],
@@ -411,40 +380,44 @@ def test_gpt2_command_line_tiny_on_cpu(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads(out.read_text())
-    recs = data["records"]
-    assert [(r["impl"], r["batch"], r["seq"]) for r in recs] == [("eager", 2, 32), ("fused", 2, 32)]
+    recs = [r for r in data["records"] if r["op"] == "e2e_train"]
+    curves = [r for r in data["records"] if r["op"] == "e2e_loss_curve"]
+    assert [(r["model"], r["impl"]) for r in recs] == [
+        ("gpt2-tiny", "eager"),
+        ("gpt2-tiny", "patched"),
+        ("llama-1b-tiny", "eager"),
+        ("llama-1b-tiny", "patched"),
+    ]
     for r in recs:
-        assert r["op"] == "e2e_train" and r["model"] == "gpt2-tiny" and r["error"] is None
+        assert r["error"] is None and r["seq"] == 32 and r["gpus"] == 1
         assert r["tokens_per_s"] > 0 and r["wall_ms_per_step"] > 0
         assert r["tokens_per_s"] == pytest.approx(64 / (r["wall_ms_per_step"] / 1e3))
-        assert r["profiled_wall_ms_per_step"] > 0 and r["repeat"] == 0
-        assert r["precision"] == "bf16 weights, no autocast" and r["dtype"] == "bfloat16"
-        assert r["gpu_kernel_ms_per_step"] is None  # no GPU: no kernel time
-        assert r["loss_last"] is not None and r["peak_mem_bytes"] is None
-    assert recs[1]["swapped"] == {"LayerNorm": 5, "GELU": 2, "Dropout": 7}
-    assert abs(recs[1]["loss_eval0_diff"]) < 0.05  # bf16 weights: same model, rounding
-    assert data["header"]["config"]["n_layer"] == 2
-    assert "| 2x32 | fused |" in res.stdout
+        assert r["peak_mem_bytes"] is None and r["breakdown_ms"] is None  # no GPU
+    assert recs[1]["patched"]["modules"]["LayerNorm"] == 5
+    assert "lm_head" in recs[3]["patched"]["forwards"]
+    for c in curves:
+        assert len(c["loss_eager"]) == 3 and c["ok"], c
+        assert c["loss_eager"][0] == pytest.approx(c["loss_patched"][0], rel=1e-2)
+    assert "| gpt2-tiny | 2x32 | 1 | patched |" in res.stdout
+    assert (tmp_path / "e2e.png").exists()
 
 
 @CUDA
 @needs_transformers
-def test_gpt2_tiny_on_the_gpu(tmp_path):
-    # The GPU-only parts: the profiler's kernel time and count, peak memory.
+def test_e2e_tiny_on_the_gpu(tmp_path):
+    # The GPU-only parts: the per-kind profile, peak memory, compile (per layer: quicker).
     out = tmp_path / "e2e.json"
     res = subprocess.run(
         [
             sys.executable,
-            "benchmarks/e2e_gpt2.py",
+            "benchmarks/e2e.py",
             "--tiny",
             "--steps",
             "2",
-            "--warmup",
-            "1",
-            "--profile-steps",
-            "2",
-            "--batches",
-            "2",
+            "--time-limit",
+            "0",
+            "--compile-mode",
+            "regional",
             "--out",
             str(out),
         ],
@@ -455,9 +428,9 @@ def test_gpt2_tiny_on_the_gpu(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     recs = json.loads(out.read_text())["records"]
+    assert len(recs) == 8
     for r in recs:
-        assert r["error"] is None and r["device"] != "cpu"
-        assert 0 < r["gpu_kernel_ms_per_step"] and r["kernels_per_step"] >= 20
-        assert r["peak_mem_bytes"] > 0
-    fused = recs[1]
-    assert fused["impl"] == "fused" and abs(fused["loss_eval0_diff"]) < 0.05
+        assert r["error"] is None and r["device"] != "cpu" and r["peak_mem_bytes"] > 0
+        if r["impl"] in ("eager", "patched"):
+            assert r["gpu_ms_per_step"] > 0 and r["kernels_per_step"] >= 20
+            assert r["breakdown_ms"]["gemm"] > 0 and r["breakdown_ms"]["norm"] > 0

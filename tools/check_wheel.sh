@@ -27,7 +27,7 @@ echo "check_wheel: built $(basename "$whl") in $(( $(date +%s) - start )) s"
 import importlib.metadata, sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 for want in ("fused_ops/__init__.py", "fused_ops/_build_info.py", "fused_ops/info.py",
-             "fused_ops/_impl/__init__.py"):
+             "fused_ops/_impl/__init__.py", "fused_ops/patch.py", "fused_ops/hf/__init__.py"):
     assert want in names, f"check_wheel: {want} is not in the wheel"
 assert any(n.startswith("fused_ops/_C.") and n.endswith(".so") for n in names), \
     "check_wheel: no fused_ops/_C*.so in the wheel"
@@ -37,6 +37,7 @@ meta = zipfile.ZipFile(sys.argv[1]).read(
     next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
 pin = f"Requires-Dist: torch=={importlib.metadata.version('torch')}"
 assert pin in meta.splitlines(), f"check_wheel: the METADATA lacks '{pin}':\n{meta}"
+assert "Provides-Extra: hf" in meta.splitlines(), f"check_wheel: no [hf] extra:\n{meta}"
 print(f"check_wheel: {len(names)} files; METADATA has '{pin}'")
 PY
 

@@ -1,0 +1,156 @@
+"""fused_ops for Hugging Face Llama (LlamaForCausalLM, LlamaModel), per model instance.
+
+Beyond the module swaps of fused_ops.patch (the RMSNorms), the decoder stack (LlamaModel)
+gets a forward that carries the residual stream from layer to layer, so each residual add
+meets the RMSNorm after it in one fused_ops.add_rms_norm:
+
+    n, h = add_rms_norm(d, h, input_layernorm)  d: the previous layer's MLP output
+    a = self_attn(n)                            SDPA and RoPE as configured, untouched
+    n, h = add_rms_norm(a, h, post_attention_layernorm)
+    d = mlp(n)                                  to the next layer (the final norm after the last)
+
+The MLP's forward is down(swiglu(gate(x), up(x))) through fused_ops.swiglu when this build
+has it (else Hugging Face's silu(gate) * up stays, and the report says so). The stack's
+forward falls back to Hugging Face's for what it does not cover (a key/value cache,
+recorded hidden states or attentions, gradient checkpointing). The causal-LM forward
+computes head + loss in one fused_ops.linear_cross_entropy in training with labels (its
+logits are then None).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
+
+from .. import functional
+from ..patch import has_forward, set_forward
+from ..patch import patch as patch_modules
+from . import _common
+
+_HF = object()  # a layer called without fused_residual: Hugging Face's own call
+
+
+def _add_norm(delta, residual, norm):
+    """(rms_norm(residual + delta), residual + delta); the norm of the residual alone for
+    the first layer (delta None)."""
+    _, weight, _, eps, shape = _common.residual_norm(norm)
+    if delta is None:
+        return functional.rms_norm(residual, shape, weight, eps), residual
+    return functional.add_rms_norm(delta, residual, shape, weight, eps)
+
+
+def _layer_forward(self, *args, fused_residual=_HF, **kwargs):
+    """HF's decoder-layer forward, or (called by the fused stack with fused_residual) the
+    layer on the unadded residual stream: (delta, residual) -> (the MLP's output, not yet
+    added; the residual stream). Each layer reads only its own parameters (FSDP gathers
+    them per layer): the previous layer's MLP output is added in this layer's first norm."""
+    if fused_residual is _HF:
+        return type(self).forward(self, *args, **kwargs)
+    (delta,) = args
+    x, residual = _add_norm(delta, fused_residual, self.input_layernorm)
+    a, _ = self.self_attn(hidden_states=x, cache=None, use_cache=False, **kwargs)
+    x, residual = _add_norm(a, residual, self.post_attention_layernorm)
+    return self.mlp(x), residual
+
+
+def _stack_forward(
+    self,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    cache=None,
+    inputs_embeds=None,
+    use_cache=None,
+    **kwargs,
+):
+    if not _common.fused_path_ok(self, cache, use_cache, kwargs) or (input_ids is None) == (
+        inputs_embeds is None
+    ):
+        return type(self).forward(
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    kwargs.pop("return_dict", None)
+    if inputs_embeds is None:
+        inputs_embeds = self.embed_tokens(input_ids)
+    position_ids, mask = _common.positions_and_mask(
+        self, inputs_embeds, attention_mask, position_ids
+    )
+    delta, residual = None, inputs_embeds
+    rope = self.rotary_emb(residual, position_ids=position_ids)
+    for layer in self.layers[: self.config.num_hidden_layers]:
+        delta, residual = layer(
+            delta,
+            fused_residual=residual,
+            attention_mask=mask,
+            position_ids=position_ids,
+            position_embeddings=rope,
+            **kwargs,
+        )
+    x, _ = _add_norm(delta, residual, self.norm)
+    return BaseModelOutputWithPast(last_hidden_state=x)
+
+
+def _mlp_forward(self, x):
+    return self.down_proj(functional.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def _is_llama_rms(norm) -> bool:
+    try:
+        return _common.residual_norm(norm)[0] == "rms"
+    except TypeError:
+        return False
+
+
+def patch_llama(model: torch.nn.Module, *, modules: bool = True, head_loss: bool = True):
+    """Patch a Hugging Face Llama model (LlamaForCausalLM or LlamaModel) in place: the module
+    swaps of fused_ops.patch (modules=False skips them), the decoder stack's fused forward
+    (residual adds through fused_ops.add_rms_norm), the MLP through fused_ops.swiglu where
+    this build has it, the loss on fused_ops.cross_entropy and, with head_loss, the LM head
+    + loss in one fused_ops.linear_cross_entropy when training with labels. Returns a
+    PatchReport."""
+    if not isinstance(model, (LlamaForCausalLM, LlamaModel)):
+        raise ValueError(
+            f"fused_ops.hf.patch_llama: expected a LlamaForCausalLM or LlamaModel, got "
+            f"{type(model).__name__}"
+        )
+    report = patch_modules(model, modules=modules)
+    stack = model if isinstance(model, LlamaModel) else model.model
+    where = "" if stack is model else "model"
+    layers = list(stack.layers[: stack.config.num_hidden_layers])
+    norms = [n for lay in layers for n in (lay.input_layernorm, lay.post_attention_layernorm)]
+    if layers and all(_is_llama_rms(n) for n in norms + [stack.norm]):
+        if not has_forward(stack):
+            for layer in layers:
+                set_forward(layer, _layer_forward)
+            set_forward(stack, _stack_forward)
+            report.forwards[where] = (
+                "residual stream carried across layers: residual adds + RMSNorm through "
+                "fused_ops.add_rms_norm"
+            )
+    elif layers:
+        report.notes.append("norms are not RMSNorms: the decoder stack keeps HF's forward")
+    swiglu = hasattr(functional, "swiglu")
+    if stack.config.hidden_act not in ("silu", "swish"):
+        report.notes.append(f"MLP activation {stack.config.hidden_act!r}: MLP left as it is")
+    elif not swiglu:
+        report.notes.append(
+            "fused_ops.swiglu is not in this build: the MLP keeps silu(gate) * up (two kernels)"
+        )
+    else:
+        for i, layer in enumerate(layers):
+            if not has_forward(layer.mlp):
+                set_forward(layer.mlp, _mlp_forward)
+                report.forwards[f"{where}.layers.{i}.mlp".lstrip(".")] = (
+                    "down(swiglu(gate(x), up(x))) through fused_ops.swiglu"
+                )
+    if isinstance(model, LlamaForCausalLM):
+        _common.install_head(model, report, head_loss)
+    return report
