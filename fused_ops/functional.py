@@ -29,6 +29,8 @@ __all__ = [
     "linear",
     "cross_entropy",
     "linear_cross_entropy",
+    "dropout_add_layer_norm",
+    "dropout_add_rms_norm",
 ]
 
 _ops = torch.ops.fused
@@ -53,6 +55,8 @@ _bias_dropout_add, _bias_dropout_add_c = _entry("bias_dropout_add")
 _matmul, _matmul_c = _entry("matmul")
 _linear, _linear_c = _entry("linear")
 _linear_fwd, _linear_fwd_c = _entry("linear_fwd")
+_dropout_add_layer_norm, _dropout_add_layer_norm_c = _entry("dropout_add_layer_norm")
+_dropout_add_rms_norm, _dropout_add_rms_norm_c = _entry("dropout_add_rms_norm")
 
 _ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
@@ -420,3 +424,73 @@ def linear_cross_entropy(
         chunk_size,
         mask,
     )[0]
+
+
+def dropout_add_layer_norm(
+    input,
+    residual,
+    normalized_shape,
+    weight=None,
+    bias=None,
+    eps=1e-5,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+):
+    """The post-sublayer residual step in one kernel: s = residual + dropout(input +
+    input_bias, p), returns (layer_norm(s), s). s is float32 when residual_in_fp32, else
+    input's dtype. The mask is never stored (backward regenerates it, as `dropout`); with
+    p=0 or training=False and no input_bias it is add_layer_norm."""
+    _check_dropout_p(p)
+    try:
+        op = _dropout_add_layer_norm if _compiling() else _dropout_add_layer_norm_c
+        out = op(
+            input,
+            residual,
+            list(_shape(normalized_shape)),
+            weight,
+            bias,
+            eps,
+            p=p,
+            training=training,
+            input_bias=input_bias,
+            residual_in_fp32=residual_in_fp32,
+        )
+    except RuntimeError as e:
+        raise _type_error(e, "dropout_add_layer_norm") from None
+    return out[0], out[1]
+
+
+def dropout_add_rms_norm(
+    input,
+    residual,
+    normalized_shape,
+    weight=None,
+    eps=None,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+):
+    """As dropout_add_layer_norm with rms_norm: returns (rms_norm(s), s), s = residual +
+    dropout(input + input_bias, p)."""
+    _check_dropout_p(p)
+    try:
+        op = _dropout_add_rms_norm if _compiling() else _dropout_add_rms_norm_c
+        out = op(
+            input,
+            residual,
+            list(_shape(normalized_shape)),
+            weight,
+            eps,
+            p=p,
+            training=training,
+            input_bias=input_bias,
+            residual_in_fp32=residual_in_fp32,
+        )
+    except RuntimeError as e:
+        raise _type_error(e, "dropout_add_rms_norm") from None
+    return out[0], out[1]

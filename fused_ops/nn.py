@@ -19,6 +19,8 @@ __all__ = [
     "Dropout",
     "Linear",
     "CrossEntropyLoss",
+    "DropoutAddLayerNorm",
+    "DropoutAddRMSNorm",
 ]
 
 
@@ -175,3 +177,97 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
             z_loss=self.z_loss,
             inplace_backward=self.inplace_backward,
         )
+
+
+class DropoutAddLayerNorm(torch.nn.LayerNorm):
+    """s = residual + dropout(input + input_bias, p), then LayerNorm(s): returns (y, s).
+    torch.nn.LayerNorm's arguments, parameters and state dict, plus keyword-only p and
+    residual_in_fp32; the dropout is active in training mode, as torch.nn.Dropout."""
+
+    p: float
+    residual_in_fp32: bool
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        p: float = 0.0,
+        residual_in_fp32: bool = False,
+    ):
+        if p < 0.0 or p > 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        self.p = p
+        self.residual_in_fp32 = residual_in_fp32
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        residual: torch.Tensor,
+        input_bias: Optional[torch.Tensor] = None,
+    ):
+        return functional.dropout_add_layer_norm(
+            input,
+            residual,
+            self.normalized_shape,
+            self.weight,
+            self.bias,
+            self.eps,
+            p=self.p,
+            training=self.training,
+            input_bias=input_bias,
+            residual_in_fp32=self.residual_in_fp32,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, p={self.p}, residual_in_fp32={self.residual_in_fp32}"
+
+
+class DropoutAddRMSNorm(torch.nn.RMSNorm):
+    """As DropoutAddLayerNorm with torch.nn.RMSNorm's arguments, parameters and state dict."""
+
+    p: float
+    residual_in_fp32: bool
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps: Optional[float] = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        p: float = 0.0,
+        residual_in_fp32: bool = False,
+    ):
+        if p < 0.0 or p > 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.p = p
+        self.residual_in_fp32 = residual_in_fp32
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        residual: torch.Tensor,
+        input_bias: Optional[torch.Tensor] = None,
+    ):
+        return functional.dropout_add_rms_norm(
+            input,
+            residual,
+            self.normalized_shape,
+            self.weight,
+            self.eps,
+            p=self.p,
+            training=self.training,
+            input_bias=input_bias,
+            residual_in_fp32=self.residual_in_fp32,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, p={self.p}, residual_in_fp32={self.residual_in_fp32}"

@@ -10,6 +10,7 @@ Autograd is in C++: csrc/autograd/norm.cpp.
 """
 
 import torch
+from torch._library.effects import EffectType
 
 from ._checks import check_same_device
 
@@ -122,3 +123,63 @@ def _add_rms_norm_backward_fake(
         weight=weight,
     )
     return sum.new_empty(sum.shape), _param_grad(weight_grad, weight, grad_out, normalized_shape)
+
+
+# ---- the dropout forms ------------------------------------------------------------------
+# Random like fused::dropout: ORDERED effects keep torch.compile from merging two calls
+# (see _impl/dropout.py).
+for _op in ("fused::dropout_add_layer_norm", "fused::dropout_add_rms_norm"):
+    torch.library._register_effectful_op(_op, EffectType.ORDERED)
+
+
+@torch.library.register_fake("fused::dropout_add_layer_norm")
+def _dropout_add_layer_norm_fake(
+    x,
+    residual,
+    normalized_shape,
+    weight=None,
+    bias=None,
+    eps=1e-5,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+    generator=None,
+):
+    check_same_device(
+        "fused::dropout_add_layer_norm",
+        x,
+        residual=residual,
+        weight=weight,
+        bias=bias,
+        input_bias=input_bias,
+    )
+    s = x.new_empty(x.shape, dtype=_sum_dtype(x, residual_in_fp32))
+    stat = _stat(x, normalized_shape)
+    return x.new_empty(x.shape), s, stat, _stat(x, normalized_shape), _seed_offset(x)
+
+
+@torch.library.register_fake("fused::dropout_add_rms_norm")
+def _dropout_add_rms_norm_fake(
+    x,
+    residual,
+    normalized_shape,
+    weight=None,
+    eps=None,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+    generator=None,
+):
+    check_same_device(
+        "fused::dropout_add_rms_norm", x, residual=residual, weight=weight, input_bias=input_bias
+    )
+    s = x.new_empty(x.shape, dtype=_sum_dtype(x, residual_in_fp32))
+    return x.new_empty(x.shape), s, _stat(x, normalized_shape), _seed_offset(x)
+
+
+def _seed_offset(x):
+    return x.new_empty(2, dtype=torch.int64)
