@@ -55,8 +55,6 @@ _bias_dropout_add, _bias_dropout_add_c = _entry("bias_dropout_add")
 _matmul, _matmul_c = _entry("matmul")
 _linear, _linear_c = _entry("linear")
 _linear_fwd, _linear_fwd_c = _entry("linear_fwd")
-_dropout_add_layer_norm, _dropout_add_layer_norm_c = _entry("dropout_add_layer_norm")
-_dropout_add_rms_norm, _dropout_add_rms_norm_c = _entry("dropout_add_rms_norm")
 
 _ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
@@ -426,6 +424,19 @@ def linear_cross_entropy(
     )[0]
 
 
+def _dropout_add_norm(name, params, input, residual, normalized_shape, p, training, ib, rif32):
+    """The dropout forms' call: params = (weight, bias, eps) or (weight, eps)."""
+    _check_dropout_p(p)
+    try:
+        op = getattr(_ops, name).default
+        op = op if _compiling() else op._op
+        args = (input, residual, list(_shape(normalized_shape)), *params)
+        out = op(*args, p=p, training=training, input_bias=ib, residual_in_fp32=rif32)
+    except RuntimeError as e:
+        raise _type_error(e, name) from None
+    return out[0], out[1]
+
+
 def dropout_add_layer_norm(
     input,
     residual,
@@ -443,24 +454,18 @@ def dropout_add_layer_norm(
     input_bias, p), returns (layer_norm(s), s). s is float32 when residual_in_fp32, else
     input's dtype. The mask is never stored (backward regenerates it, as `dropout`); with
     p=0 or training=False and no input_bias it is add_layer_norm."""
-    _check_dropout_p(p)
-    try:
-        op = _dropout_add_layer_norm if _compiling() else _dropout_add_layer_norm_c
-        out = op(
-            input,
-            residual,
-            list(_shape(normalized_shape)),
-            weight,
-            bias,
-            eps,
-            p=p,
-            training=training,
-            input_bias=input_bias,
-            residual_in_fp32=residual_in_fp32,
-        )
-    except RuntimeError as e:
-        raise _type_error(e, "dropout_add_layer_norm") from None
-    return out[0], out[1]
+    params = (weight, bias, eps)
+    return _dropout_add_norm(
+        "dropout_add_layer_norm",
+        params,
+        input,
+        residual,
+        normalized_shape,
+        p,
+        training,
+        input_bias,
+        residual_in_fp32,
+    )
 
 
 def dropout_add_rms_norm(
@@ -477,20 +482,15 @@ def dropout_add_rms_norm(
 ):
     """As dropout_add_layer_norm with rms_norm: returns (rms_norm(s), s), s = residual +
     dropout(input + input_bias, p)."""
-    _check_dropout_p(p)
-    try:
-        op = _dropout_add_rms_norm if _compiling() else _dropout_add_rms_norm_c
-        out = op(
-            input,
-            residual,
-            list(_shape(normalized_shape)),
-            weight,
-            eps,
-            p=p,
-            training=training,
-            input_bias=input_bias,
-            residual_in_fp32=residual_in_fp32,
-        )
-    except RuntimeError as e:
-        raise _type_error(e, "dropout_add_rms_norm") from None
-    return out[0], out[1]
+    params = (weight, eps)
+    return _dropout_add_norm(
+        "dropout_add_rms_norm",
+        params,
+        input,
+        residual,
+        normalized_shape,
+        p,
+        training,
+        input_bias,
+        residual_in_fp32,
+    )

@@ -179,13 +179,34 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         )
 
 
-class DropoutAddLayerNorm(torch.nn.LayerNorm):
-    """s = residual + dropout(input + input_bias, p), then LayerNorm(s): returns (y, s).
-    torch.nn.LayerNorm's arguments, parameters and state dict, plus keyword-only p and
-    residual_in_fp32; the dropout is active in training mode, as torch.nn.Dropout."""
+class _DropoutAdd:
+    """What the dropout-add norms add to their torch.nn norm: p and residual_in_fp32."""
 
     p: float
     residual_in_fp32: bool
+
+    def _dropout_add(self, p: float, residual_in_fp32: bool):
+        if p < 0.0 or p > 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+        self.residual_in_fp32 = residual_in_fp32
+
+    def _kw(self, input_bias):
+        return dict(
+            p=self.p,
+            training=self.training,
+            input_bias=input_bias,
+            residual_in_fp32=self.residual_in_fp32,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, p={self.p}, residual_in_fp32={self.residual_in_fp32}"
+
+
+class DropoutAddLayerNorm(_DropoutAdd, torch.nn.LayerNorm):
+    """s = residual + dropout(input + input_bias, p), then LayerNorm(s): returns (y, s).
+    torch.nn.LayerNorm's arguments, parameters and state dict, plus keyword-only p and
+    residual_in_fp32; the dropout is active in training mode, as torch.nn.Dropout."""
 
     def __init__(
         self,
@@ -199,40 +220,19 @@ class DropoutAddLayerNorm(torch.nn.LayerNorm):
         p: float = 0.0,
         residual_in_fp32: bool = False,
     ):
-        if p < 0.0 or p > 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
-        self.p = p
-        self.residual_in_fp32 = residual_in_fp32
-
-    def forward(
-        self,
-        input: torch.Tensor,
-        residual: torch.Tensor,
-        input_bias: Optional[torch.Tensor] = None,
-    ):
-        return functional.dropout_add_layer_norm(
-            input,
-            residual,
-            self.normalized_shape,
-            self.weight,
-            self.bias,
-            self.eps,
-            p=self.p,
-            training=self.training,
-            input_bias=input_bias,
-            residual_in_fp32=self.residual_in_fp32,
+        torch.nn.LayerNorm.__init__(
+            self, normalized_shape, eps, elementwise_affine, bias, device, dtype
         )
+        self._dropout_add(p, residual_in_fp32)
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, p={self.p}, residual_in_fp32={self.residual_in_fp32}"
+    def forward(self, input, residual, input_bias=None):
+        ns, w, b = self.normalized_shape, self.weight, self.bias
+        kw = self._kw(input_bias)
+        return functional.dropout_add_layer_norm(input, residual, ns, w, b, self.eps, **kw)
 
 
-class DropoutAddRMSNorm(torch.nn.RMSNorm):
+class DropoutAddRMSNorm(_DropoutAdd, torch.nn.RMSNorm):
     """As DropoutAddLayerNorm with torch.nn.RMSNorm's arguments, parameters and state dict."""
-
-    p: float
-    residual_in_fp32: bool
 
     def __init__(
         self,
@@ -245,29 +245,10 @@ class DropoutAddRMSNorm(torch.nn.RMSNorm):
         p: float = 0.0,
         residual_in_fp32: bool = False,
     ):
-        if p < 0.0 or p > 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
-        self.p = p
-        self.residual_in_fp32 = residual_in_fp32
+        torch.nn.RMSNorm.__init__(self, normalized_shape, eps, elementwise_affine, device, dtype)
+        self._dropout_add(p, residual_in_fp32)
 
-    def forward(
-        self,
-        input: torch.Tensor,
-        residual: torch.Tensor,
-        input_bias: Optional[torch.Tensor] = None,
-    ):
-        return functional.dropout_add_rms_norm(
-            input,
-            residual,
-            self.normalized_shape,
-            self.weight,
-            self.eps,
-            p=self.p,
-            training=self.training,
-            input_bias=input_bias,
-            residual_in_fp32=self.residual_in_fp32,
-        )
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, p={self.p}, residual_in_fp32={self.residual_in_fp32}"
+    def forward(self, input, residual, input_bias=None):
+        ns, w = self.normalized_shape, self.weight
+        kw = self._kw(input_bias)
+        return functional.dropout_add_rms_norm(input, residual, ns, w, self.eps, **kw)

@@ -17,10 +17,10 @@ from .utils import (
     TOL,
     assert_close,
     assert_graph_replay_matches_eager,
+    capture_graph,
     cuda_kernel_names,
     offset_copy,
     poison_next_alloc,
-    skip_under_memcheck,
 )
 
 ops = torch.ops.fused
@@ -203,7 +203,9 @@ def check_backward(layer, x, r, w, b, ib, p, rif32=False, use_s=True, msg=""):
     gs = torch.randn_like(s)
     ((y.float() * gy.float()).sum() + ((s.float() * gs.float()).sum() if use_s else 0)).backward()
     keep = keep_mask(so, x.shape, p, x.device)
-    l64 = [t.detach().double().requires_grad_() if t is not None else None for t in (x, r, w, b, ib)]
+    l64 = [
+        t.detach().double().requires_grad_() if t is not None else None for t in (x, r, w, b, ib)
+    ]
     s64, y64 = ref64(layer, *l64, keep, p)
     ((y64 * gy.double()).sum() + ((s64 * gs.double()).sum() if use_s else 0)).backward()
     for name, got, want in zip("x r w b ib".split(), leaves, l64):
@@ -289,7 +291,9 @@ def test_forward_ad_and_torch_func_use_the_same_mask():
     y, jy = torch.func.jvp(f, (x,), (t,))
     torch.testing.assert_close(y, f(x))
     eps = 1e-6
-    torch.testing.assert_close(jy, (f(x + eps * t) - f(x - eps * t)) / (2 * eps), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        jy, (f(x + eps * t) - f(x - eps * t)) / (2 * eps), rtol=1e-5, atol=1e-6
+    )
     gx = torch.func.grad(lambda x: f(x).sum())(x)
     xl = x.clone().requires_grad_()
     f(xl).sum().backward()
@@ -327,13 +331,14 @@ def test_cpu_and_cuda_draw_the_same_mask():
     x = torch.randn(33, 1024)
     r = torch.randn(33, 1024)
     _, _, so = call(True, x.cuda(), r.cuda(), None, None, None, 0.25)
-    assert torch.equal(keep_mask(so.cpu(), x.shape, 0.25, "cpu"), keep_mask(so, x.shape, 0.25, "cuda").cpu())
+    assert torch.equal(
+        keep_mask(so.cpu(), x.shape, 0.25, "cpu"), keep_mask(so, x.shape, 0.25, "cuda").cpu()
+    )
 
 
 @CUDA
 @pytest.mark.parametrize("layer", [True, False])
 def test_cuda_graph_replay(layer):
-    skip_under_memcheck("CUDA graph capture")
     x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     r = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.rand(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -351,15 +356,7 @@ def test_cuda_graph_replay(layer):
         y.backward(gy)
         return y.detach(), s.detach(), so, x.grad, r.grad, ib.grad
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    graph, outs = capture_graph(step)
 
     def replay():
         graph.replay()
@@ -370,7 +367,7 @@ def test_cuda_graph_replay(layer):
     a = replay()
     b = replay()
     assert not torch.equal(a[2], b[2]) and not torch.equal(a[1], b[1])  # fresh masks
-    for y, s, so, dx, dr, dib in (a, b):
+    for _y, _s, so, dx, dr, _dib in (a, b):
         keep = keep_mask(so, x.shape, p, "cuda")
         assert torch.equal(dx != 0, keep & (dr != 0))  # backward used the forward's mask
     torch.manual_seed(21)
@@ -424,7 +421,12 @@ def test_opcheck(device):
 
     x, r, w, b, ib = t(5, 8), t(5, 8), t(8), t(8), t(8)
     # Deterministic settings for the full check (outputs compared across runs).
-    for p, training, bias in [(0.0, True, ib), (0.3, False, ib), (0.0, True, None), (1.0, True, ib)]:
+    for p, training, bias in [
+        (0.0, True, ib),
+        (0.3, False, ib),
+        (0.0, True, None),
+        (1.0, True, ib),
+    ]:
         kw = dict(p=p, training=training, input_bias=bias)
         torch.library.opcheck(ops.dropout_add_layer_norm.default, (x, r, [8], w, b, 1e-5), kw)
         torch.library.opcheck(ops.dropout_add_rms_norm.default, (x, r, [8], w, None), kw)

@@ -81,10 +81,9 @@ Tensor5 dropout_add_layer_norm_autocast(const at::Tensor& x, const at::Tensor& r
                                         double eps, double p, bool training, const OptT& ib,
                                         bool in_fp32, OptGen gen) {
   F32 c;
-  return dropout_add_layer_norm_op().call(F32::to(at::kFloat, x), F32::to(at::kFloat, r), ns,
-                                          F32::to(at::kFloat, w), F32::to(at::kFloat, b), eps, p,
-                                          training, F32::to(at::kFloat, ib), in_fp32,
-                                          std::move(gen));
+  return dropout_add_layer_norm_op().call(
+      F32::to(at::kFloat, x), F32::to(at::kFloat, r), ns, F32::to(at::kFloat, w),
+      F32::to(at::kFloat, b), eps, p, training, F32::to(at::kFloat, ib), in_fp32, std::move(gen));
 }
 
 at::Tensor softmax_autocast(const at::Tensor& x, int64_t dim, double scale, bool causal) {

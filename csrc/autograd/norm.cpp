@@ -189,8 +189,7 @@ at::ScalarType sum_dtype(const at::Tensor& x, bool residual_in_fp32) {
 // settings (AddNorm, DropoutAddNorm).
 Tensor3 add_norm_sum_grads(AutogradContext* ctx, const at::Tensor& dy, const at::Tensor& dsum) {
   const auto saved = ctx->get_saved_variables();
-  const at::Tensor &s = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3],
-                   &rstd = saved[4];
+  const at::Tensor &s = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3], &rstd = saved[4];
   const bool layer = ctx->saved_data["layer"].toBool();
   const bool want_w = needs_grad(ctx, "w_edge"), want_b = needs_grad(ctx, "b_edge");
   const auto ns = ctx->saved_data["ns"].toIntVector();
@@ -333,9 +332,9 @@ struct DropoutAddNorm : torch::autograd::Function<DropoutAddNorm> {
     at::AutoDispatchBelowADInplaceOrView below;
     at::Tensor y, s, mean, rstd, so;
     if (layer) {
-      std::tie(y, s, mean, rstd, so) = dropout_add_layer_norm_op().call(
-          x, residual, ns, weight, bias, *eps, p, training, input_bias, residual_in_fp32,
-          std::move(generator));
+      std::tie(y, s, mean, rstd, so) =
+          dropout_add_layer_norm_op().call(x, residual, ns, weight, bias, *eps, p, training,
+                                           input_bias, residual_in_fp32, std::move(generator));
       ctx->mark_non_differentiable({mean, rstd, so});
     } else {
       std::tie(y, s, rstd, so) =
@@ -413,13 +412,12 @@ Tensor5 dropout_add_norm_composite(const at::Tensor& x, const at::Tensor& residu
   at::Tensor mask, so;
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    std::tie(mask, so) = dropout_op().call(at::ones(x.sizes(), x.options().dtype(acc)), p,
-                                           training, std::move(generator));
+    std::tie(mask, so) = dropout_op().call(at::ones(x.sizes(), x.options().dtype(acc)), p, training,
+                                           std::move(generator));
   }
   at::Tensor xb = x.to(acc);
   if (input_bias.has_value() && input_bias->defined()) xb = xb + input_bias->to(acc);
-  const at::Tensor s =
-      (residual.to(acc) + xb * mask).to(sum_dtype(x, residual_in_fp32));
+  const at::Tensor s = (residual.to(acc) + xb * mask).to(sum_dtype(x, residual_in_fp32));
   const int64_t k = static_cast<int64_t>(ns.size());
   const at::Tensor y = norm_forward_composite(
       s, k, value_or_undefined(weight), value_or_undefined(bias), layer, eps, x.scalar_type());
@@ -429,9 +427,8 @@ Tensor5 dropout_add_norm_composite(const at::Tensor& x, const at::Tensor& residu
 
 Tensor5 dropout_add_layer_norm_autograd(const at::Tensor& x, const at::Tensor& residual,
                                         at::IntArrayRef ns, const OptT& weight, const OptT& bias,
-                                        double eps, double p, bool training,
-                                        const OptT& input_bias, bool residual_in_fp32,
-                                        OptGen generator) {
+                                        double eps, double p, bool training, const OptT& input_bias,
+                                        bool residual_in_fp32, OptGen generator) {
   if (composite(x, residual, weight, bias, input_bias)) {
     return dropout_add_norm_composite(x, residual, ns, weight, bias, input_bias, eps, p, training,
                                       residual_in_fp32, std::move(generator), true);
@@ -441,9 +438,9 @@ Tensor5 dropout_add_layer_norm_autograd(const at::Tensor& x, const at::Tensor& r
     return dropout_add_layer_norm_op().call(x, residual, ns, weight, bias, eps, p, training,
                                             input_bias, residual_in_fp32, std::move(generator));
   }
-  auto out = DropoutAddNorm::apply(x, residual, ns, weight, bias, input_bias,
-                                   std::optional<double>(eps), p, training, residual_in_fp32,
-                                   std::move(generator), true);
+  auto out =
+      DropoutAddNorm::apply(x, residual, ns, weight, bias, input_bias, std::optional<double>(eps),
+                            p, training, residual_in_fp32, std::move(generator), true);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 
@@ -453,10 +450,10 @@ Tensor4 dropout_add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& res
                                       const OptT& input_bias, bool residual_in_fp32,
                                       OptGen generator) {
   if (composite(x, residual, weight, input_bias)) {
-    auto [y, s, mean, rstd, so] = dropout_add_norm_composite(
-        x, residual, ns, weight, std::nullopt, input_bias,
-        eps.value_or(rms_default_eps(x.scalar_type())), p, training, residual_in_fp32,
-        std::move(generator), false);
+    auto [y, s, mean, rstd, so] =
+        dropout_add_norm_composite(x, residual, ns, weight, std::nullopt, input_bias,
+                                   eps.value_or(rms_default_eps(x.scalar_type())), p, training,
+                                   residual_in_fp32, std::move(generator), false);
     return {y, s, rstd, so};
   }
   if (!must_record(x, residual, weight, input_bias)) {

@@ -340,9 +340,10 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_op(
 // ---- the dropout forms: s = residual + dropout(x + input_bias), y = norm(s) ------------------
 
 // A backend's bias_dropout_add forward (common/dropout.h).
-using BiasDropoutAddFn = std::tuple<at::Tensor, at::Tensor> (*)(
-    const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double, bool,
-    std::optional<at::Generator>);
+using BiasDropoutAddFn = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&,
+                                                                const std::optional<at::Tensor>&,
+                                                                const at::Tensor&, double, bool,
+                                                                std::optional<at::Generator>);
 
 // Checks, allocates and runs one dropout-form forward; the result's seed_offset regenerates
 // the mask (bias_dropout_add_backward). Without a mask and without input_bias it is exactly
@@ -414,10 +415,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dropout_add_rms_norm_
 }
 
 // Registers the dropout forms of one backend (FUSED: its kernels take the dropout stage).
-#define FUSED_REGISTER_DROPOUT_NORM_OPS(m, RUN_FWD, COMPOSE, FUSED)                             \
-  do {                                                                                        \
-    m.impl("dropout_add_layer_norm",                                                          \
-           &::fused::dropout_add_layer_norm_op<RUN_FWD, &COMPOSE, FUSED>);                    \
+#define FUSED_REGISTER_DROPOUT_NORM_OPS(m, RUN_FWD, COMPOSE, FUSED)                              \
+  do {                                                                                           \
+    m.impl("dropout_add_layer_norm",                                                             \
+           &::fused::dropout_add_layer_norm_op<RUN_FWD, &COMPOSE, FUSED>);                       \
     m.impl("dropout_add_rms_norm", &::fused::dropout_add_rms_norm_op<RUN_FWD, &COMPOSE, FUSED>); \
   } while (0)
 

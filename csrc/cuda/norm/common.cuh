@@ -74,7 +74,7 @@ struct FwdParams {
   int64_t rows;
   int cols;
   float eps;
-  bool layer;  // subtract the mean (layer norm) or not (rms norm)
+  bool layer;        // subtract the mean (layer norm) or not (rms norm)
   const T* in_bias;  // the dropout forms: [cols], added to x before the mask; or nullptr
   FwdDropout drop;   // the dropout forms' stage (drop.on), else off
 };

@@ -118,7 +118,8 @@ auto fixed_kernel(const Step& s, std::integer_sequence<int, TPRS...>) {
     if (s.fixed != TPR) return;
     kernel = s.res ? (s.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
                    : (s.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
-    if (s.drop) kernel = s.layer ? norm_fwd_fixed<T, TPR, 1, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1, 1>;
+    if (s.drop)
+      kernel = s.layer ? norm_fwd_fixed<T, TPR, 1, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1, 1>;
   };
   (pick(std::integral_constant<int, TPRS>{}), ...);
   return kernel;

@@ -83,7 +83,7 @@ struct Problem {
   bool residual = false;                       // forward: the add forms
   bool dsum = false;                           // backward: the add forms' grad_sum
   bool aligned = true;                         // every pointer aligned to VEC elements of its type
-  int grads = 0;  // backward: parameter gradients asked for (dweight, dbias: 0-2)
+  int grads = 0;         // backward: parameter gradients asked for (dweight, dbias: 0-2)
   bool dropout = false;  // forward: the dropout forms' input stage (with residual)
 };
 
