@@ -34,9 +34,12 @@ constexpr int fixed_min_blocks(int block) {
                                                                   : kFwdMaxThreads / block;
 }
 
-// DROP: the dropout forms' input stage (drop_input) on x before the residual add.
+// DROP: the dropout forms' input stage (drop_input) on x before the residual add; at the
+// plain block count (the 384-thread rows' extra block would leave 56 registers: the Philox
+// rounds spill 8-56 bytes there on sm_90a).
 template <typename T, int TPR, int LAYER, int RES, int DROP = 0>
-__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR)) norm_fwd_fixed(FwdParams<T, T, T> p) {
+__global__ void __launch_bounds__(TPR, DROP ? kFwdMaxThreads / TPR : fixed_min_blocks(TPR))
+    norm_fwd_fixed(FwdParams<T, T, T> p) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   static_assert(!DROP || RES, "the dropout forms add a residual");
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
