@@ -424,8 +424,11 @@ def linear_cross_entropy(
     )[0]
 
 
-def _dropout_add_norm(name, params, input, residual, normalized_shape, p, training, ib, rif32):
-    """The dropout forms' call: params = (weight, bias, eps) or (weight, eps)."""
+def _dropout_add_norm(name, head, params, opts):
+    """The dropout forms' call: head = (input, residual, normalized_shape), params =
+    (weight, bias, eps) or (weight, eps), opts = (p, training, input_bias, residual_in_fp32)."""
+    input, residual, normalized_shape = head
+    p, training, ib, rif32 = opts
     _check_dropout_p(p)
     try:
         op = getattr(_ops, name).default
@@ -454,18 +457,9 @@ def dropout_add_layer_norm(
     input_bias, p), returns (layer_norm(s), s). s is float32 when residual_in_fp32, else
     input's dtype. The mask is never stored (backward regenerates it, as `dropout`); with
     p=0 or training=False and no input_bias it is add_layer_norm."""
-    params = (weight, bias, eps)
-    return _dropout_add_norm(
-        "dropout_add_layer_norm",
-        params,
-        input,
-        residual,
-        normalized_shape,
-        p,
-        training,
-        input_bias,
-        residual_in_fp32,
-    )
+    head = (input, residual, normalized_shape)
+    opts = (p, training, input_bias, residual_in_fp32)
+    return _dropout_add_norm("dropout_add_layer_norm", head, (weight, bias, eps), opts)
 
 
 def dropout_add_rms_norm(
@@ -482,15 +476,6 @@ def dropout_add_rms_norm(
 ):
     """As dropout_add_layer_norm with rms_norm: returns (rms_norm(s), s), s = residual +
     dropout(input + input_bias, p)."""
-    params = (weight, eps)
-    return _dropout_add_norm(
-        "dropout_add_rms_norm",
-        params,
-        input,
-        residual,
-        normalized_shape,
-        p,
-        training,
-        input_bias,
-        residual_in_fp32,
-    )
+    head = (input, residual, normalized_shape)
+    opts = (p, training, input_bias, residual_in_fp32)
+    return _dropout_add_norm("dropout_add_rms_norm", head, (weight, eps), opts)
