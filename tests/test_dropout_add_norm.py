@@ -10,7 +10,7 @@ import torch
 import fused_ops
 from fused_ops import reference
 
-from .utils import (
+from utils import (
     CUDA,
     DEVICES,
     DTYPES,
@@ -108,7 +108,7 @@ def test_forward_matches_float64(device, dtype, layer, cols):
     for p, with_ib in [(0.1, True), (0.5, False), (0.001, True)]:  # 16-bit, then 32-bit draws
         x, r, w, b, ib = inputs(37, cols, dtype, device, with_ib=with_ib)
         keep = check_forward(layer, x, r, w, b, ib, p, msg=f"p={p}")
-        if x.numel() >= 1000:
+        if x.numel() >= 1000 and p >= 0.1:
             assert 0 < keep.sum() < keep.numel()
 
 
@@ -197,6 +197,7 @@ def test_no_dropout_equals_add_norm(device, dtype, cols):
 
 
 def check_backward(layer, x, r, w, b, ib, p, rif32=False, use_s=True, msg=""):
+    b = b if layer else None  # rms norm has no bias
     leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, r, w, b, ib)]
     y, s, so = call(layer, *leaves, p, rif32=rif32)
     gy = torch.randn_like(y)
