@@ -132,53 +132,27 @@ for _op in ("fused::dropout_add_layer_norm", "fused::dropout_add_rms_norm"):
     torch.library._register_effectful_op(_op, EffectType.ORDERED)
 
 
+# The keyword-only arguments (p, training, input_bias, residual_in_fp32, generator) as kw.
+def _dropout_add_outputs(op, x, residual, normalized_shape, params, kw, layer):
+    check_same_device(op, x, residual=residual, input_bias=kw.get("input_bias"), **params)
+    s = x.new_empty(x.shape, dtype=_sum_dtype(x, kw.get("residual_in_fp32", False)))
+    stats = (_stat(x, normalized_shape),) * (2 if layer else 1)
+    return (x.new_empty(x.shape), s, *(t.clone() for t in stats), _seed_offset(x))
+
+
 @torch.library.register_fake("fused::dropout_add_layer_norm")
 def _dropout_add_layer_norm_fake(
-    x,
-    residual,
-    normalized_shape,
-    weight=None,
-    bias=None,
-    eps=1e-5,
-    *,
-    p=0.0,
-    training=True,
-    input_bias=None,
-    residual_in_fp32=False,
-    generator=None,
+    x, residual, normalized_shape, weight=None, bias=None, eps=1e-5, **kw
 ):
-    check_same_device(
-        "fused::dropout_add_layer_norm",
-        x,
-        residual=residual,
-        weight=weight,
-        bias=bias,
-        input_bias=input_bias,
-    )
-    s = x.new_empty(x.shape, dtype=_sum_dtype(x, residual_in_fp32))
-    stat = _stat(x, normalized_shape)
-    return x.new_empty(x.shape), s, stat, _stat(x, normalized_shape), _seed_offset(x)
+    params = {"weight": weight, "bias": bias}
+    op = "fused::dropout_add_layer_norm"
+    return _dropout_add_outputs(op, x, residual, normalized_shape, params, kw, True)
 
 
 @torch.library.register_fake("fused::dropout_add_rms_norm")
-def _dropout_add_rms_norm_fake(
-    x,
-    residual,
-    normalized_shape,
-    weight=None,
-    eps=None,
-    *,
-    p=0.0,
-    training=True,
-    input_bias=None,
-    residual_in_fp32=False,
-    generator=None,
-):
-    check_same_device(
-        "fused::dropout_add_rms_norm", x, residual=residual, weight=weight, input_bias=input_bias
-    )
-    s = x.new_empty(x.shape, dtype=_sum_dtype(x, residual_in_fp32))
-    return x.new_empty(x.shape), s, _stat(x, normalized_shape), _seed_offset(x)
+def _dropout_add_rms_norm_fake(x, residual, normalized_shape, weight=None, eps=None, **kw):
+    op = "fused::dropout_add_rms_norm"
+    return _dropout_add_outputs(op, x, residual, normalized_shape, {"weight": weight}, kw, False)
 
 
 def _seed_offset(x):
