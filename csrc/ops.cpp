@@ -85,6 +85,23 @@ TORCH_LIBRARY(fused, m) {
   m.def(
       "bias_dropout_add_backward(Tensor grad_out, Tensor seed_offset, float p) -> (Tensor grad_x, "
       "Tensor grad_bias)");
+  // dropout_add_layer_norm: s = residual + dropout(x + input_bias, p) (float32 if
+  // residual_in_fp32, else x's dtype), y = layer_norm(s); returns (y, s, mean, rstd,
+  // seed_offset). The backward composes add_layer_norm_backward and bias_dropout_add_backward.
+  m.def(
+      "dropout_add_layer_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? "
+      "weight=None, Tensor? bias=None, float eps=1e-05, *, float p=0., bool training=True, "
+      "Tensor? input_bias=None, bool residual_in_fp32=False, Generator? generator=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::nondeterministic_seeded});
+  // dropout_add_rms_norm: as dropout_add_layer_norm with rms_norm; returns (y, s, rstd,
+  // seed_offset).
+  m.def(
+      "dropout_add_rms_norm(Tensor x, Tensor residual, int[] normalized_shape, Tensor? "
+      "weight=None, float? eps=None, *, float p=0., bool training=True, Tensor? input_bias=None, "
+      "bool residual_in_fp32=False, Generator? generator=None) -> (Tensor, Tensor, Tensor, "
+      "Tensor)",
+      {at::Tag::nondeterministic_seeded});
   // matmul: torch.matmul for 2-D and 3-D (batch-broadcast) operands, tensor-core kernel on CUDA.
   m.def("matmul(Tensor a, Tensor b) -> Tensor");
   // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the

@@ -29,6 +29,8 @@ __all__ = [
     "linear",
     "cross_entropy",
     "linear_cross_entropy",
+    "dropout_add_layer_norm",
+    "dropout_add_rms_norm",
 ]
 
 _ops = torch.ops.fused
@@ -388,3 +390,60 @@ def linear_cross_entropy(
         reduction == "mean",
         chunk_size,
     )[0]
+
+
+def _dropout_add_norm(name, head, params, opts):
+    """The dropout forms' call: head = (input, residual, normalized_shape), params =
+    (weight, bias, eps) or (weight, eps), opts = (p, training, input_bias, residual_in_fp32)."""
+    input, residual, normalized_shape = head
+    p, training, ib, rif32 = opts
+    _check_dropout_p(p)
+    try:
+        op = getattr(_ops, name).default
+        op = op if _compiling() else op._op
+        args = (input, residual, list(_shape(normalized_shape)), *params)
+        out = op(*args, p=p, training=training, input_bias=ib, residual_in_fp32=rif32)
+    except RuntimeError as e:
+        raise _type_error(e, name) from None
+    return out[0], out[1]
+
+
+def dropout_add_layer_norm(
+    input,
+    residual,
+    normalized_shape,
+    weight=None,
+    bias=None,
+    eps=1e-5,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+):
+    """The post-sublayer residual step in one kernel: s = residual + dropout(input +
+    input_bias, p), returns (layer_norm(s), s). s is float32 when residual_in_fp32, else
+    input's dtype. The mask is never stored (backward regenerates it, as `dropout`); with
+    p=0 or training=False and no input_bias it is add_layer_norm."""
+    head = (input, residual, normalized_shape)
+    opts = (p, training, input_bias, residual_in_fp32)
+    return _dropout_add_norm("dropout_add_layer_norm", head, (weight, bias, eps), opts)
+
+
+def dropout_add_rms_norm(
+    input,
+    residual,
+    normalized_shape,
+    weight=None,
+    eps=None,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+):
+    """As dropout_add_layer_norm with rms_norm: returns (rms_norm(s), s), s = residual +
+    dropout(input + input_bias, p)."""
+    head = (input, residual, normalized_shape)
+    opts = (p, training, input_bias, residual_in_fp32)
+    return _dropout_add_norm("dropout_add_rms_norm", head, (weight, eps), opts)

@@ -19,6 +19,8 @@ __all__ = [
     "Dropout",
     "Linear",
     "CrossEntropyLoss",
+    "DropoutAddLayerNorm",
+    "DropoutAddRMSNorm",
 ]
 
 
@@ -175,3 +177,78 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
             z_loss=self.z_loss,
             inplace_backward=self.inplace_backward,
         )
+
+
+class _DropoutAdd:
+    """What the dropout-add norms add to their torch.nn norm: p and residual_in_fp32."""
+
+    p: float
+    residual_in_fp32: bool
+
+    def _dropout_add(self, p: float, residual_in_fp32: bool):
+        if p < 0.0 or p > 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+        self.residual_in_fp32 = residual_in_fp32
+
+    def _kw(self, input_bias):
+        return dict(
+            p=self.p,
+            training=self.training,
+            input_bias=input_bias,
+            residual_in_fp32=self.residual_in_fp32,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, p={self.p}, residual_in_fp32={self.residual_in_fp32}"
+
+
+class DropoutAddLayerNorm(_DropoutAdd, torch.nn.LayerNorm):
+    """s = residual + dropout(input + input_bias, p), then LayerNorm(s): returns (y, s).
+    torch.nn.LayerNorm's arguments, parameters and state dict, plus keyword-only p and
+    residual_in_fp32; the dropout is active in training mode, as torch.nn.Dropout."""
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        p: float = 0.0,
+        residual_in_fp32: bool = False,
+    ):
+        torch.nn.LayerNorm.__init__(
+            self, normalized_shape, eps, elementwise_affine, bias, device, dtype
+        )
+        self._dropout_add(p, residual_in_fp32)
+
+    def forward(self, input, residual, input_bias=None):
+        ns, w, b = self.normalized_shape, self.weight, self.bias
+        kw = self._kw(input_bias)
+        return functional.dropout_add_layer_norm(input, residual, ns, w, b, self.eps, **kw)
+
+
+class DropoutAddRMSNorm(_DropoutAdd, torch.nn.RMSNorm):
+    """As DropoutAddLayerNorm with torch.nn.RMSNorm's arguments, parameters and state dict."""
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps: Optional[float] = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        p: float = 0.0,
+        residual_in_fp32: bool = False,
+    ):
+        torch.nn.RMSNorm.__init__(self, normalized_shape, eps, elementwise_affine, device, dtype)
+        self._dropout_add(p, residual_in_fp32)
+
+    def forward(self, input, residual, input_bias=None):
+        ns, w = self.normalized_shape, self.weight
+        kw = self._kw(input_bias)
+        return functional.dropout_add_rms_norm(input, residual, ns, w, self.eps, **kw)

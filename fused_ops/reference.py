@@ -107,3 +107,51 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) ->
     if activation == "gelu_tanh":
         return torch.nn.functional.gelu(y, approximate="tanh")
     return y
+
+
+def _dropout_add(x, residual, p, training, input_bias, residual_in_fp32, keep):
+    """residual + dropout(x + input_bias); keep: the boolean keep mask to apply (the one a
+    fused call drew), or None for torch's own dropout."""
+    h = x + input_bias if input_bias is not None else x
+    if keep is not None and training and p > 0.0:
+        h = h * keep * (1.0 / (1.0 - p))
+    elif keep is None:
+        h = torch.nn.functional.dropout(h, p, training)
+    return h.float() + residual.float() if residual_in_fp32 else h + residual.to(x.dtype)
+
+
+def dropout_add_layer_norm(
+    x,
+    residual,
+    normalized_shape,
+    weight=None,
+    bias=None,
+    eps=1e-5,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+    keep=None,
+):
+    s = _dropout_add(x, residual, p, training, input_bias, residual_in_fp32, keep)
+    return layer_norm(s, normalized_shape, weight, bias, eps).to(x.dtype), s
+
+
+def dropout_add_rms_norm(
+    x,
+    residual,
+    normalized_shape,
+    weight=None,
+    eps=None,
+    *,
+    p=0.0,
+    training=True,
+    input_bias=None,
+    residual_in_fp32=False,
+    keep=None,
+):
+    s = _dropout_add(x, residual, p, training, input_bias, residual_in_fp32, keep)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    return rms_norm(s, normalized_shape, weight, eps).to(x.dtype), s

@@ -96,11 +96,9 @@ def cuda_kernel_names(fn):
     return [e.name for e in prof.events()]
 
 
-def assert_graph_replay_matches_eager(step, refill, names, msg="", rounds=2):
-    """Capture step() (a tuple of output tensors) in a CUDA graph, after a warm-up on a side
-    stream that keeps launch-shape queries and allocations out of the capture; then `rounds`
-    times refill() the captured inputs in place, replay, and compare every output bit for
-    bit with an eager step() on the same data."""
+def capture_graph(step):
+    """(graph, outputs) of step() captured in a CUDA graph, after a warm-up on a side stream
+    that keeps launch-shape queries and allocations out of the capture."""
     skip_under_memcheck("CUDA graph capture")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -111,6 +109,15 @@ def assert_graph_replay_matches_eager(step, refill, names, msg="", rounds=2):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = step()
+    return graph, outs
+
+
+def assert_graph_replay_matches_eager(step, refill, names, msg="", rounds=2):
+    """Capture step() (a tuple of output tensors) in a CUDA graph, after a warm-up on a side
+    stream that keeps launch-shape queries and allocations out of the capture; then `rounds`
+    times refill() the captured inputs in place, replay, and compare every output bit for
+    bit with an eager step() on the same data."""
+    graph, outs = capture_graph(step)
     for _ in range(rounds):
         with torch.no_grad():
             refill()

@@ -5,7 +5,9 @@
 //                                   on CUDA: run in float32 (outputs float32), as
 //                                   F.layer_norm / F.softmax do under CUDA autocast;
 //                                   on CPU: untouched, as torch leaves them;
-//   rms_norm, add_rms_norm          untouched (F.rms_norm has no autocast rule);
+//   dropout_add_layer_norm          as add_layer_norm (float32 on CUDA, input_bias too);
+//   rms_norm, add_rms_norm, dropout_add_rms_norm
+//                                   untouched (F.rms_norm has no autocast rule);
 //   bias_dropout_add                inputs promoted to their widest floating dtype (its
 //                                   twin, residual + dropout(x + bias), promotes);
 //   linear_cross_entropy            hidden, weight, bias cast to the autocast dtype, as the
@@ -90,6 +92,16 @@ Tensor4 add_layer_norm_autocast(const at::Tensor& x, const at::Tensor& r, at::In
                                   F32::to(at::kFloat, w), F32::to(at::kFloat, b), eps, in_fp32);
 }
 
+Tensor5 dropout_add_layer_norm_autocast(const at::Tensor& x, const at::Tensor& r,
+                                        at::IntArrayRef ns, const OptT& w, const OptT& b,
+                                        double eps, double p, bool training, const OptT& ib,
+                                        bool in_fp32, OptGen gen) {
+  F32 c;
+  return dropout_add_layer_norm_op().call(
+      F32::to(at::kFloat, x), F32::to(at::kFloat, r), ns, F32::to(at::kFloat, w),
+      F32::to(at::kFloat, b), eps, p, training, F32::to(at::kFloat, ib), in_fp32, std::move(gen));
+}
+
 at::Tensor softmax_autocast(const at::Tensor& x, int64_t dim, double scale, bool causal) {
   F32 c;
   return softmax_op().call(F32::to(at::kFloat, x), dim, scale, causal);
@@ -125,6 +137,7 @@ TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
   m.impl("softmax", &softmax_autocast);
   m.impl("log_softmax", &log_softmax_autocast);
   m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCUDA>);
+  m.impl("dropout_add_layer_norm", &dropout_add_layer_norm_autocast);
 }
 
 TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {

@@ -2,6 +2,7 @@
 // common.h for the scheme). mean / rstd are outputs for the backward only: they are marked
 // non-differentiable, and an unused output's gradient arrives undefined rather than as a
 // zero tensor (set_materialize_grads(false)), which saves a fill kernel per output.
+#include <ATen/ops/ones.h>
 #include <ATen/ops/rsqrt.h>
 #include <torch/library.h>
 
@@ -183,6 +184,36 @@ at::ScalarType sum_dtype(const at::Tensor& x, bool residual_in_fp32) {
   return residual_in_fp32 && x.scalar_type() != at::kDouble ? at::kFloat : x.scalar_type();
 }
 
+// The add forms' backward below the sum: (ds, dweight, dbias), ds = the gradient reaching
+// s through y plus dsum, in s's dtype. ctx holds s, weight, bias, mean, rstd and the norm's
+// settings (AddNorm, DropoutAddNorm).
+Tensor3 add_norm_sum_grads(AutogradContext* ctx, const at::Tensor& dy, const at::Tensor& dsum) {
+  const auto saved = ctx->get_saved_variables();
+  const at::Tensor &s = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3], &rstd = saved[4];
+  const bool layer = ctx->saved_data["layer"].toBool();
+  const bool want_w = needs_grad(ctx, "w_edge"), want_b = needs_grad(ctx, "b_edge");
+  const auto ns = ctx->saved_data["ns"].toIntVector();
+  at::Tensor ds, dw, db;
+  if (differentiable_backward()) {
+    std::tie(ds, dw, db) =
+        norm_backward_composite(dy, s, static_cast<int64_t>(ns.size()), w, b, layer,
+                                ctx->saved_data["eps"].toDouble(), want_w, want_b);
+    if (dsum.defined()) ds = ds + dsum;
+  } else {
+    at::AutoDispatchBelowADInplaceOrView below;
+    const OptT wo = w.defined() ? OptT(w) : std::nullopt;
+    const OptT dso = dsum.defined() ? OptT(dsum) : std::nullopt;
+    if (layer) {
+      const OptT bo = b.defined() ? OptT(b) : std::nullopt;
+      std::tie(ds, dw, db) =
+          add_layer_norm_backward_op().call(dy, dso, s, ns, mean, rstd, wo, bo, {want_w, want_b});
+    } else {
+      std::tie(ds, dw) = add_rms_norm_backward_op().call(dy, dso, s, ns, rstd, wo, want_w);
+    }
+  }
+  return {ds, dw, db};
+}
+
 struct AddNorm : torch::autograd::Function<AddNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
                                const at::Tensor& residual, at::IntArrayRef ns, const OptT& weight,
@@ -226,34 +257,12 @@ struct AddNorm : torch::autograd::Function<AddNorm> {
       }
       return out;
     }
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &s = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3],
-                     &rstd = saved[4];
-    const bool layer = ctx->saved_data["layer"].toBool();
-    const bool want_w = needs_grad(ctx, "w_edge"), want_b = needs_grad(ctx, "b_edge");
-    const auto ns = ctx->saved_data["ns"].toIntVector();
     at::Tensor ds, dw, db;
-    if (differentiable_backward()) {
-      std::tie(ds, dw, db) =
-          norm_backward_composite(dy, s, static_cast<int64_t>(ns.size()), w, b, layer,
-                                  ctx->saved_data["eps"].toDouble(), want_w, want_b);
-      if (dsum.defined()) ds = ds + dsum;
-    } else {
-      at::AutoDispatchBelowADInplaceOrView below;
-      const OptT wo = w.defined() ? OptT(w) : std::nullopt;
-      const OptT dso = dsum.defined() ? OptT(dsum) : std::nullopt;
-      if (layer) {
-        const OptT bo = b.defined() ? OptT(b) : std::nullopt;
-        std::tie(ds, dw, db) =
-            add_layer_norm_backward_op().call(dy, dso, s, ns, mean, rstd, wo, bo, {want_w, want_b});
-      } else {
-        std::tie(ds, dw) = add_rms_norm_backward_op().call(dy, dso, s, ns, rstd, wo, want_w);
-      }
-    }
+    std::tie(ds, dw, db) = add_norm_sum_grads(ctx, dy, dsum);
     out[0] = ds.to(x_dtype);
     out[1] = ds.to(r_dtype);
-    if (want_w) out[3] = dw;
-    if (want_b) out[4] = db;
+    if (needs_grad(ctx, "w_edge")) out[3] = dw;
+    if (needs_grad(ctx, "b_edge")) out[4] = db;
     return out;
   }
 };
@@ -308,9 +317,160 @@ Tensor3 add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& residual, a
   return {out[0], out[1], out[2]};
 }
 
+// ---- dropout_add_layer_norm / dropout_add_rms_norm ---------------------------------------
+// s = residual + dropout(x + input_bias), y = norm(s). The backward is the add forms' (ds,
+// the gradient reaching s, is d_residual) followed by dropout's: d_x = mask * ds / (1 - p)
+// and d_input_bias = its column sums, the mask regenerated from seed_offset
+// (bias_dropout_add_backward).
+
+struct DropoutAddNorm : torch::autograd::Function<DropoutAddNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual, at::IntArrayRef ns, const OptT& weight,
+                               const OptT& bias, const OptT& input_bias, std::optional<double> eps,
+                               double p, bool training, bool residual_in_fp32, OptGen generator,
+                               bool layer) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor y, s, mean, rstd, so;
+    if (layer) {
+      std::tie(y, s, mean, rstd, so) =
+          dropout_add_layer_norm_op().call(x, residual, ns, weight, bias, *eps, p, training,
+                                           input_bias, residual_in_fp32, std::move(generator));
+      ctx->mark_non_differentiable({mean, rstd, so});
+    } else {
+      std::tie(y, s, rstd, so) =
+          dropout_add_rms_norm_op().call(x, residual, ns, weight, eps, p, training, input_bias,
+                                         residual_in_fp32, std::move(generator));
+      ctx->mark_non_differentiable({rstd, so});
+    }
+    ctx->set_materialize_grads(false);
+    // As AddNorm's (add_norm_sum_grads reads them), then seed_offset.
+    ctx->save_for_backward(
+        {s, value_or_undefined(weight), value_or_undefined(bias), mean, rstd, so});
+    EdgeIndex e;
+    e.take(true);
+    e.take(true);
+    ctx->saved_data["w_edge"] = e.take(weight.has_value() && weight->defined());
+    ctx->saved_data["b_edge"] = e.take(bias.has_value() && bias->defined());
+    const bool has_ib = input_bias.has_value() && input_bias->defined();
+    ctx->saved_data["ib_edge"] = e.take(has_ib);
+    if (has_ib) ctx->saved_data["ib_dtype"] = input_bias->scalar_type();
+    ctx->saved_data["ns"] = ns;
+    ctx->saved_data["eps"] = eps.value_or(rms_default_eps(x.scalar_type()));
+    ctx->saved_data["p"] = training ? p : 0.0;
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    ctx->saved_data["r_dtype"] = residual.scalar_type();
+    if (layer) return {y, s, mean, rstd, so};
+    return {y, s, rstd, so};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor &dy = grads[0], &dsum = grads[1];
+    variable_list out(12);
+    at::Tensor ds, dw, db;
+    if (dy.defined()) {
+      std::tie(ds, dw, db) = add_norm_sum_grads(ctx, dy, dsum);
+      if (needs_grad(ctx, "w_edge")) out[3] = dw;
+      if (needs_grad(ctx, "b_edge")) out[4] = db;
+    } else if (dsum.defined()) {  // only s was used: its gradient is ds
+      ds = dsum;
+    } else {
+      return out;
+    }
+    out[1] = ds.to(ctx->saved_data["r_dtype"].toScalarType());
+    const bool want_x = ctx->needs_input_grad(0), want_ib = needs_grad(ctx, "ib_edge");
+    if (!want_x && !want_ib) return out;
+    const at::Tensor so = ctx->get_saved_variables()[5];
+    const double p = ctx->saved_data["p"].toDouble();
+    at::Tensor dx, dib;
+    if (want_ib && !differentiable_backward()) {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(dx, dib) = bias_dropout_add_backward_op().call(ds, so, p);
+    } else {
+      if (differentiable_backward()) {  // through dropout_backward's autograd: differentiable
+        dx = dropout_backward_op().call(ds, so, p);
+      } else {
+        at::AutoDispatchBelowADInplaceOrView below;
+        dx = dropout_backward_op().call(ds, so, p);
+      }
+      if (want_ib) dib = dx.reshape({-1, dx.size(-1)}).sum(0, false, acc_dtype(dx));
+    }
+    if (want_x) out[0] = dx.to(ctx->saved_data["x_dtype"].toScalarType());
+    if (want_ib) out[5] = dib.to(ctx->saved_data["ib_dtype"].toScalarType());
+    return out;
+  }
+};
+
+// The dropout forms' composition (forward-mode AD, torch.func): the mask drawn as dropout of
+// float32 ones (the draws fused::dropout makes from the same generator state: the kernels'
+// mask), applied with differentiable ops; s rounded as the kernels round it.
+Tensor5 dropout_add_norm_composite(const at::Tensor& x, const at::Tensor& residual,
+                                   at::IntArrayRef ns, const OptT& weight, const OptT& bias,
+                                   const OptT& input_bias, double eps, double p, bool training,
+                                   bool residual_in_fp32, OptGen generator, bool layer) {
+  const at::ScalarType acc = acc_dtype(x);
+  at::Tensor mask, so;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(mask, so) = dropout_op().call(at::ones(x.sizes(), x.options().dtype(acc)), p, training,
+                                           std::move(generator));
+  }
+  at::Tensor xb = x.to(acc);
+  if (input_bias.has_value() && input_bias->defined()) xb = xb + input_bias->to(acc);
+  const at::Tensor s = (residual.to(acc) + xb * mask).to(sum_dtype(x, residual_in_fp32));
+  const int64_t k = static_cast<int64_t>(ns.size());
+  const at::Tensor y = norm_forward_composite(
+      s, k, value_or_undefined(weight), value_or_undefined(bias), layer, eps, x.scalar_type());
+  auto [mean, rstd] = stats_composite(s, k, layer, eps);
+  return {y, s, mean, rstd, so};
+}
+
+Tensor5 dropout_add_layer_norm_autograd(const at::Tensor& x, const at::Tensor& residual,
+                                        at::IntArrayRef ns, const OptT& weight, const OptT& bias,
+                                        double eps, double p, bool training, const OptT& input_bias,
+                                        bool residual_in_fp32, OptGen generator) {
+  if (composite(x, residual, weight, bias, input_bias)) {
+    return dropout_add_norm_composite(x, residual, ns, weight, bias, input_bias, eps, p, training,
+                                      residual_in_fp32, std::move(generator), true);
+  }
+  if (!must_record(x, residual, weight, bias, input_bias)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return dropout_add_layer_norm_op().call(x, residual, ns, weight, bias, eps, p, training,
+                                            input_bias, residual_in_fp32, std::move(generator));
+  }
+  auto out =
+      DropoutAddNorm::apply(x, residual, ns, weight, bias, input_bias, std::optional<double>(eps),
+                            p, training, residual_in_fp32, std::move(generator), true);
+  return {out[0], out[1], out[2], out[3], out[4]};
+}
+
+Tensor4 dropout_add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& residual,
+                                      at::IntArrayRef ns, const OptT& weight,
+                                      std::optional<double> eps, double p, bool training,
+                                      const OptT& input_bias, bool residual_in_fp32,
+                                      OptGen generator) {
+  if (composite(x, residual, weight, input_bias)) {
+    auto [y, s, mean, rstd, so] =
+        dropout_add_norm_composite(x, residual, ns, weight, std::nullopt, input_bias,
+                                   eps.value_or(rms_default_eps(x.scalar_type())), p, training,
+                                   residual_in_fp32, std::move(generator), false);
+    return {y, s, rstd, so};
+  }
+  if (!must_record(x, residual, weight, input_bias)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return dropout_add_rms_norm_op().call(x, residual, ns, weight, eps, p, training, input_bias,
+                                          residual_in_fp32, std::move(generator));
+  }
+  auto out = DropoutAddNorm::apply(x, residual, ns, weight, OptT(), input_bias, eps, p, training,
+                                   residual_in_fp32, std::move(generator), false);
+  return {out[0], out[1], out[2], out[3]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
+  m.impl("dropout_add_layer_norm", &dropout_add_layer_norm_autograd);
+  m.impl("dropout_add_rms_norm", &dropout_add_rms_norm_autograd);
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("rms_norm", &rms_norm_autograd);
   m.impl("add_layer_norm", &add_layer_norm_autograd);

@@ -59,6 +59,13 @@ FUSED_OP(bias_dropout_add_op, "fused::bias_dropout_add",
          Tensor2(const at::Tensor&, const OptT&, const at::Tensor&, double, bool, OptGen))
 FUSED_OP(bias_dropout_add_backward_op, "fused::bias_dropout_add_backward",
          Tensor2(const at::Tensor&, const at::Tensor&, double))
+using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+FUSED_OP(dropout_add_layer_norm_op, "fused::dropout_add_layer_norm",
+         Tensor5(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&, const OptT&,
+                 double, double, bool, const OptT&, bool, OptGen))
+FUSED_OP(dropout_add_rms_norm_op, "fused::dropout_add_rms_norm",
+         Tensor4(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptT&,
+                 std::optional<double>, double, bool, const OptT&, bool, OptGen))
 FUSED_OP(matmul_op, "fused::matmul", at::Tensor(const at::Tensor&, const at::Tensor&))
 FUSED_OP(linear_op, "fused::linear",
          at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&, OptStr))

@@ -5,10 +5,12 @@
 // tensor's logical row-major order (philox.cuh): the kernels work on contiguous tensors, so
 // forward and backward agree whatever the layouts of x and grad_out.
 #pragma once
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <cmath>
 #include <optional>
+#include <tuple>
 
 #include "common/checks.h"
 #include "common/philox.cuh"
@@ -87,5 +89,18 @@ inline void check_bias_dropout_add(const at::Tensor& x, const std::optional<at::
                 x.size(-1), "] (the last dimension of x), but got ", bias->sizes());
   }
 }
+
+// The bias_dropout_add forward of each backend (cpu/dropout.cpp, cuda/dropout.cu): the
+// dropout forms of the norms compose it where their kernels do not take the operands.
+std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cpu(const at::Tensor& x,
+                                                        const std::optional<at::Tensor>& bias,
+                                                        const at::Tensor& residual, double p,
+                                                        bool training,
+                                                        std::optional<at::Generator> generator);
+std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cuda(const at::Tensor& x,
+                                                         const std::optional<at::Tensor>& bias,
+                                                         const at::Tensor& residual, double p,
+                                                         bool training,
+                                                         std::optional<at::Generator> generator);
 
 }  // namespace fused

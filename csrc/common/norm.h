@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/dropout.h"
 
 namespace fused {
 
@@ -34,6 +36,14 @@ struct NormForward {
   at::Tensor x, residual, weight, bias;
   // Outputs: y in x's dtype; sum only with a residual; mean only for layer norm.
   at::Tensor y, sum, mean, rstd;
+  // The dropout forms, when the kernels take them (dropout): x is replaced by
+  // dropout(x + in_bias) before the residual add. in_bias: normalized_shape, x's dtype, or
+  // undefined. The backend draws the generator state and returns it in seed_offset.
+  bool dropout = false;
+  at::Tensor in_bias;
+  DropoutParams drop{};
+  std::optional<at::Generator> generator;
+  at::Tensor seed_offset;
 };
 
 // One backward problem. x holds the rows that were normalized: the input, or the sum of
@@ -94,7 +104,7 @@ inline NormForward prepare_norm_forward(const char* op, bool layer, const at::Te
                                         const std::optional<at::Tensor>& residual,
                                         at::IntArrayRef ns, const std::optional<at::Tensor>& weight,
                                         const std::optional<at::Tensor>& bias, double eps,
-                                        bool residual_in_fp32) {
+                                        bool residual_in_fp32, bool dropout = false) {
   check_float(x, op, "x");
   NormForward p;
   p.layer = layer;
@@ -123,6 +133,10 @@ inline NormForward prepare_norm_forward(const char* op, bool layer, const at::Te
       // The kernels read the residual in the sum's dtype (a 16-bit residual into a float32
       // sum, or a float32 one into a float64 sum, converts exactly).
       p.residual = r.to(sum_dtype).contiguous();
+      p.sum = at::empty(x.sizes(), x.options().dtype(sum_dtype));
+    } else if (dropout) {
+      // The dropout forms drop x before the residual add: the caller composes the sum.
+      p.residual = r.contiguous();
       p.sum = at::empty(x.sizes(), x.options().dtype(sum_dtype));
     } else {
       // A float32 residual into a 16-bit sum: add in float32 and round once, as
@@ -322,6 +336,91 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_op(
   run_if_nonempty(run, p);
   return {p.dx, norm_grad_or_empty(p.dweight, dy)};
 }
+
+// ---- the dropout forms: s = residual + dropout(x + input_bias), y = norm(s) ------------------
+
+// A backend's bias_dropout_add forward (common/dropout.h).
+using BiasDropoutAddFn = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&,
+                                                                const std::optional<at::Tensor>&,
+                                                                const at::Tensor&, double, bool,
+                                                                std::optional<at::Generator>);
+
+// Checks, allocates and runs one dropout-form forward; the result's seed_offset regenerates
+// the mask (bias_dropout_add_backward). Without a mask and without input_bias it is exactly
+// the add form. The kernels take the dropout stage where `fused` and the residual is in the
+// sum's dtype; otherwise the sum is composed by the backend's bias_dropout_add in float32
+// (float64) and rounded once to the sum's dtype, the same arithmetic and the same mask.
+template <NormForwardFn run, BiasDropoutAddFn compose, bool fused>
+NormForward dropout_add_norm_forward(const char* op, bool layer, const at::Tensor& x,
+                                     const at::Tensor& residual, at::IntArrayRef ns,
+                                     const std::optional<at::Tensor>& weight,
+                                     const std::optional<at::Tensor>& bias, double eps, double p,
+                                     bool training, const std::optional<at::Tensor>& input_bias,
+                                     bool residual_in_fp32, std::optional<at::Generator> gen) {
+  const DropoutParams d = dropout_params(p, training, op);
+  const bool has_ib = input_bias.has_value() && input_bias->defined();
+  const bool plain = d.identity() && !has_ib;
+  NormForward nf =
+      prepare_norm_forward(op, layer, x, residual, ns, weight, bias, eps, residual_in_fp32, !plain);
+  if (has_ib) {
+    const at::Tensor& b = *input_bias;
+    check_same_device(b, x, op, "input_bias", "x");
+    check_same_dtype(b, x, op, "input_bias", "x");
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == x.size(-1), op, ": expected input_bias of shape [",
+                x.size(-1), "] (the last dimension of x), but got ", b.sizes());
+  }
+  nf.seed_offset = at::zeros({2}, x.options().dtype(at::kLong));
+  if (!plain && !(fused && nf.residual.scalar_type() == nf.sum.scalar_type())) {
+    const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const std::optional<at::Tensor> b =
+        has_ib ? std::optional<at::Tensor>(input_bias->to(acc)) : std::nullopt;
+    auto [s, so] = compose(nf.x.to(acc), b, nf.residual.to(acc), p, training, std::move(gen));
+    nf.sum.copy_(s);
+    nf.x = nf.sum;  // normalize the rounded sum, as the add forms' composition does
+    nf.residual = at::Tensor();
+    nf.seed_offset = so;
+  } else if (!plain) {
+    nf.dropout = true;
+    nf.drop = d;
+    nf.generator = std::move(gen);
+    if (has_ib) nf.in_bias = input_bias->expand(ns).contiguous();
+  }
+  run_if_nonempty(run, nf);
+  return nf;
+}
+
+template <NormForwardFn run, BiasDropoutAddFn compose, bool fused>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dropout_add_layer_norm_op(
+    const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef ns,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+    double p, bool training, const std::optional<at::Tensor>& input_bias, bool residual_in_fp32,
+    std::optional<at::Generator> generator) {
+  NormForward nf = dropout_add_norm_forward<run, compose, fused>(
+      "fused::dropout_add_layer_norm", true, x, residual, ns, weight, bias, eps, p, training,
+      input_bias, residual_in_fp32, std::move(generator));
+  return {nf.y, nf.sum, nf.mean, nf.rstd, nf.seed_offset};
+}
+
+template <NormForwardFn run, BiasDropoutAddFn compose, bool fused>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dropout_add_rms_norm_op(
+    const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef ns,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, double p, bool training,
+    const std::optional<at::Tensor>& input_bias, bool residual_in_fp32,
+    std::optional<at::Generator> generator) {
+  NormForward nf = dropout_add_norm_forward<run, compose, fused>(
+      "fused::dropout_add_rms_norm", false, x, residual, ns, weight, std::nullopt,
+      eps.value_or(rms_default_eps(x.scalar_type())), p, training, input_bias, residual_in_fp32,
+      std::move(generator));
+  return {nf.y, nf.sum, nf.rstd, nf.seed_offset};
+}
+
+// Registers the dropout forms of one backend (FUSED: its kernels take the dropout stage).
+#define FUSED_REGISTER_DROPOUT_NORM_OPS(m, RUN_FWD, COMPOSE, FUSED)                              \
+  do {                                                                                           \
+    m.impl("dropout_add_layer_norm",                                                             \
+           &::fused::dropout_add_layer_norm_op<RUN_FWD, &COMPOSE, FUSED>);                       \
+    m.impl("dropout_add_rms_norm", &::fused::dropout_add_rms_norm_op<RUN_FWD, &COMPOSE, FUSED>); \
+  } while (0)
 
 // Registers every norm op of one backend: m.impl for the eight entry points above.
 #define FUSED_REGISTER_NORM_OPS(m, RUN_FWD, RUN_BWD)                                  \

@@ -162,6 +162,8 @@ at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& se
   return dx;
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cpu(const at::Tensor& x_in,
                                                         const std::optional<at::Tensor>& bias_in,
                                                         const at::Tensor& residual_in, double p,
@@ -178,6 +180,8 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cpu(const at::Tensor& x_in,
   run_cpu(x, bias, res, out, {}, so, d);
   return {out, seed_offset_tensor(so)};
 }
+
+namespace {
 
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cpu(const at::Tensor& grad_out,
                                                                  const at::Tensor& seed_offset,

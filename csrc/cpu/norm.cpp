@@ -151,6 +151,10 @@ void backward_cpu(NormBackward& p) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) { FUSED_REGISTER_NORM_OPS(m, forward_cpu, backward_cpu); }
+TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  FUSED_REGISTER_NORM_OPS(m, forward_cpu, backward_cpu);
+  // The dropout forms: the sum composed by bias_dropout_add (cpu/dropout.cpp), then normalized.
+  FUSED_REGISTER_DROPOUT_NORM_OPS(m, forward_cpu, bias_dropout_add_cpu, false);
+}
 
 }  // namespace fused

@@ -10,6 +10,7 @@ Autograd is in C++: csrc/autograd/norm.cpp.
 """
 
 import torch
+from torch._library.effects import EffectType
 
 from ._checks import check_same_device
 
@@ -122,3 +123,37 @@ def _add_rms_norm_backward_fake(
         weight=weight,
     )
     return sum.new_empty(sum.shape), _param_grad(weight_grad, weight, grad_out, normalized_shape)
+
+
+# ---- the dropout forms ------------------------------------------------------------------
+# Random like fused::dropout: ORDERED effects keep torch.compile from merging two calls
+# (see _impl/dropout.py).
+for _op in ("fused::dropout_add_layer_norm", "fused::dropout_add_rms_norm"):
+    torch.library._register_effectful_op(_op, EffectType.ORDERED)
+
+
+# The keyword-only arguments (p, training, input_bias, residual_in_fp32, generator) as kw.
+def _dropout_add_outputs(op, x, residual, normalized_shape, params, kw, layer):
+    check_same_device(op, x, residual=residual, input_bias=kw.get("input_bias"), **params)
+    s = x.new_empty(x.shape, dtype=_sum_dtype(x, kw.get("residual_in_fp32", False)))
+    stats = (_stat(x, normalized_shape),) * (2 if layer else 1)
+    return (x.new_empty(x.shape), s, *(t.clone() for t in stats), _seed_offset(x))
+
+
+@torch.library.register_fake("fused::dropout_add_layer_norm")
+def _dropout_add_layer_norm_fake(
+    x, residual, normalized_shape, weight=None, bias=None, eps=1e-5, **kw
+):
+    params = {"weight": weight, "bias": bias}
+    op = "fused::dropout_add_layer_norm"
+    return _dropout_add_outputs(op, x, residual, normalized_shape, params, kw, True)
+
+
+@torch.library.register_fake("fused::dropout_add_rms_norm")
+def _dropout_add_rms_norm_fake(x, residual, normalized_shape, weight=None, eps=None, **kw):
+    op = "fused::dropout_add_rms_norm"
+    return _dropout_add_outputs(op, x, residual, normalized_shape, {"weight": weight}, kw, False)
+
+
+def _seed_offset(x):
+    return x.new_empty(2, dtype=torch.int64)

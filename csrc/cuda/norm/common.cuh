@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/checks.h"
+#include "common/dropout_mask.cuh"
 #include "common/half_bits.cuh"
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
@@ -42,6 +43,24 @@ constexpr int cluster_lag() {
   return sizeof(R) == 2 && VEC > 1 ? 1 : 0;
 }
 
+// The dropout forms' input stage (dropout_add_layer_norm / dropout_add_rms_norm): x is
+// replaced by mask * scale * (x + in_bias) before the residual add, element i's mask drawn
+// as bias_dropout_add draws it (common/dropout_mask.cuh; i = row * cols + column), so its
+// backward (bias_dropout_add_backward) regenerates the same mask.
+struct FwdDropout {
+  RngArgs rng;         // the generator state; rng.record: seed_offset, filled by block 0
+  uint32_t threshold;  // keep iff the element's draw < threshold (0: every element dropped)
+  float scale;         // 1 / (1 - p)
+  bool on;             // the stage runs (a bias, a mask or both); off: the plain add forms
+  bool random;         // a mask is applied
+  bool bits16;         // 16-bit draws (DropoutParams::bits16)
+};
+
+// This kernel's Philox seed and offset (drawn once a thread, before the row loop).
+struct DropSeed {
+  uint64_t seed = 0, offset = 0;
+};
+
 template <typename T, typename W, typename R>
 struct FwdParams {
   const T* x;
@@ -55,7 +74,9 @@ struct FwdParams {
   int64_t rows;
   int cols;
   float eps;
-  bool layer;  // subtract the mean (layer norm) or not (rms norm)
+  bool layer;        // subtract the mean (layer norm) or not (rms norm)
+  const T* in_bias;  // the dropout forms: [cols], added to x before the mask; or nullptr
+  FwdDropout drop;   // the dropout forms' stage (drop.on), else off
 };
 
 template <typename T, typename W, typename R>
@@ -163,13 +184,43 @@ __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
   return f;
 }
 
+// The seed and offset a dropout-form kernel draws with (nothing drawn without a mask).
+template <typename T, typename W, typename R>
+__device__ __forceinline__ DropSeed drop_seed(const FwdParams<T, W, R>& p) {
+  DropSeed d;
+  if (p.drop.random) rng_seed_offset(p.drop.rng, d.seed, d.offset);
+  return d;
+}
+
+// The dropout forms' input stage on the VEC elements of x from flat index e (column c of
+// its row): f = mask * scale * (f + in_bias), in float32 as bias_dropout_add computes it.
+template <typename T, typename W, typename R, int VEC>
+__device__ __forceinline__ void drop_input(FVec<VEC>& f, const FwdParams<T, W, R>& p, int64_t e,
+                                           int64_t c, const DropSeed& d) {
+  if (p.in_bias) {
+    const FVec<VEC> b = to_float(load_raw<T, VEC>(p.in_bias + c));
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f.v[j] += b.v[j];
+  }
+  if (p.drop.random) {
+    if (p.drop.bits16) {
+      apply_mask<VEC, true>(f.v, e, philox_key(d.seed), d.offset, p.drop.threshold, p.drop.scale);
+    } else {
+      apply_mask<VEC, false>(f.v, e, philox_key(d.seed), d.offset, p.drop.threshold, p.drop.scale);
+    }
+  }
+}
+
 // The first element of a row as normalized (x + residual rounded to R, or x): layer norm
 // shifts the row by it before summing, mean = x0 + sum(x - x0) / n, so a constant row gets
 // exactly mean = x0 and xhat = 0 (sum / n of the unshifted row can be 1 ulp off, which
 // rstd = 1/sqrt(eps) would magnify into visible noise).
+// (The dropout forms: drop, with the kernel's DropSeed.)
 template <typename T, typename W, typename R>
-__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off, bool res) {
+__device__ __forceinline__ float row_first(const FwdParams<T, W, R>& p, int64_t off, bool res,
+                                           bool drop = false, const DropSeed& d = DropSeed{}) {
   FVec<1> f = to_float(load_raw<T, 1>(p.x + off));
+  if (drop) drop_input(f, p, off, 0, d);
   if (res) {
     f.v[0] += to_float(load_raw<R, 1>(p.residual + off)).v[0];
     f = to_float(from_float<R, 1>(f));

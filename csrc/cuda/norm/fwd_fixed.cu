@@ -34,9 +34,14 @@ constexpr int fixed_min_blocks(int block) {
                                                                   : kFwdMaxThreads / block;
 }
 
-template <typename T, int TPR, int LAYER, int RES>
-__global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR)) norm_fwd_fixed(FwdParams<T, T, T> p) {
+// DROP: the dropout forms' input stage (drop_input) on x before the residual add; at the
+// plain block count (the 384-thread rows' extra block would leave 56 registers: the Philox
+// rounds spill 8-56 bytes there on sm_90a).
+template <typename T, int TPR, int LAYER, int RES, int DROP = 0>
+__global__ void __launch_bounds__(TPR, DROP ? kFwdMaxThreads / TPR : fixed_min_blocks(TPR))
+    norm_fwd_fixed(FwdParams<T, T, T> p) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
+  static_assert(!DROP || RES, "the dropout forms add a residual");
   constexpr int VEC = kVecElems<T>, VPT = kFixedVpt, COLS = TPR * VPT * VEC;
   static_assert(TPR % 32 == 0, "whole warps");
   __shared__ float scratch[2][1][32];
@@ -54,9 +59,11 @@ __global__ void __launch_bounds__(TPR, fixed_min_blocks(TPR)) norm_fwd_fixed(Fwd
   }
   FVec<VEC> v[VPT];
   float sum = 0.f;
+  const DropSeed dseed = DROP ? drop_seed(p) : DropSeed{};
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     v[i] = to_float(in[i]);
+    if constexpr (DROP) drop_input(v[i], p, at(i), at(i) - row * COLS, dseed);
     if constexpr (RES) {  // normalize the sum as stored (rounded to T)
       const FVec<VEC> fr = to_float(res[i]);
 #pragma unroll
@@ -114,6 +121,8 @@ auto fixed_kernel(const Step& s, std::integer_sequence<int, TPRS...>) {
     if (s.fixed != TPR) return;
     kernel = s.res ? (s.layer ? norm_fwd_fixed<T, TPR, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1>)
                    : (s.layer ? norm_fwd_fixed<T, TPR, 1, 0> : norm_fwd_fixed<T, TPR, 0, 0>);
+    if (s.drop)
+      kernel = s.layer ? norm_fwd_fixed<T, TPR, 1, 1, 1> : norm_fwd_fixed<T, TPR, 0, 1, 1>;
   };
   (pick(std::integral_constant<int, TPRS>{}), ...);
   return kernel;

@@ -61,15 +61,17 @@ __global__ void __launch_bounds__(kLongThreads) norm_fwd_long(FwdParams<T, W, R>
   __shared__ float smem[3][32];
   const int nvec = p.cols / VEC;
   const float inv_n = 1.f / static_cast<float>(p.cols);
+  const DropSeed dseed = p.drop.on ? drop_seed(p) : DropSeed{};
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t off = row * p.cols;
     // Pass 1: read x (+ residual, writing the sum); Welford per vector of x - shift (see
     // row_first), merged per thread.
-    const float shift = p.layer ? row_first(p, off, p.residual != nullptr) : 0.f;
+    const float shift = p.layer ? row_first(p, off, p.residual != nullptr, p.drop.on, dseed) : 0.f;
     Welford acc{0.f, 0.f, 0.f};
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
       const int64_t e = off + static_cast<int64_t>(c) * VEC;
       FVec<VEC> f = to_float(load_raw<T, VEC>(p.x + e));
+      if (p.drop.on) drop_input(f, p, e, static_cast<int64_t>(c) * VEC, dseed);
       if (p.residual) {
         const FVec<VEC> r = to_float(load_raw<R, VEC>(p.residual + e));
 #pragma unroll

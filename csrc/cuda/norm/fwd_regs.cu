@@ -51,8 +51,10 @@ constexpr int fwd_vpt() {
 // vectors, cp.async, in flight with x's loads) and read back by the same thread after
 // stage_wait (no barrier).
 // (kStagedRes in plan.h.)
+// DROP: the dropout forms' input stage (drop_input) on x before the residual add (1, or
+// kRuntime: p.drop.on); built only for the add forms.
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
-          int FIXED_TPR = 0>
+          int FIXED_TPR = 0, int DROP = 0>
 __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr bool kFixed = FIXED_TPR > 0;
@@ -65,6 +67,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
   int slot = 0;
   const bool layer = LAYER == kRuntime ? p.layer : LAYER == 1;
   const bool res = RES == kRuntime ? p.residual != nullptr : RES >= 1;
+  const bool drop = DROP == kRuntime ? p.drop.on : DROP == 1;
+  const DropSeed dseed = drop ? drop_seed(p) : DropSeed{};
   constexpr bool kStaged = RES == kStagedRes;
   static_assert(!kStaged || (std::is_same_v<T, R> && VEC > 1), "staged: rows in x's dtype");
   extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -82,7 +86,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
     auto col = [&](int i) { return i * tpr + g.lane; };
     auto live = [&](int i) { return valid && (kFixed || col(i) < nvec); };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
-    const float shift = layer && valid ? row_first(p, off, res) : 0.f;
+    const float shift = layer && valid ? row_first(p, off, res, drop, dseed) : 0.f;
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
     // packed words. When T == R, x is loaded straight into v (no second copy of the row).
     constexpr bool kSame = std::is_same_v<T, R>;
@@ -124,6 +128,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
         FVec<VEC> f = to_float(xv(i));
+        if (drop) drop_input(f, p, off + col(i) * VEC, col(i) * VEC, dseed);
         if (res || !kSame) {
           if (res) {
             const FVec<VEC> r = to_float(resv(i));
@@ -201,24 +206,48 @@ bool fwd_regs(const FwdParams<T, W, R>& p, const Step& s) {
   using Kernel = void (*)(FwdParams<T, W, R>, int);
   Kernel kernel = nullptr;
   const bool layer = s.layer == 1;
-  if constexpr (VEC == 1) {
-    kernel = norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime>;
-  } else {
+  // The add forms' variants, with the dropout forms' input stage (D = 1) or without.
+  auto add_forms = [&](auto drop) {
+    constexpr int D = decltype(drop)::value;
     if (s.vpt == VPT && s.fixed == 0 && s.res == 1) {
-      kernel =
-          layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1> : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1>;
+      kernel = layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1, 0, D>
+                     : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1, 0, D>;
+    }
+    if constexpr (kFixed) {
+      constexpr int kM = kFwdMaxThreads;
+      if (s.vpt == VPT && s.fixed == kM && s.res == 1) {
+        kernel = layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1, kM, D>
+                       : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1, kM, D>;
+      }
+    }
+    if constexpr (kHasWide) {
+      constexpr int V8 = kFwdWideVpt;
+      if (s.vpt == V8 && s.fixed == 0 && s.res == kStagedRes) {
+        kernel = layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, kStagedRes, 0, D>
+                       : norm_fwd_regs<T, W, R, VEC, V8, 0, kStagedRes, 0, D>;
+      }
+      if constexpr (kFixedWide) {
+        constexpr int kM = kFwdMaxThreads;
+        if (s.vpt == V8 && s.fixed == kM && s.res == kStagedRes) {
+          kernel = layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, kStagedRes, kM, D>
+                         : norm_fwd_regs<T, W, R, VEC, V8, 0, kStagedRes, kM, D>;
+        }
+      }
+    }
+  };
+  if constexpr (VEC == 1) {
+    kernel = s.drop ? norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime, 0, 1>
+                    : norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime>;
+  } else {
+    if (s.drop) {
+      add_forms(std::integral_constant<int, 1>{});
+    } else {
+      add_forms(std::integral_constant<int, 0>{});
     }
     if constexpr (kSame) {
       if (s.vpt == VPT && s.fixed == 0 && s.res == 0) {
         kernel =
             layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 0> : norm_fwd_regs<T, W, R, VEC, VPT, 0, 0>;
-      }
-    }
-    if constexpr (kFixed) {
-      constexpr int kM = kFwdMaxThreads;
-      if (s.vpt == VPT && s.fixed == kM && s.res == 1) {
-        kernel = layer ? norm_fwd_regs<T, W, R, VEC, VPT, 1, 1, kM>
-                       : norm_fwd_regs<T, W, R, VEC, VPT, 0, 1, kM>;
       }
     }
     if constexpr (kHasWide) {
@@ -227,16 +256,7 @@ bool fwd_regs(const FwdParams<T, W, R>& p, const Step& s) {
         kernel =
             layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, 0> : norm_fwd_regs<T, W, R, VEC, V8, 0, 0>;
       }
-      if (s.vpt == V8 && s.fixed == 0 && s.res == kStagedRes) {
-        kernel = layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, kStagedRes>
-                       : norm_fwd_regs<T, W, R, VEC, V8, 0, kStagedRes>;
-      }
       if constexpr (kFixedWide) {
-        constexpr int kM = kFwdMaxThreads;
-        if (s.vpt == V8 && s.fixed == kM && s.res == kStagedRes) {
-          kernel = layer ? norm_fwd_regs<T, W, R, VEC, V8, 1, kStagedRes, kM>
-                         : norm_fwd_regs<T, W, R, VEC, V8, 0, kStagedRes, kM>;
-        }
         auto wide_fixed = [&](auto tpr) {
           constexpr int TPR = decltype(tpr)::value;
           if (s.vpt == V8 && s.fixed == TPR && s.res == 0) {

@@ -140,6 +140,16 @@ void forward_cuda(NormForward& nf) {
     p.cols = static_cast<int>(nf.cols);
     p.eps = static_cast<float>(nf.eps);
     p.layer = nf.layer;
+    p.in_bias = ptr_or_null<T>(nf.in_bias);
+    p.drop = FwdDropout{};
+    if (nf.dropout) {  // the generator state is drawn here, once a call
+      p.drop.on = true;
+      p.drop.random = !nf.drop.identity();  // p = 1: threshold 0 drops every element
+      p.drop.threshold = nf.drop.threshold;
+      p.drop.scale = static_cast<float>(nf.drop.scale);
+      p.drop.bits16 = nf.drop.bits16;
+      nf.seed_offset = forward_rng(nf.x, nf.drop, nf.generator, p.drop.rng);
+    }
     Problem pr;
     pr.rows = nf.rows;
     pr.cols = nf.cols;
@@ -148,9 +158,10 @@ void forward_cuda(NormForward& nf) {
     pr.r = rt;
     pr.layer = nf.layer;
     pr.residual = p.residual != nullptr;
+    pr.dropout = nf.dropout;
     constexpr int V = kVecElems<T>;
     pr.aligned = vec_ok<V>(p.x) && vec_ok<V>(p.residual) && vec_ok<V>(p.weight) &&
-                 vec_ok<V>(p.bias) && vec_ok<V>(p.y) && vec_ok<V>(p.sum);
+                 vec_ok<V>(p.bias) && vec_ok<V>(p.y) && vec_ok<V>(p.sum) && vec_ok<V>(p.in_bias);
     walk<T, W, R>(plan_forward(pr, gpu_props(), overrides()), [&](auto vec, const Step& s) {
       return forward_step<T, W, R, decltype(vec)::value>(p, s);
     });
@@ -198,6 +209,7 @@ void backward_cuda(NormBackward& nb) {
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   FUSED_REGISTER_NORM_OPS(m, norm::forward_cuda, norm::backward_cuda);
+  FUSED_REGISTER_DROPOUT_NORM_OPS(m, norm::forward_cuda, bias_dropout_add_cuda, true);
 }
 
 }  // namespace fused

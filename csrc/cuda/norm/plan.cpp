@@ -39,6 +39,7 @@ struct Shape {
   bool has_wide;    // the wide forward exists: rows in x's dtype, vector path
   bool fixed_wide;  // ... and parameters in x's dtype too
   bool fixed_bwd;   // norm_bwd_fixed's types: 16-bit or float32, everything in x's dtype
+  int drop;         // the dropout forms' input stage (forward steps' DROP)
 
   explicit Shape(const Problem& p) {
     const int sx = elem_size(p.x);
@@ -52,6 +53,7 @@ struct Shape {
     has_wide = vec > 1 && p.r == p.x;
     fixed_wide = has_wide && p.w == p.x;
     fixed_bwd = vec > 1 && same;  // x is 16-bit or float32
+    drop = p.dropout ? 1 : 0;
   }
 };
 
@@ -68,6 +70,7 @@ Step fwd_step(Kernel k, const Shape& s, int vpt, int layer, int res, int fixed, 
   st.threads = threads;
   st.blocks = blocks;
   st.smem = smem;
+  st.drop = s.drop;
   return st;
 }
 
@@ -337,6 +340,7 @@ std::string describe(const Plan& plan) {
         << " cluster=" << s.cluster << " lag=" << s.lag << " pf=" << s.pf << " stages=" << s.stages
         << " tpr=" << s.tpr << " threads=" << s.threads << " blocks=" << s.blocks
         << " smem=" << s.smem;
+    if (s.drop) out << " drop=" << s.drop;
   }
   return out.str();
 }

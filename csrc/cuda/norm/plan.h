@@ -83,7 +83,8 @@ struct Problem {
   bool residual = false;                       // forward: the add forms
   bool dsum = false;                           // backward: the add forms' grad_sum
   bool aligned = true;                         // every pointer aligned to VEC elements of its type
-  int grads = 0;  // backward: parameter gradients asked for (dweight, dbias: 0-2)
+  int grads = 0;         // backward: parameter gradients asked for (dweight, dbias: 0-2)
+  bool dropout = false;  // forward: the dropout forms' input stage (with residual)
 };
 
 enum class Kernel {
@@ -116,6 +117,7 @@ struct Step {
   int threads = 0;     // a block
   int64_t blocks = 0;  // the grid (backward persistent kernels: the most, before occupancy)
   int smem = 0;        // dynamic shared memory bytes (where the plan knows it)
+  int drop = 0;        // forward: the dropout forms' input stage (DROP)
 };
 
 struct Plan {
