@@ -10,7 +10,8 @@
 //       options, comma-separated: rms (else layer norm), residual (the add forms' forward),
 //       dsum (their backward's grad_sum), weight_fp32, rows_fp32 (residual_in_fp32),
 //       grads=N (backward parameter gradients, default 2), unaligned (a pointer off the
-//       16-byte grid), scale=X, causal_q=N (softmax). overrides: a spec parsed for this call
+//       16-byte grid), mixed (softmax: pointers at different offsets in their 16-byte
+//       chunks), scale=X, causal_q=N (softmax). overrides: a spec parsed for this call
 //       alone (the overrides in force are not read).
 // Plain C++ (the plans are pure host functions), so the CPU build has them too.
 #include <torch/library.h>
@@ -31,7 +32,7 @@ std::string overrides_op() { return overrides_spec(); }
 
 struct Options {
   bool rms = false, residual = false, dsum = false, weight_fp32 = false, rows_fp32 = false;
-  bool unaligned = false;
+  bool unaligned = false, mixed = false;
   int64_t grads = 2, causal_q = 0;
   double scale = 1.0;
 };
@@ -58,6 +59,8 @@ Options parse_options(const std::string& spec) {
         o.rows_fp32 = true;
       else if (key == "unaligned")
         o.unaligned = true;
+      else if (key == "mixed")
+        o.mixed = true;
       else if (key == "grads")
         o.grads = std::stoll(value);
       else if (key == "causal_q")
@@ -116,6 +119,7 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
   p.scale = o.scale;
   p.causal_q = o.causal_q;
   p.aligned = !o.unaligned;
+  p.same_phase = !o.mixed;
   return softmax::describe(softmax::plan(p, gpu, ov));
 }
 

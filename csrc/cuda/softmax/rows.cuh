@@ -23,7 +23,8 @@ namespace softmax {
 namespace {
 
 // Thread `lane` of a row group owns vectors k < P at columns
-// begin + (k * tpr + lane) * VEC, begin = the chunk's first column.
+// begin + (k * tpr + lane) * VEC, begin = the chunk's first column, less the row's head on
+// the 16-byte path (row_head: its vectors are those of its 16-byte-aligned span).
 // CAUSAL (a launch with a causal mask): the vectors past a row's limit (Cols::live) skip the
 // forward's conversions, exps and sums and, both ways, their outputs' math (store_tile);
 // otherwise every vector takes it, as a compile-time constant.
@@ -43,7 +44,10 @@ __global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
                     (threadIdx.x >> a.tpr_shift);
   const bool active = r < a.rows;  // idle groups of the last block still shuffle along
   const int64_t row = active ? r : 0;
-  const int begin = c * a.chunk;
+  // The chunk's columns: [c * chunk, + chunk) of the row's span, which starts `head`
+  // elements before the row (16-byte path; 0 for rows on the grid).
+  const int head = row_head<T, VEC>(a.in[0] + row * a.len);
+  const int begin = c * a.chunk - head;
   const int end = std::min(a.len, begin + a.chunk);
   const int limit = active ? row_limit(a, row, end) : begin;
   const int c0 = begin + lane * VEC;
