@@ -58,7 +58,9 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
       s.n = static_cast<int>(n);
       s.share = static_cast<int>(ceil_div(nvec, n));
       // Shaped at compile time where every share is whole and n a power of two.
-      s.fixed = whole && s.share == kStagedShareVecs && nvec == n * s.share && (n & (n - 1)) == 0 ? s.n : 0;
+      s.fixed = whole && s.share == kStagedShareVecs && nvec == n * s.share && (n & (n - 1)) == 0
+                    ? s.n
+                    : 0;
       s.blocks = p.rows;
       plan.add(s);  // refused where its shared memory or cluster does not fit here
     }

@@ -62,10 +62,10 @@ struct Problem {
   int64_t rows = 0;
   int64_t len = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
-  bool forward = true;   // softmax / log_softmax forward, else their backward
-  double scale = 1.0;    // the forward's scale
-  int64_t causal_q = 0;  // 0: no mask; else the query count (row r is query r % causal_q)
-  bool aligned = true;   // every pointer 16-byte aligned
+  bool forward = true;     // softmax / log_softmax forward, else their backward
+  double scale = 1.0;      // the forward's scale
+  int64_t causal_q = 0;    // 0: no mask; else the query count (row r is query r % causal_q)
+  bool aligned = true;     // every pointer 16-byte aligned
   bool same_phase = true;  // every pointer at the same address mod 16 (the 16-byte path)
 };
 

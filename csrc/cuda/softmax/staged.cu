@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kStagedBlock)
   constexpr int VE = kVecElems<T>;
   const int64_t row_start = static_cast<int64_t>(blockIdx.x) * len;
   const int head = FULL ? 0 : row_head<T, VE>(x + row_start);
-  const int nvec = FULL ? N * kStagedShareVecs : (head + len + VE - 1) / VE;  // the row's span
+  const int nvec = FULL ? N * kStagedShareVecs : (head + len + VE - 1) / VE;    // the row's span
   const int limit = FULL ? kStagedShareVecs : min(share, nvec - rank * share);  // its vectors
   const uint4* src = reinterpret_cast<const uint4*>(x + (row_start - head)) + rank * share;
   uint4* dst = reinterpret_cast<uint4*>(y + (row_start - head)) + rank * share;
