@@ -439,7 +439,9 @@ struct Args {
   State* partials;  // [rows, nchunks], split rows only
   int64_t rows;
   int len;           // < 2^31 (checked on the host): column offsets are 32-bit
-  int chunk;         // columns per block: len, or a split row's chunk (a multiple of VEC)
+  int chunk;         // span columns per block (the row's span: len + VEC - 1 on the
+                     // 16-byte path, len on the scalar one), or a split row's chunk (a
+                     // multiple of VEC); a block's columns start chunk * blockIdx.y - head
   int nchunks;       // chunks per row (1 unless split): blockIdx.y
   int tpr;           // threads per row: a power of two <= 32, or BLOCK
   int tpr_shift;     // log2(tpr): no integer division in the kernel

@@ -101,7 +101,8 @@ template <typename T, typename Op, int VEC>
 void launch_rows(Args<T, typename Op::State> a, const Op& op, const Step& s,
                  const at::TensorOptions& opts) {
   constexpr int P = vectors_per_thread(VEC);
-  a.chunk = a.len;
+  // One chunk: the whole span of a row (up to VEC - 1 elements before the row, then len).
+  a.chunk = VEC == 1 ? a.len : a.len + VEC - 1;
   a.nchunks = 1;
   a.phase = kWhole;
   a.tpr = s.tpr;
