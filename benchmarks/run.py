@@ -89,7 +89,9 @@ def parse_args(argv=None):
         choices=["quick", "full"],
         help="the shapes sweep (benchmarks/sweep.py): row lengths odd and aligned, "
         "~2^25 elements a shape, passes fwd,fwd+bwd unless --passes, 10 ms a measurement "
-        "unless --budget-ms, plus one sweep_<op>.png per op; quick: 5 widths",
+        "unless --budget-ms, plus one sweep_<op>.png per op. quick: 5 widths, bf16, the "
+        "softmax and norm ops, fused/native/compile; full: 13 widths, 3 dtypes, every row "
+        "op, fused/native (--ops, --dtypes, --impls override)",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -149,9 +151,12 @@ def main(argv=None):
         if args.shapes:
             print("error: --sweep chooses the shapes: drop --shapes", file=sys.stderr)
             return 2
-        shapes = sweep.shapes(quick=args.sweep == "quick")
-        if dtypes is None and args.sweep == "quick":
+        quick = args.sweep == "quick"
+        shapes = sweep.shapes(quick=quick)
+        if dtypes is None and quick:
             dtypes = harness.parse_dtypes("bf16")
+        args.ops = args.ops or ",".join(sweep.QUICK_OPS if quick else sweep.FULL_OPS)
+        args.impls = args.impls or ",".join(sweep.QUICK_IMPLS if quick else sweep.FULL_IMPLS)
         args.passes = args.passes or "fwd,fwd+bwd"
         args.budget_ms = args.budget_ms or 10.0
     passes = split(args.passes)

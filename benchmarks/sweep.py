@@ -13,6 +13,21 @@ WIDTHS = [1000, 1024, 4095, 4096, 4097, 5120, 5121, 8192, 32000, 32001, 50257, 1
 # --sweep quick: an aligned width and its odd neighbour, at a hidden size and a vocabulary
 QUICK_WIDTHS = [4096, 4097, 32000, 32001, 50257]
 ELEMENTS = 1 << 25
+# The ops a sweep takes unless --ops says otherwise, and its implementations unless --impls:
+# torch.compile specializes per shape (a compile of seconds per width, pass and dtype), so
+# the full sweep leaves it out to stay under 10 minutes a call; compare it op by op
+# (--sweep full --ops softmax --dtypes bf16 --impls fused,native,compile).
+QUICK_OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm"]
+FULL_OPS = QUICK_OPS + [
+    "add_layer_norm",
+    "add_rms_norm",
+    "gelu",
+    "dropout",
+    "bias_dropout_add",
+    "cross_entropy",
+]
+QUICK_IMPLS = ["fused", "native", "compile"]
+FULL_IMPLS = ["fused", "native"]
 
 
 def shapes(quick=False):
