@@ -167,7 +167,8 @@ struct Fwd {
     bool have_exp;
   };
 
-  template <typename T, int VEC, int P>
+  // SPAN = false: rows of whole vectors on the grid (no head to mask).
+  template <bool SPAN = true, typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[1][P],
                                        Cols c) const {
     r.live = c.live;
@@ -190,7 +191,7 @@ struct Fwd {
     }
     // The span's head: vector 0 of the thread whose first vector starts before the row
     // (c0 < 0, a row off the 16-byte grid) holds -c0 elements of the previous row.
-    if (c.c0 < 0) {
+    if (SPAN && c.c0 < 0) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         if (e < -c.c0) r.v[0][e] = kNegInf;
@@ -336,7 +337,7 @@ struct Bwd {
   };
   using Coef = float;
 
-  template <typename T, int VEC, int P>
+  template <bool SPAN = true, typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[2][P],
                                        Cols c) const {
 #pragma unroll
@@ -350,7 +351,7 @@ struct Bwd {
     // a thread whose last vector is not whole has one.
     if constexpr (VEC > 1) {
       // ... and the span's head (c0 < 0: elements of the previous row) zeroed likewise.
-      if (c.c0 + (P - 1) * c.stride + VEC > c.limit || c.c0 < 0) {
+      if (c.c0 + (P - 1) * c.stride + VEC > c.limit || (SPAN && c.c0 < 0)) {
         constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
 #pragma unroll
         for (int k = 0; k < P; ++k) {

@@ -21,6 +21,7 @@ Step rows_step(const Problem& p, int vec, int pv, int block, int64_t tpr, bool i
   Step s;
   s.kernel = Kernel::kRows;
   s.vec = vec;
+  s.span = vec > 1 && !whole_vectors(p, vec);
   s.p = pv;
   s.block = block;
   s.tpr = static_cast<int>(tpr);
@@ -54,6 +55,7 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
       Step s;
       s.kernel = Kernel::kStaged;
       s.vec = v;
+      s.span = !whole;
       s.block = kStagedBlock;
       s.n = static_cast<int>(n);
       s.share = static_cast<int>(ceil_div(nvec, n));
@@ -121,6 +123,7 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
       Step s;
       s.kernel = Kernel::kCluster;
       s.vec = vw;
+      s.span = vw > 1 && !whole;
       s.p = cp;
       s.block = kSplitBlock;
       s.tpr = kSplitBlock;
@@ -164,7 +167,8 @@ std::string describe(const Plan& plan) {
     const Step& s = plan.steps[i];
     out << (i ? "\n" : "") << kernel_name(s.kernel) << " vec=" << s.vec << " p=" << s.p
         << " block=" << s.block << " tpr=" << s.tpr << " n=" << s.n << " fixed=" << s.fixed
-        << " share=" << s.share << " causal=" << s.causal << " blocks=" << s.blocks;
+        << " share=" << s.share << " causal=" << s.causal << " span=" << s.span
+        << " blocks=" << s.blocks;
   }
   return out.str();
 }

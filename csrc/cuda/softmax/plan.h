@@ -92,6 +92,8 @@ struct Step {
   int fixed = 0;       // softmax_fwd_staged's N (n shaped at compile time), or 0
   int share = 0;       // softmax_fwd_staged: vectors a share
   int causal = 0;      // softmax_kernel's CAUSAL variant
+  int span = 0;        // rows off the 16-byte grid or not whole vectors (16-byte path): the
+                       // kernels' span form (heads, masked edges); 0: rows of whole vectors
   int64_t blocks = 0;  // grid x (rows or row groups; clusters: before occupancy)
 };
 
