@@ -517,16 +517,17 @@ __device__ __forceinline__ void store_elems(T* p, const uint32_t (&w)[4], int fr
 // before any use; zero bits where the column is at or past `limit` (masked or idle: not
 // read). A vector straddling the causal limit is still inside the row: read whole.
 // A row off the 16-byte grid: c0 and a vector's column may be negative (down to
-// -(VEC - 1)), and its last vector may run past the row's end; every vector read is a
+// -(VEC - 1)), and its last vector may run past the row's end. Every vector read is a
 // 16-byte-aligned chunk (p + col is on the grid: the host runs the 16-byte path only where
 // every pointer has the row's offset in its chunk) that holds at least one element of the
-// row (col + VEC > 0 and col < limit <= len). An allocation covers whole 16-byte chunks
-// (cudaMalloc and the caching allocator hand out 512-byte-aligned blocks of whole 512
-// bytes; and no 16-byte chunk crosses a page), so such a read never leaves the memory
-// that holds the tensor; the bytes outside the row are masked by the op's init and never
-// stored (store_tile).
-// How load_tile reads: plain loads; kPinned, loads that stay where they are written
-// (load_pinned), for a prefetch; kReadOnly, through the read-only path (ld.global.nc).
+// row (col + VEC > 0 and col < limit <= len), so it never leaves the memory the tensor's
+// bytes lie in: the caching allocator hands out blocks of whole 512 bytes at 512-byte-aligned
+// addresses, cudaMalloc at >= 256-byte-aligned ones in whole pages, and a 16-byte chunk
+// neither crosses such a boundary nor starts outside the block that holds its row element.
+// The bytes outside the row are masked by the op's init and never stored (store_tile).
+// (compute-sanitizer memcheck with the caching allocator off checks the requested size
+// instead: the last row's final chunk past a tensor that does not end on the 16-byte grid
+// reads as out of bounds there, though it is inside the allocation's page.)
 enum LoadKind { kPlain, kPinned, kReadOnly };
 
 template <LoadKind KIND, typename T, typename R, int kIn, int P>
