@@ -6,6 +6,9 @@
     python benchmarks/run.py --save-results           # also benchmarks/results/<gpu>.json
     python benchmarks/run.py --ops matmul --rounds 5  # implementations timed interleaved
     python benchmarks/run.py --report FILE.json       # re-render a saved run (no GPU needed)
+    python benchmarks/run.py --sweep quick --ops softmax,log_softmax
+                                                      # % of copy against row length
+                                                      # (benchmarks/sweep.py; --sweep full)
     python benchmarks/run.py --ops layer_norm --shapes 1x4096,16x4096,128x4096 --dtypes bf16
                                                       # the decode rows: wall-clock vs GPU time
 
@@ -26,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks import harness, report  # noqa: E402
+from benchmarks import harness, report, sweep  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -80,6 +83,15 @@ def parse_args(argv=None):
         action="store_true",
         help="skip the wall-clock figure (wall_us: back-to-back calls, no spin "
         "kernel hiding the host, no L2 flush)",
+    )
+    p.add_argument(
+        "--sweep",
+        choices=["quick", "full"],
+        help="the shapes sweep (benchmarks/sweep.py): row lengths odd and aligned, "
+        "~2^25 elements a shape, passes fwd,fwd+bwd unless --passes, 10 ms a measurement "
+        "unless --budget-ms, plus one sweep_<op>.png per op. quick: 5 widths, bf16, the "
+        "softmax and norm ops, fused/native/compile; full: 13 widths, 3 dtypes, every row "
+        "op, fused/native (--ops, --dtypes, --impls override)",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -135,6 +147,18 @@ def main(argv=None):
     if args.rounds < 1:
         print(f"error: --rounds must be at least 1, not {args.rounds}", file=sys.stderr)
         return 2
+    if args.sweep:
+        if args.shapes:
+            print("error: --sweep chooses the shapes: drop --shapes", file=sys.stderr)
+            return 2
+        quick = args.sweep == "quick"
+        shapes = sweep.shapes(quick=quick)
+        if dtypes is None and quick:
+            dtypes = harness.parse_dtypes("bf16")
+        args.ops = args.ops or ",".join(sweep.QUICK_OPS if quick else sweep.FULL_OPS)
+        args.impls = args.impls or ",".join(sweep.QUICK_IMPLS if quick else sweep.FULL_IMPLS)
+        args.passes = args.passes or "fwd,fwd+bwd"
+        args.budget_ms = args.budget_ms or 10.0
     passes = split(args.passes)
     if passes and set(passes) - set(harness.PASSES):
         print(
@@ -216,7 +240,11 @@ def main(argv=None):
 
     json_path = os.path.join(args.out, "results.json")
     report.write_json(json_path, header, records)
-    written = [json_path] + emit(header, records, args.out, plots=not args.no_plots)
+    written = [json_path] + emit(
+        header, records, args.out, plots=not args.no_plots and not args.sweep
+    )
+    if args.sweep and not args.no_plots:
+        written += sweep.write_plots(header, records, args.out)
     if args.save_results:
         name = args.results_name or harness.sanitize_name(env["device"])
         path = os.path.join(ROOT, "benchmarks", "results", f"{name}.json")

@@ -10,7 +10,8 @@
 //       options, comma-separated: rms (else layer norm), residual (the add forms' forward),
 //       dsum (their backward's grad_sum), weight_fp32, rows_fp32 (residual_in_fp32),
 //       grads=N (backward parameter gradients, default 2), unaligned (a pointer off the
-//       16-byte grid), scale=X, causal_q=N (softmax). overrides: a spec parsed for this call
+//       16-byte grid), mixed (softmax: pointers at different offsets in their 16-byte
+//       chunks), scale=X, causal_q=N (softmax). overrides: a spec parsed for this call
 //       alone (the overrides in force are not read).
 //       op matmul: the GEMM's schedule (cuda/matmul/plan.h) for rows = M, cols = N and the
 //       options k=K (required), batch=B; unaligned: an output TMA cannot store (no split-K).
@@ -34,7 +35,7 @@ std::string overrides_op() { return overrides_spec(); }
 
 struct Options {
   bool rms = false, residual = false, dsum = false, weight_fp32 = false, rows_fp32 = false;
-  bool unaligned = false;
+  bool unaligned = false, mixed = false;
   int64_t grads = 2, causal_q = 0;
   int64_t k = 0, batch = 1;  // matmul
   double scale = 1.0;
@@ -62,6 +63,8 @@ Options parse_options(const std::string& spec) {
         o.rows_fp32 = true;
       else if (key == "unaligned")
         o.unaligned = true;
+      else if (key == "mixed")
+        o.mixed = true;
       else if (key == "grads")
         o.grads = std::stoll(value);
       else if (key == "causal_q")
@@ -138,6 +141,7 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
   p.scale = o.scale;
   p.causal_q = o.causal_q;
   p.aligned = !o.unaligned;
+  p.same_phase = !o.mixed;
   return softmax::describe(softmax::plan(p, gpu, ov));
 }
 

@@ -781,3 +781,37 @@ def test_reference_compositions():
     torch.testing.assert_close(y[kept], x[kept] / 0.7)
     b, r = torch.randn(50), torch.randn(100, 50)
     assert torch.equal(reference.bias_dropout_add(x, b, r, 0.3, training=False), r + (x + b))
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [1000, 4095, 5121, 50257])
+def test_cuda_bias_dropout_add_odd_width_vectorised(dtype, cols):
+    # A width off the vector grid: x, residual and out as 16-byte vectors, the bias
+    # gathered element by element (dropout_kernel's last template argument, BVEC, false).
+    # Rows cross vector boundaries, so a group's bias columns wrap (checked by the values).
+    import re
+
+    from utils import cuda_kernel_names
+
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    rows = max(2, (1 << 20) // cols)
+    x = torch.randn(rows, cols, device="cuda").to(dtype)
+    r = torch.randn(rows, cols, device="cuda").to(dtype)
+    b = torch.randn(cols, device="cuda").to(dtype)
+    p = 0.2
+    poison_next_alloc(x.numel() * x.element_size(), "cuda")
+    out, so = ops.bias_dropout_add(x, b, r, p, True)
+    mask = mask_from_seed(so, (rows, cols), p, "cuda")
+    ref = _bda_reference(x, b, r, mask, p)
+    assert_close(out, ref, atol=sum_atol(dtype, r.double(), ref - r.double()))
+    names = cuda_kernel_names(lambda: ops.bias_dropout_add(x, b, r, p, True))
+    shapes = [
+        (int(m.group(1)), m.group(2))
+        for n in names
+        for m in [re.search(r"dropout_kernel<[^,]+, (\d+), (?:true|1), .*, (true|false|1|0)>", n)]
+        if m
+    ]
+    # 1000: whole vectors, the bias as vectors too
+    want = ("true", "1") if cols % vec == 0 else ("false", "0")
+    assert shapes and all(v == vec and bvec in want for v, bvec in shapes), names

@@ -192,3 +192,40 @@ def test_cuda_graph_capture_and_replay():
         xr = x.double().requires_grad_()
         ref_gelu(xr, "tanh").backward(static_dy.double())
         assert_close(dx, xr.grad, dtype=torch.bfloat16)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 3])
+@pytest.mark.parametrize("n", [1, 7, 4097, 3 * 5121 + 1])
+def test_cuda_any_offset_vectorised(dtype, offset, n):
+    # A view at an odd element: one flat array, the elements up to the 16-byte grid and the
+    # tail one at a time, the body as 16-byte vectors; the output at x's offset in its chunk
+    # (the backward's dx too, and a grad_out there takes the same path).
+    import re
+
+    from utils import cuda_kernel_names
+
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    x = (torch.randn(n + offset, device="cuda") * 4).to(dtype)[offset:]
+    dy = torch.randn(n + offset, device="cuda").to(dtype)[offset:]
+    for approximate in APPROX:
+        poison_next_alloc(x.numel() * x.element_size() + 16, "cuda")
+        y = fused_ops.gelu(x, approximate=approximate)
+        assert y.data_ptr() % 16 == x.data_ptr() % 16
+        assert_close(y, ref_gelu(x, approximate))
+        xr = x.double().requires_grad_()
+        ref_gelu(xr, approximate).backward(dy.double())
+        dx = torch.ops.fused.gelu_backward(dy, x, approximate=approximate)
+        assert_close(dx, xr.grad, dtype=dtype)
+        names = cuda_kernel_names(lambda: fused_ops.gelu(x, approximate=approximate))
+        names += cuda_kernel_names(
+            lambda: torch.ops.fused.gelu_backward(dy, x, approximate=approximate)
+        )
+        vs = [
+            int(m.group(1))
+            for n_ in names
+            for m in [re.search(r"elementwise_kernel<[^,]+, (\d+),", n_)]
+            if m
+        ]
+        assert len(vs) == 2 and set(vs) == {vec}, names

@@ -335,16 +335,83 @@ def test_softmax_block_rows(dtype):
     ]
 
 
+def span(cols, vec, whole=False):
+    # The 16-byte vectors a row's span covers at most (plan.h span_vectors).
+    return cols // vec if whole else (cols + 2 * vec - 2) // vec
+
+
+@pytest.mark.parametrize("dtype,vec", [(BF16, 8), (F16, 8), (F32, 4)])
+@pytest.mark.parametrize("cols", [1, 7, 1000, 1001, 4095, 4097, 5121, 32001, 50257, 151936])
+def test_softmax_odd_lengths_vectorised(dtype, vec, cols):
+    # Any length, any offset (the same offset in every tensor): the 16-byte path over each
+    # row's span, sized as an aligned row of span(cols) vectors would be.
+    for opts in ("", "unaligned"):
+        for op in ("softmax_fwd", "softmax_bwd"):
+            steps = plan(op, 1000, cols, dtype, opts)
+            assert all(s["vec"] == vec for s in steps), (op, opts, steps)
+            # the kernels and launch shapes of the aligned row of as many vectors, but for the
+            # cluster kernel, whose 2P (copy-engine) shape takes rows of whole vectors only
+            whole = opts == "" and cols % vec == 0
+            ref = plan(op, 1000, span(cols, vec, whole) * vec, dtype)
+
+            def shapes(steps):
+                return [
+                    (s["kernel"], s["p"], s["tpr"], s["block"], s["n"])
+                    for s in steps
+                    if s["kernel"] != "softmax_cluster_kernel"
+                ]
+
+            assert shapes(steps) == shapes(ref), (op, opts, steps, ref)
+            # the kernels' span form (heads, masked edges) exactly where rows are not whole
+            # vectors on the grid; rows that are keep the code measured before it
+            assert all(s["span"] == (not whole) for s in steps), (op, opts, steps)
+            assert all(s["span"] == 0 for s in ref)
+            if not whole:
+                # neither the compile-time-shaped staged kernel nor the 2P cluster shape
+                assert all(s["fixed"] == 0 for s in steps)
+                assert all(s["p"] == 4 for s in steps if s["kernel"] == "softmax_cluster_kernel"), (
+                    steps
+                )
+    # pointers at different offsets in their 16-byte chunks: the scalar path
+    assert all(s["vec"] == 1 for s in plan("softmax_fwd", 1000, cols, dtype, "mixed"))
+
+
 def test_softmax_odd_lengths():
-    s = only(plan("softmax_fwd", 100, 1001, BF16))  # scalar path: 8 elements a thread
+    s = only(plan("softmax_fwd", 100, 1001, BF16, "mixed"))  # scalar path: 8 elements a thread
     assert (s["vec"], s["p"], s["tpr"], s["block"]) == (1, 8, 128, 128)
-    assert only(plan("softmax_fwd", 100, 1024, BF16, "unaligned"))["vec"] == 1
-    steps = plan("softmax_bwd", 1000, 1000001, F32)
+    s = only(plan("softmax_fwd", 100, 1001, BF16))  # 126 vectors (the span): 32 threads of 4
+    assert (s["vec"], s["p"], s["tpr"], s["block"]) == (8, 4, 32, 32)
+    assert only(plan("softmax_fwd", 100, 1024, BF16, "unaligned"))["vec"] == 8
+    assert only(plan("softmax_fwd", 100, 1024, BF16, "mixed"))["vec"] == 1
+    # 4096x32001 bf16: the staged kernel, one share of the span's 4001 vectors, shaped at
+    # run time (32000: 4000 vectors, the same kernel)
+    s = plan("softmax_fwd", 4096, 32001, BF16)[0]
+    assert (s["kernel"], s["n"], s["fixed"], s["share"], s["vec"]) == (
+        "softmax_fwd_staged",
+        1,
+        0,
+        4001,
+        8,
+    )
+    s = plan("softmax_fwd", 4096, 32001, F32)[0]  # 8001 vectors: two shares
+    assert (s["kernel"], s["n"], s["share"], s["vec"]) == ("softmax_fwd_staged", 2, 4001, 4)
+    # a causal forward off the grid: softmax_kernel's causal variant, not softmax_causal_fwd
+    s = only(plan("softmax_fwd", 4096, 2047, BF16, "causal_q=2048"))
+    assert (s["kernel"], s["vec"], s["causal"]) == ("softmax_kernel", 8, 1)
+    steps = plan("softmax_bwd", 1000, 1000001, F32, "mixed")
     assert kernels(steps) == ["softmax_kernel(split)"]  # past 16 clusters of 512 x 8
     assert (steps[0]["n"], steps[0]["block"], steps[0]["vec"]) == (-(-1000001 // 4096), 512, 1)
-    steps = plan("softmax_bwd", 1000, 40001, F32)
+    steps = plan("softmax_bwd", 1000, 40001, F32, "mixed")
     assert kernels(steps) == ["softmax_cluster_kernel", "softmax_kernel(split)"]
     assert steps[0]["n"] == 10 and steps[0]["p"] == 8
+    # the 16-byte path: 10001 vectors, clusters of 512 x 4 (5 blocks); no 2P shape off the grid
+    steps = plan("softmax_bwd", 1000, 40001, F32)
+    assert kernels(steps) == ["softmax_cluster_kernel", "softmax_kernel(split)"]
+    assert (steps[0]["n"], steps[0]["p"], steps[0]["vec"]) == (5, 4, 4)
+    # 262151 bf16: 32770 vectors, 17 blocks of 512 x 4 (the 8 x 8 shape is for whole rows):
+    # split
+    assert kernels(plan("softmax_bwd", 64, 262151, BF16)) == ["softmax_kernel(split)"]
+    assert kernels(plan("softmax_bwd", 64, 262144, BF16, "unaligned")) == ["softmax_kernel(split)"]
 
 
 def test_softmax_staged():

@@ -857,3 +857,81 @@ def test_functional_matches_torch_signature():
     )
     with pytest.raises(TypeError):
         fused_ops.softmax(x, -1, 3, None, 0.5)
+
+
+# --- any width, any offset: the 16-byte path ---------------------------------------------
+# Row lengths off the 16-byte grid (public vocabularies among them) and views at an odd
+# offset: every row is read as the 16-byte vectors of its aligned span, the elements of the
+# neighbouring rows masked and never written (docs/design/softmax.md#misaligned-or-odd-rows).
+CLIFF_LENGTHS = [1, 7, 1000, 4095, 4097, 5121, 32001, 50257, 151936]
+
+
+def softmax_launches(names):
+    """(kernel, VEC) of each softmax kernel launched: softmax_kernel and
+    softmax_cluster_kernel name their VEC (3rd template argument); softmax_fwd_staged and
+    softmax_causal_fwd run only on 16-byte vectors (VEC None)."""
+    out = []
+    for n in names:
+        m = re.search(r"(softmax_kernel|softmax_cluster_kernel)<[^,<>]+, [^,]+?, (\d+), ", n)
+        v = re.search(r"(softmax_fwd_staged|softmax_causal_fwd)<", n)
+        if m:
+            out.append((m.group(1), int(m.group(2))))
+        elif v:
+            out.append((v.group(1), None))
+    return out
+
+
+@CUDA
+@pytest.mark.parametrize("length", CLIFF_LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_any_width_and_offset_vectorised(length, dtype):
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    rows = max(3, min(64, (1 << 21) // length))
+    for offset in (0, 1, 3):  # elements past a 16-byte-aligned allocation
+        base = (torch.randn(rows * length + offset, device="cuda") * 3).to(dtype)
+        x = base[offset:].view(rows, length)
+        for log in (False, True):
+            msg = f"length={length} offset={offset} log={log}"
+            y = check_forward(x, log=log, msg=msg)
+            # the output at x's offset in its 16-byte chunk (so both take 16-byte vectors)
+            assert y.data_ptr() % 16 == x.data_ptr() % 16, msg
+            check_backward(y, log=log, msg=msg)  # a fresh (aligned) grad_out: realigned
+            dy = torch.randn_like(y)
+            launched = softmax_launches(
+                cuda_kernel_names(lambda: fwd(x, log=log))
+                + cuda_kernel_names(lambda: bwd(dy, y, log=log))
+            )
+            assert launched and all(v in (None, vec) for _, v in launched), (msg, launched)
+            # a grad_out at y's offset: no copy, and the same kernels
+            g = torch.empty(rows * length + offset, device="cuda", dtype=dtype)[offset:]
+            g = g.view(rows, length).copy_(dy)
+            poison_next_alloc(y.numel() * y.element_size(), y.device)
+            dx = bwd(g, y, log=log)
+            assert_close(dx, bwd_ref(g, y, log=log), dtype=dtype, msg=msg)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_odd_rows_staged(dtype):
+    # 4096 x 32001 (a row's head cycles through every offset of its 16-byte chunk) takes
+    # softmax_fwd_staged, as 4096 x 32000 does, and the rows' neighbours are left alone: the
+    # output of a softmax over rows [1, 4095) equals the slice of the whole one's.
+    x = (torch.randn(4096, 32001, device="cuda") * 3).to(dtype)
+    names = softmax_launches(cuda_kernel_names(lambda: fused_ops.softmax(x)))
+    assert [k for k, _ in names] == ["softmax_fwd_staged"], names
+    y = check_forward(x, msg="4096x32001")
+    inner = check_forward(x[1:4095], msg="4096x32001 rows 1..4094")
+    torch.testing.assert_close(inner, y[1:4095], rtol=0, atol=0)
+    for scale in (0.5, 2.0):
+        check_forward(x[:7], scale=scale, msg=f"scale={scale}")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_odd_rows_causal(dtype):
+    # A causal forward whose rows are off the grid: softmax_kernel's causal variant on
+    # 16-byte vectors (softmax_causal_fwd takes rows of whole vectors only)
+    x = (torch.randn(2, 3, 999, 999, device="cuda") * 3).to(dtype)
+    check_forward(x, causal=True, msg="causal 999")
+    launched = softmax_launches(cuda_kernel_names(lambda: fused_ops.softmax(x, causal=True)))
+    assert launched and all(v == 8 for _, v in launched), launched

@@ -7,8 +7,11 @@
 // once. Outputs made with at::empty_like(result[0]) share the layout.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+
 #include <array>
+#include <cstdint>
 
 namespace fused {
 
@@ -25,6 +28,33 @@ std::array<at::Tensor, N> flat_compatible(std::array<at::Tensor, N> ts) {
     }
   }
   return ts;
+}
+
+// A new contiguous tensor shaped as `like` whose data starts at the same offset in its
+// 16-byte chunk as ref's: an output that a kernel reading rows as 16-byte vectors of their
+// aligned span (softmax, norms) can share a row's span with an input that is a view at an
+// odd offset. Costs 16 bytes; `like`'s own layout where ref's offset is not a whole number
+// of elements (then no vector path shares it).
+inline at::Tensor empty_at_phase(const at::Tensor& like, const at::Tensor& ref) {
+  const int64_t es = like.element_size();
+  const auto phase = [](const void* p) {
+    return static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(p) % 16);
+  };
+  const int64_t want = phase(ref.const_data_ptr());
+  if (want % es != 0) return at::empty(like.sizes(), like.options());
+  at::Tensor buf = at::empty({like.numel() + 16 / es}, like.options());
+  const int64_t off = (want - phase(buf.const_data_ptr()) + 16) % 16;
+  if (off % es != 0) return at::empty(like.sizes(), like.options());
+  return buf.narrow(0, off / es, like.numel()).view(like.sizes());
+}
+
+// at::empty_like(t), at t's offset in its 16-byte chunk where t is contiguous (a view at
+// an odd element): flat kernels then run t and the result on one 16-byte grid.
+inline at::Tensor like_at_phase(const at::Tensor& t) {
+  if (t.is_contiguous() && reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 != 0) {
+    return empty_at_phase(t, t);
+  }
+  return at::empty_like(t);
 }
 
 }  // namespace fused

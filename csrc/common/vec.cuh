@@ -43,4 +43,11 @@ inline bool is_aligned(const void* p, int bytes = 16) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
+// A pointer's offset in its 16-byte chunk. Kernels that read a row as the 16-byte vectors
+// of its span (its start rounded down to the grid, its end up) need every tensor of the
+// op at the same offset, so that a row's span is the same vectors in each.
+inline int phase16(const void* p) {
+  return static_cast<int>(reinterpret_cast<std::uintptr_t>(p) % 16);
+}
+
 }  // namespace fused

@@ -148,7 +148,7 @@ struct DropoutArgs {
 // One thread's U groups of V elements, spaced kThreads groups apart: all loads first (U
 // loads in flight per input), then the mask and the stores. FULL: every group is whole and
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
-template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16>
+template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC>
 __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first, int64_t col,
                                                const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
@@ -160,9 +160,9 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
       xv[u] = load_group<T, V, FULL>(a.x, e0, a.n);
       if constexpr (RES) rv[u] = load_group<T, V, FULL>(a.res, e0, a.n);
       if constexpr (BIAS) {
-        if constexpr (FULL) {
+        if constexpr (FULL && BVEC) {
           bv[u] = load_vec<T, V>(a.bias + col);  // cols % V == 0: the group is in one row
-        } else {
+        } else {  // element by element (from L1): a group may cross a row's end
           int64_t c = col;
 #pragma unroll
           for (int j = 0; j < V; ++j) {
@@ -193,26 +193,28 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
 
 // A thread's work: the straight-line vector path when all its groups are whole, else the
 // guarded one.
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16>
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC>
 __device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t first, int64_t col,
                                              const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
   if constexpr (VEC) {
     const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
     if (last_end <= a.n) {
-      dropout_thread<T, V, true, BIAS, RES, DROP, B16>(a, first, col, key, offset);
+      dropout_thread<T, V, true, BIAS, RES, DROP, B16, BVEC>(a, first, col, key, offset);
       return;
     }
   }
-  dropout_thread<T, V, false, BIAS, RES, DROP, B16>(a, first, col, key, offset);
+  dropout_thread<T, V, false, BIAS, RES, DROP, B16, BVEC>(a, first, col, key, offset);
 }
 
 // out = [res +] mask * scale * (x [+ bias]) over n elements, in groups of V consecutive
-// elements. VEC: all pointers 16-byte aligned (and cols % V == 0 with a bias); threads whose
-// groups are all whole take the vector path, the rest (the tail) guarded scalars. !VEC: V = 4
-// scalars per group. DROP = false: no mask (bias_dropout_add in eval),
+// elements. VEC: x, res and out 16-byte aligned; threads whose groups are all whole take the
+// vector path, the rest (the tail) guarded scalars. BVEC: the bias is read as 16-byte
+// vectors too (aligned, cols % V == 0); otherwise element by element, its columns wrapping
+// inside a group (any width: x, res and out keep their vectors). !VEC: V = 4 scalars per
+// group. DROP = false: no mask (bias_dropout_add in eval),
 // no randomness drawn.
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr int U = kGroupsPerThread;
@@ -230,20 +232,20 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
         ((e | c) >> 32) == 0 ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c) : e % c);
   }
   if (DROP && a.bits16) {
-    dropout_body<T, V, VEC, BIAS, RES, DROP, true>(a, first, col, key, offset);
+    dropout_body<T, V, VEC, BIAS, RES, DROP, true, BVEC>(a, first, col, key, offset);
   } else {
-    dropout_body<T, V, VEC, BIAS, RES, DROP, false>(a, first, col, key, offset);
+    dropout_body<T, V, VEC, BIAS, RES, DROP, false, BVEC>(a, first, col, key, offset);
   }
 }
 
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP>
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC = true>
 void launch_dropout_kernel(DropoutArgs<T> a) {
   a.col_step = BIAS ? (static_cast<int64_t>(kThreads) * V) % a.cols : 0;
   constexpr int U = kGroupsPerThread;
   const int64_t groups = ceil_div(a.n, V);
   const int64_t blocks = ceil_div(groups, static_cast<int64_t>(kThreads) * U);
-  launch_early(dropout_kernel<T, V, VEC, BIAS, RES, DROP>, dim3(static_cast<unsigned>(blocks)),
-               dim3(kThreads), 0, a);
+  launch_early(dropout_kernel<T, V, VEC, BIAS, RES, DROP, BVEC>,
+               dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, a);
 }
 
 template <typename T, bool BIAS, bool RES, bool DROP>
@@ -251,8 +253,10 @@ void launch_dropout_layout(const DropoutArgs<T>& a) {
   constexpr int kVec = kVecElems<T>;
   bool vec = is_aligned(a.x) && is_aligned(a.out);
   if (RES) vec = vec && is_aligned(a.res);
-  if (BIAS) vec = vec && is_aligned(a.bias) && a.cols % kVec == 0;
-  if (vec) {
+  if (vec && BIAS && !(is_aligned(a.bias) && a.cols % kVec == 0)) {
+    // a width off the vector grid: x, res and out as vectors, the bias gathered
+    launch_dropout_kernel<T, kVec, true, BIAS, RES, DROP, false>(a);
+  } else if (vec) {
     launch_dropout_kernel<T, kVec, true, BIAS, RES, DROP>(a);
   } else {
     launch_dropout_kernel<T, 4, false, BIAS, RES, DROP>(a);

@@ -39,7 +39,7 @@ at::Tensor gelu_cuda(const at::Tensor& x_in, c10::string_view approximate) {
   GeluKind kind = parse_gelu_approximate(approximate, op);
   c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = flat_compatible<1>({x_in})[0];
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = like_at_phase(x);
   FUSED_DISPATCH_CUDA(x.scalar_type(), "fused::gelu", [&] {
     dispatch_gelu_kind(kind, [&](auto k) {
       launch_elementwise<scalar_t, 1>(GeluFwd<scalar_t, decltype(k)::value>{},
@@ -62,7 +62,7 @@ at::Tensor gelu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x_in
   const auto flat = flat_compatible<2>({x_in, grad_out});
   const at::Tensor& x = flat[0];
   const at::Tensor& dy = flat[1];
-  at::Tensor dx = at::empty_like(x);
+  at::Tensor dx = like_at_phase(x);
   FUSED_DISPATCH_CUDA(x.scalar_type(), "fused::gelu_backward", [&] {
     dispatch_gelu_kind(kind, [&](auto k) {
       launch_elementwise<scalar_t, 2>(

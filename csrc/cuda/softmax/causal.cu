@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, 2048 / (TPR < 128 ? 128
   load_tile<kReadOnly>(raw, a.in, a.len, row, c0, stride, limit);
   Fwd::Regs<T, VEC, P> regs;
   const int live = live_vectors<P>(c0, stride, limit);
-  op.init(regs, raw, Cols{c0, stride, limit, live});
+  op.template init<false>(regs, raw, Cols{c0, stride, limit, live});  // whole rows only
   const MaxSum total = op.partial(regs, g, buf[0], buf[1]);
   if (!active) return;
   const Fwd::Coef coef = op.coef_whole(total);

@@ -28,7 +28,9 @@ namespace {
 // push of row r + 1, which each block sends after its barrier of row r + 1, after it
 // read row r's slots; likewise a reduction buffer is written again two rows later, past
 // at least one barrier.
-template <typename T, typename Op, int VEC, int P, int BLOCK, int STAGES>
+// SPAN (the plan's Step::span: rows off the grid or not whole vectors; never with STAGES):
+// each row's head and masked, element-wise edges.
+template <typename T, typename Op, int VEC, int P, int BLOCK, int STAGES, bool SPAN>
 __global__ void __launch_bounds__(BLOCK, 1)
     softmax_cluster_kernel(Args<T, typename Op::State> a, Op op) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   using State = typename Op::State;
   using R = Raw<T, VEC>;
   static_assert(STAGES == 0 || sizeof(R) == 16, "staged rows: 16-byte vectors");
+  static_assert(STAGES == 0 || !SPAN, "staged rows: whole vectors on the grid");
   constexpr int kShare = P * BLOCK;  // vectors of one input in a block's share of a row
   __shared__ double buf[2][2][BLOCK / 32];
   __shared__ State slots[2][kMaxCluster];
@@ -50,16 +53,28 @@ __global__ void __launch_bounds__(BLOCK, 1)
   const Group<BLOCK> g{BLOCK};
   const int n = a.nchunks;
   const int rank = static_cast<int>(cl.block_rank());
-  const int begin = blockIdx.y * a.chunk;
-  const int end = std::min(a.len, begin + a.chunk);
-  const int c0 = begin + static_cast<int>(threadIdx.x) * VEC;
+  // The block's columns of a row: [base, + chunk) of the row's span, which starts the row's
+  // head before it (16-byte path, rows off the grid; the staged shape takes only rows of
+  // whole vectors, head 0): begin_of(row).
+  const int base = blockIdx.y * a.chunk;
+  auto begin_of = [&](int64_t row) {
+    return SPAN ? base - row_head<T, VEC>(a.in[0] + row * a.len) : base;
+  };
   constexpr int stride = BLOCK * VEC;
   const int64_t step = gridDim.x;
-  auto limit_of = [&](int64_t row) { return row < a.rows ? row_limit(a, row, end) : begin; };
+  auto limit_of = [&](int64_t row, int begin) {
+    return row < a.rows ? row_limit(a, row, std::min(a.len, begin + a.chunk)) : begin;
+  };
+  auto prefetch = [&](auto& regs_raw, int64_t row) {
+    const int begin = begin_of(row);
+    load_tile<kPinned>(regs_raw, a.in, a.len, row, begin + static_cast<int>(threadIdx.x) * VEC,
+                       stride, limit_of(row, begin));
+  };
   // Thread 0: the block's share of `row` (its vectors that start before the row's limit)
   // into slot s.
   auto stage = [&](int64_t row, int s) {
-    const int cols = std::max(limit_of(row) - begin, 0);  // 0: a chunk wholly masked
+    const int begin = base;
+    const int cols = std::max(limit_of(row, begin) - begin, 0);  // 0: a chunk wholly masked
     const uint32_t bytes = static_cast<uint32_t>((cols + VEC - 1) / VEC) * 16;
     mbar_expect(&full[s], Op::kIn * bytes);
     if (bytes == 0) return;
@@ -76,7 +91,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   if constexpr (STAGES > 0) {
     if (threadIdx.x < STAGES) mbar_init(&full[threadIdx.x]);
   } else {
-    load_tile<kPinned>(raw, a.in, a.len, row, c0, stride, limit_of(row));
+    prefetch(raw, row);
   }
   cl.sync();  // every block's mbarriers are set up before any push or copy
   if constexpr (STAGES > 0) {
@@ -87,7 +102,10 @@ __global__ void __launch_bounds__(BLOCK, 1)
   for (int it = 0; row < a.rows; row += step, ++it) {
     // The limit is recomputed rather than carried from the prefetch: carrying it measured
     // +13 registers in ptxas for the same work.
-    const int limit = limit_of(row);
+    const int begin = begin_of(row);
+    const int end = std::min(a.len, begin + a.chunk);
+    const int c0 = begin + static_cast<int>(threadIdx.x) * VEC;
+    const int limit = limit_of(row, begin);
     if constexpr (STAGES > 0) {
       const int s = it % STAGES;
       mbar_wait(&full[s], (it / STAGES) & 1);  // full[s]'s (it / STAGES)-th phase
@@ -103,10 +121,8 @@ __global__ void __launch_bounds__(BLOCK, 1)
       if (threadIdx.x == 0 && row + STAGES * step < a.rows) stage(row + STAGES * step, s);
     }
     typename Op::template Regs<T, VEC, P> regs;
-    op.init(regs, raw, Cols{c0, stride, limit, P});
-    if constexpr (STAGES == 0) {
-      load_tile<kPinned>(raw, a.in, a.len, row + step, c0, stride, limit_of(row + step));
-    }
+    op.template init<SPAN>(regs, raw, Cols{c0, stride, limit, P});
+    if constexpr (STAGES == 0) prefetch(raw, row + step);
     const int par = it & 1;
     const State mine = op.partial(regs, g, buf[par][0], buf[par][1]);
     if (threadIdx.x < n) push_to_peer(&slots[par][rank], &bar[par], threadIdx.x, mine);
@@ -114,7 +130,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     mbar_wait(&bar[par], (it >> 1) & 1);  // bar[par]'s (it / 2)-th phase
     const auto coef = op.coef(op.combine_lanes(slots[par], n), mine, true);
     op.finish(regs, coef);
-    store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, end, P);
+    store_tile<T, VEC, P, false, SPAN>(op, regs, coef, a.out + row * a.len, c0, stride, end, P);
   }
   cl.sync();  // no block leaves while a peer may still push into its shared memory
 #else
@@ -138,16 +154,20 @@ constexpr int kStages = VEC == 1 || P == vectors_per_thread(VEC)
 
 // Rows of a in persistent clusters of n blocks of softmax_cluster_kernel with P vectors
 // per thread; false (nothing launched) where such clusters do not fit (cluster_fit).
-template <typename T, typename Op, int VEC, int P>
+template <typename T, typename Op, int VEC, int P, bool SPAN = false>
 bool launch_cluster_at(Args<T, typename Op::State> a, const Op& op, int n) {
   constexpr int S = kStages<Op, VEC, P>;
+  static_assert(S == 0 || !SPAN, "the staged shape takes rows of whole vectors");
   constexpr int smem = S * Op::kIn * P * kSplitBlock * 16;
-  constexpr auto kernel = softmax_cluster_kernel<T, Op, VEC, P, kSplitBlock, S>;
+  constexpr auto kernel = softmax_cluster_kernel<T, Op, VEC, P, kSplitBlock, S, SPAN>;
   const int fit = n <= kMaxCluster ? cluster_fit(kernel, kSplitBlock, n, smem) : 0;
   if (fit == 0) return false;
   a.tpr = kSplitBlock;
   a.nchunks = n;
-  a.chunk = static_cast<int>(ceil_div(ceil_div(a.len, n), VEC) * VEC);
+  // Even shares of the row's span (plan.h span_vectors): the plan's n makes each fit a
+  // block's P * BLOCK vectors.
+  const int64_t span = SPAN ? a.len + VEC - 1 : a.len;
+  a.chunk = static_cast<int>(ceil_div(ceil_div(span, n), VEC) * VEC);
   ClusterLaunch(dim3(1, n), kSplitBlock, smem)
       .early_start()
       .launch(dim3(static_cast<unsigned>(std::min<int64_t>(a.rows, fit)), static_cast<unsigned>(n)),
@@ -158,6 +178,10 @@ bool launch_cluster_at(Args<T, typename Op::State> a, const Op& op, int n) {
 template <typename T, typename Op, int VEC>
 bool launch_cluster(Args<T, typename Op::State> a, const Op& op, const Step& s) {
   constexpr int P = vectors_per_thread(VEC);
+  if constexpr (VEC > 1) {
+    if (s.p == P && s.span) return launch_cluster_at<T, Op, VEC, P, true>(a, op, s.n);
+    TORCH_INTERNAL_ASSERT(!s.span, "softmax plan: softmax_cluster_kernel p=", s.p, " span=1");
+  }
   if (s.p == P) return launch_cluster_at<T, Op, VEC, P>(a, op, s.n);
   if constexpr (VEC > 1) {
     if (s.p == 2 * P) return launch_cluster_at<T, Op, VEC, 2 * P>(a, op, s.n);
@@ -166,7 +190,7 @@ bool launch_cluster(Args<T, typename Op::State> a, const Op& op, const Step& s) 
 }
 
 bool sm90_code_runs() {
-  return runs_sm90_code(softmax_cluster_kernel<float, Fwd, 4, 4, kSplitBlock, 0>);
+  return runs_sm90_code(softmax_cluster_kernel<float, Fwd, 4, 4, kSplitBlock, 0, false>);
 }
 
 #define FUSED_INSTANCE(T)                                                                          \

@@ -167,7 +167,8 @@ struct Fwd {
     bool have_exp;
   };
 
-  template <typename T, int VEC, int P>
+  // SPAN = false: rows of whole vectors on the grid (no head to mask).
+  template <bool SPAN = true, typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[1][P],
                                        Cols c) const {
     r.live = c.live;
@@ -187,6 +188,14 @@ struct Fwd {
           }
         }
       });
+    }
+    // The span's head: vector 0 of the thread whose first vector starts before the row
+    // (c0 < 0, a row off the 16-byte grid) holds -c0 elements of the previous row.
+    if (SPAN && c.c0 < 0) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (e < -c.c0) r.v[0][e] = kNegInf;
+      }
     }
   }
 
@@ -328,7 +337,7 @@ struct Bwd {
   };
   using Coef = float;
 
-  template <typename T, int VEC, int P>
+  template <bool SPAN = true, typename T, int VEC, int P>
   __device__ __forceinline__ void init(Regs<T, VEC, P>& r, const Raw<T, VEC> (&raw)[2][P],
                                        Cols c) const {
 #pragma unroll
@@ -341,7 +350,8 @@ struct Bwd {
     // compiler split every vector at its load). Rare: vectors ascend in column, so only
     // a thread whose last vector is not whole has one.
     if constexpr (VEC > 1) {
-      if (c.c0 + (P - 1) * c.stride + VEC > c.limit) {
+      // ... and the span's head (c0 < 0: elements of the previous row) zeroed likewise.
+      if (c.c0 + (P - 1) * c.stride + VEC > c.limit || (SPAN && c.c0 < 0)) {
         constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
 #pragma unroll
         for (int k = 0; k < P; ++k) {
@@ -353,7 +363,8 @@ struct Bwd {
 #pragma unroll
             for (int h = 0; h < kPerWord; ++h) {
               const uint32_t bits = kPerWord == 1 ? 0xffffffffu : 0xffffu << (16 * h);
-              if (col + w * kPerWord + h < c.limit) keep[w] |= bits;
+              const int e = col + w * kPerWord + h;
+              if (e >= 0 && e < c.limit) keep[w] |= bits;
             }
           }
 #pragma unroll
@@ -429,7 +440,9 @@ struct Args {
   State* partials;  // [rows, nchunks], split rows only
   int64_t rows;
   int len;           // < 2^31 (checked on the host): column offsets are 32-bit
-  int chunk;         // columns per block: len, or a split row's chunk (a multiple of VEC)
+  int chunk;         // span columns per block (the row's span: len + VEC - 1 on the
+                     // 16-byte path, len on the scalar one), or a split row's chunk (a
+                     // multiple of VEC); a block's columns start chunk * blockIdx.y - head
   int nchunks;       // chunks per row (1 unless split): blockIdx.y
   int tpr;           // threads per row: a power of two <= 32, or BLOCK
   int tpr_shift;     // log2(tpr): no integer division in the kernel
@@ -452,11 +465,69 @@ __device__ __forceinline__ int row_limit(const Args<T, State>& a, int64_t row, i
   return static_cast<int>(std::min<int64_t>(end, q + 1));
 }
 
+// The head of a row that starts at p: how many elements of T precede it in its 16-byte
+// chunk (0 on the scalar path). The 16-byte path reads a row as the vectors of its span,
+// p - head rounded to the 16-byte grid, so a thread's columns start at lane * VEC - head.
+template <typename T, int VEC>
+__device__ __forceinline__ int row_head(const T* p) {
+  if constexpr (VEC == 1) {
+    return 0;
+  } else {
+    return static_cast<int>(reinterpret_cast<uintptr_t>(p) % 16 / sizeof(T));
+  }
+}
+
+// A 16-byte vector of T with its elements outside [from, to) replaced by `fill`'s (a word
+// of two 16-bit or one 32-bit element): a row's first or last vector of its span.
+template <typename T>
+__device__ __forceinline__ uint4 keep_elems(uint4 v, int from, int to, uint32_t fill) {
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t keep = 0;
+#pragma unroll
+    for (int h = 0; h < kPerWord; ++h) {
+      const int e = j * kPerWord + h;
+      if (e >= from && e < to) keep |= kPerWord == 1 ? 0xffffffffu : 0xffffu << (16 * h);
+    }
+    w[j] = (w[j] & keep) | (fill & ~keep);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Stores the elements in [from, to) of the 16-byte vector `w` (words as above) at p, one at
+// a time: the others are not the row's.
+template <typename T>
+__device__ __forceinline__ void store_elems(T* p, const uint32_t (&w)[4], int from, int to) {
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int e = 0; e < 4 * kPerWord; ++e) {
+    if (e >= from && e < to) {
+      if constexpr (kPerWord == 1) {
+        reinterpret_cast<uint32_t*>(p)[e] = w[e];
+      } else {
+        reinterpret_cast<uint16_t*>(p)[e] = static_cast<uint16_t>(w[e / 2] >> (16 * (e % 2)));
+      }
+    }
+  }
+}
+
 // A thread's vectors of `row` (vector k at column c0 + k * stride), every load issued
 // before any use; zero bits where the column is at or past `limit` (masked or idle: not
 // read). A vector straddling the causal limit is still inside the row: read whole.
-// How load_tile reads: plain loads; kPinned, loads that stay where they are written
-// (load_pinned), for a prefetch; kReadOnly, through the read-only path (ld.global.nc).
+// A row off the 16-byte grid: c0 and a vector's column may be negative (down to
+// -(VEC - 1)), and its last vector may run past the row's end. Every vector read is a
+// 16-byte-aligned chunk (p + col is on the grid: the host runs the 16-byte path only where
+// every pointer has the row's offset in its chunk) that holds at least one element of the
+// row (col + VEC > 0 and col < limit <= len), so it never leaves the memory the tensor's
+// bytes lie in: the caching allocator hands out blocks of whole 512 bytes at 512-byte-aligned
+// addresses, cudaMalloc at >= 256-byte-aligned ones in whole pages, and a 16-byte chunk
+// neither crosses such a boundary nor starts outside the block that holds its row element.
+// The bytes outside the row are masked by the op's init and never stored (store_tile).
+// (compute-sanitizer memcheck with the caching allocator off checks the requested size
+// instead: the last row's final chunk past a tensor that does not end on the 16-byte grid
+// reads as out of bounds there, though it is inside the allocation's page.)
 enum LoadKind { kPlain, kPinned, kReadOnly };
 
 template <LoadKind KIND, typename T, typename R, int kIn, int P>
@@ -486,10 +557,14 @@ __device__ __forceinline__ void load_tile(R (&raw)[kIn][P], const T* const (&in)
 // The outputs of a thread's vectors of `row` that lie before `end`; for the vectors past
 // the live ones (Cols::live), the op's output for a masked entry (Op::masked: 0, or NaN in a
 // NaN row), once per thread.
-// PACK (16-bit T, 16-byte vectors): the outputs rounded a pair at a time (pack_pair) and
+// Vectors that straddle the row's start (col < 0) or `end` are stored element by element.
+// PACK (16-bit T, 16-byte vectors, rows of whole vectors only: softmax_causal_fwd, which
+// the plan gives only such rows): the outputs rounded a pair at a time (pack_pair) and
 // the masked value packed once per thread (softmax_causal_fwd; the other kernels keep
 // the per-element form they were measured with).
-template <typename T, int VEC, int P, bool PACK = false, typename Op, typename Regs, typename Coef>
+// SPAN = false: rows of whole vectors on the 16-byte grid only (no edge to test).
+template <typename T, int VEC, int P, bool PACK = false, bool SPAN = true, typename Op,
+          typename Regs, typename Coef>
 __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const Coef& coef, T* out,
                                            int c0, int stride, int end, int live) {
   if constexpr (PACK) {
@@ -525,7 +600,16 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
 #pragma unroll
         for (int e = 0; e < VEC; ++e) o.v[e] = dead;
       }
-      store_vec<T, VEC>(out + col, o);
+      if (VEC == 1 || !SPAN || (col >= 0 && col + VEC <= end)) {
+        store_vec<T, VEC>(out + col, o);
+      } else {
+        // The span's first or last vector of a row off the 16-byte grid: only the row's
+        // own elements, one at a time (the others belong to the neighbouring rows).
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          if (col + e >= 0 && col + e < end) out[col + e] = o.v[e];
+        }
+      }
     }
   }
 }

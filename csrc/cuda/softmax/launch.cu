@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "common/dispatch.h"
+#include "common/layout.h"
 #include "common/softmax.h"
 #include "cuda/softmax/families.h"
 
@@ -56,6 +57,7 @@ void run(const T* in0, const T* in1, T* out, int64_t rows, int64_t len, int64_t 
   if constexpr (std::is_same_v<Op, Fwd>) pr.scale = op.scale;
   pr.causal_q = causal_q;
   pr.aligned = is_aligned(in0) && (in1 == nullptr || is_aligned(in1)) && is_aligned(out);
+  pr.same_phase = phase16(in0) == phase16(out) && (in1 == nullptr || phase16(in1) == phase16(out));
   const Plan plan = softmax::plan(pr, gpu_props(), overrides());
   constexpr int V = kVecElems<T>;
   for (int i = 0; i < plan.n; ++i) {
@@ -74,6 +76,11 @@ at::Tensor forward_cuda(const at::Tensor& x, int64_t dim, double scale, bool cau
       x, dim, causal, op,
       [&](const at::Tensor& in, at::Tensor& out, int64_t rows, int64_t len, int64_t causal_q) {
         c10::cuda::CUDAGuard guard(in.device());
+        // A view at an odd offset: y at x's offset in its 16-byte chunk, so that both read
+        // and write as 16-byte vectors of the rows' spans (plan.h).
+        if (phase16(in.const_data_ptr()) != phase16(out.const_data_ptr())) {
+          out = empty_at_phase(out, in);
+        }
         FUSED_DISPATCH_CUDA(in.scalar_type(), "fused::softmax", [&] {
           run<scalar_t>(in.const_data_ptr<scalar_t>(), nullptr, out.mutable_data_ptr<scalar_t>(),
                         rows, len, causal_q, Fwd{static_cast<float>(scale), LOG}, in.options());
@@ -88,9 +95,18 @@ at::Tensor backward_cuda(const at::Tensor& grad_out, const at::Tensor& y, int64_
                           [&](const at::Tensor& g, const at::Tensor& yr, at::Tensor& dx,
                               int64_t rows, int64_t len, int64_t causal_q) {
                             c10::cuda::CUDAGuard guard(yr.device());
+                            // dx at y's offset in its 16-byte chunk, and grad_out copied there
+                            // where it is elsewhere (one extra pass over it, where the scalar
+                            // path would cost more): the 16-byte path for every offset.
+                            const int py = phase16(yr.const_data_ptr());
+                            if (phase16(dx.const_data_ptr()) != py) dx = empty_at_phase(dx, yr);
+                            at::Tensor gr = g;
+                            if (phase16(g.const_data_ptr()) != py) {
+                              gr = empty_at_phase(g, yr).copy_(g);
+                            }
                             FUSED_DISPATCH_CUDA(yr.scalar_type(), "fused::softmax_backward", [&] {
                               run<scalar_t>(
-                                  g.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
+                                  gr.const_data_ptr<scalar_t>(), yr.const_data_ptr<scalar_t>(),
                                   dx.mutable_data_ptr<scalar_t>(), rows, len, causal_q,
                                   BwdOf<scalar_t>{static_cast<float>(scale), LOG}, yr.options());
                             });

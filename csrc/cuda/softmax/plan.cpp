@@ -21,6 +21,7 @@ Step rows_step(const Problem& p, int vec, int pv, int block, int64_t tpr, bool i
   Step s;
   s.kernel = Kernel::kRows;
   s.vec = vec;
+  s.span = vec > 1 && !whole_vectors(p, vec);
   s.p = pv;
   s.block = block;
   s.tpr = static_cast<int>(tpr);
@@ -39,12 +40,14 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   Plan plan;
   const bool is16 = p.dtype != c10::ScalarType::Float;
   const int v = is16 ? 8 : 4;
-  const bool vec = p.aligned && p.len % v == 0;
+  const bool vec = p.same_phase;
+  const bool whole = whole_vectors(p, v);
   const bool clusters = o.softmax_cluster && gpu.sm90_code;  // else every cluster is refused
   if (vec) {
     // softmax_fwd_staged: plain forward rows past the block-per-row kernels' limit, in at
-    // most kMaxCluster even shares; past one share only where clusters run.
-    const int64_t nvec = p.len / v;
+    // most kMaxCluster even shares; past one share only where clusters run. Rows that are
+    // not whole vectors take its run-time-shaped form (N = 0), which masks a row's span.
+    const int64_t nvec = span_vectors(p, v);
     const int64_t n = ceil_div(nvec, kStagedShareVecs);
     if (p.forward && o.softmax_staged && nvec > kStagedMinVecs && n <= kMaxCluster &&
         p.causal_q == 0 && p.scale > 0 && p.scale <= std::numeric_limits<float>::max() &&
@@ -52,18 +55,21 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
       Step s;
       s.kernel = Kernel::kStaged;
       s.vec = v;
+      s.span = !whole;
       s.block = kStagedBlock;
       s.n = static_cast<int>(n);
       s.share = static_cast<int>(ceil_div(nvec, n));
       // Shaped at compile time where every share is whole and n a power of two.
-      s.fixed = s.share == kStagedShareVecs && nvec == n * s.share && (n & (n - 1)) == 0 ? s.n : 0;
+      s.fixed = whole && s.share == kStagedShareVecs && nvec == n * s.share && (n & (n - 1)) == 0
+                    ? s.n
+                    : 0;
       s.blocks = p.rows;
       plan.add(s);  // refused where its shared memory or cluster does not fit here
     }
     // softmax_causal_fwd: 16-bit causal forward rows of 32 .. 1024 threads at 2 vectors.
     const int64_t ctpr = next_pow2(ceil_div(nvec, kCausalVectors));
     constexpr int64_t kMax = std::numeric_limits<int32_t>::max();  // Div31's range
-    if (p.forward && is16 && o.softmax_causal && p.causal_q != 0 && ctpr >= 32 &&
+    if (whole && p.forward && is16 && o.softmax_causal && p.causal_q != 0 && ctpr >= 32 &&
         ctpr <= kCausalMaxTpr && p.rows <= kMax && p.causal_q <= kMax) {
       Step s;
       s.kernel = Kernel::kCausal;
@@ -78,7 +84,8 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   }
   const int vw = vec ? v : 1;
   const int pv = vectors_per_thread(vw);
-  const int64_t nvec = ceil_div(p.len, vw);
+  const int64_t span = vec ? span_vectors(p, v) * v : p.len;  // the columns a row's threads cover
+  const int64_t nvec = ceil_div(span, vw);
   const int64_t tpr = next_pow2(ceil_div(nvec, pv));
   if (tpr <= 128) {
     // Rows of tpr threads in blocks of max(tpr, min_block): a 32-thread row is a 1-warp
@@ -102,19 +109,21 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   }
   // Longer rows, on sm_90: persistent clusters of n <= 16 blocks of 512 threads, even shares
   // of the row (whole vectors), the row read once, the next rows' loads in flight. Past
-  // max_cluster blocks of P vectors a thread, 2P on the 16-byte path.
+  // max_cluster blocks of P vectors a thread, 2P on the 16-byte path where rows are whole
+  // vectors (its rows are staged by the copy engine from the 16-byte grid).
   if (clusters) {
     const int64_t per_block = int64_t{kSplitBlock} * pv * vw;
-    int64_t n = ceil_div(p.len, per_block);
+    int64_t n = ceil_div(span, per_block);
     int cp = pv;
-    if (vw > 1 && n > o.softmax_max_cluster) {
+    if (vw > 1 && whole && n > o.softmax_max_cluster) {
       cp = 2 * pv;
-      n = ceil_div(p.len, 2 * per_block);
+      n = ceil_div(span, 2 * per_block);
     }
     if (n <= kMaxCluster) {
       Step s;
       s.kernel = Kernel::kCluster;
       s.vec = vw;
+      s.span = vw > 1 && !whole;
       s.p = cp;
       s.block = kSplitBlock;
       s.tpr = kSplitBlock;
@@ -131,7 +140,7 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   // combined by each chunk's block in a second launch.
   Step s = rows_step(p, vw, pv, kSplitBlock, kSplitBlock, is16);
   s.kernel = Kernel::kSplit;
-  s.n = static_cast<int>(ceil_div(p.len, int64_t{kSplitBlock} * pv * vw));
+  s.n = static_cast<int>(ceil_div(span, int64_t{kSplitBlock} * pv * vw));
   plan.add(s);
   return plan;
 }
@@ -158,7 +167,8 @@ std::string describe(const Plan& plan) {
     const Step& s = plan.steps[i];
     out << (i ? "\n" : "") << kernel_name(s.kernel) << " vec=" << s.vec << " p=" << s.p
         << " block=" << s.block << " tpr=" << s.tpr << " n=" << s.n << " fixed=" << s.fixed
-        << " share=" << s.share << " causal=" << s.causal << " blocks=" << s.blocks;
+        << " share=" << s.share << " causal=" << s.causal << " span=" << s.span
+        << " blocks=" << s.blocks;
   }
   return out.str();
 }

@@ -10,7 +10,15 @@
 //
 // Every kernel sees [rows, len] row-major, the softmax dim last. Each thread holds P
 // 16-byte vectors of its row (P * VEC elements; VEC = 16 / sizeof(T), or 1 on the scalar
-// path: odd lengths, offset views), a row belongs to a group of `tpr` threads:
+// path), a row belongs to a group of `tpr` threads. The 16-byte path takes any row length
+// and any start: a row's vectors are those of its span, its first element's address rounded
+// down to 16 bytes and its end rounded up (`span_vectors`: at most len / VEC + 1 vectors),
+// the elements outside the row masked on load and never stored (common.cuh). It needs only
+// that every pointer of the op sits at the same offset in its 16-byte chunk (same_phase),
+// so that a row's span is the same vectors in each tensor; the scalar path is left for
+// tensors at different offsets, which the entry points avoid (launch.cu). `whole`: every
+// row starts on the 16-byte grid and is whole vectors (aligned pointers, len % VEC == 0),
+// which kCausal and the compile-time-shaped kStaged need.
 //   kStaged   softmax_fwd_staged: plain forward rows (scale > 0, no mask, 16-byte path) of
 //             2049 .. 65536 vectors: up to 16 even shares of at most 4096 vectors, a
 //             256-thread block each, staged in shared memory (a cluster past one share,
@@ -54,11 +62,22 @@ struct Problem {
   int64_t rows = 0;
   int64_t len = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
-  bool forward = true;   // softmax / log_softmax forward, else their backward
-  double scale = 1.0;    // the forward's scale
-  int64_t causal_q = 0;  // 0: no mask; else the query count (row r is query r % causal_q)
-  bool aligned = true;   // every pointer 16-byte aligned (the vector path, with len)
+  bool forward = true;     // softmax / log_softmax forward, else their backward
+  double scale = 1.0;      // the forward's scale
+  int64_t causal_q = 0;    // 0: no mask; else the query count (row r is query r % causal_q)
+  bool aligned = true;     // every pointer 16-byte aligned
+  bool same_phase = true;  // every pointer at the same address mod 16 (the 16-byte path)
 };
+
+// Whether every row of p starts on the 16-byte grid and is whole vectors of vec elements.
+inline bool whole_vectors(const Problem& p, int vec) { return p.aligned && p.len % vec == 0; }
+
+// The most 16-byte vectors a row's span covers (its start rounded down, its end up to the
+// 16-byte grid): len / vec where rows are whole vectors, else ceil((len + vec - 1) / vec),
+// the span of a row that starts vec - 1 elements past the grid.
+inline int64_t span_vectors(const Problem& p, int vec) {
+  return whole_vectors(p, vec) ? p.len / vec : (p.len + 2 * vec - 2) / vec;
+}
 
 enum class Kernel { kStaged, kCausal, kRows, kCluster, kSplit };
 
@@ -73,6 +92,8 @@ struct Step {
   int fixed = 0;       // softmax_fwd_staged's N (n shaped at compile time), or 0
   int share = 0;       // softmax_fwd_staged: vectors a share
   int causal = 0;      // softmax_kernel's CAUSAL variant
+  int span = 0;        // rows off the 16-byte grid or not whole vectors (16-byte path): the
+                       // kernels' span form (heads, masked edges); 0: rows of whole vectors
   int64_t blocks = 0;  // grid x (rows or row groups; clusters: before occupancy)
 };
 

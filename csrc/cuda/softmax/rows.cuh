@@ -23,11 +23,14 @@ namespace softmax {
 namespace {
 
 // Thread `lane` of a row group owns vectors k < P at columns
-// begin + (k * tpr + lane) * VEC, begin = the chunk's first column.
+// begin + (k * tpr + lane) * VEC, begin = the chunk's first column, less the row's head on
+// the 16-byte path (row_head: its vectors are those of its 16-byte-aligned span).
 // CAUSAL (a launch with a causal mask): the vectors past a row's limit (Cols::live) skip the
 // forward's conversions, exps and sums and, both ways, their outputs' math (store_tile);
 // otherwise every vector takes it, as a compile-time constant.
-template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL>
+// SPAN (16-byte path, rows off the grid or not whole vectors: the plan's Step::span): the
+// row's head and the masked, element-wise edges; without it the rows-of-whole-vectors code.
+template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL, bool SPAN>
 __global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
     softmax_kernel(Args<T, typename Op::State> a, Op op) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
@@ -43,7 +46,10 @@ __global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
                     (threadIdx.x >> a.tpr_shift);
   const bool active = r < a.rows;  // idle groups of the last block still shuffle along
   const int64_t row = active ? r : 0;
-  const int begin = c * a.chunk;
+  // The chunk's columns: [c * chunk, + chunk) of the row's span, which starts `head`
+  // elements before the row (16-byte path; 0 for rows on the grid).
+  const int head = SPAN ? row_head<T, VEC>(a.in[0] + row * a.len) : 0;
+  const int begin = c * a.chunk - head;
   const int end = std::min(a.len, begin + a.chunk);
   const int limit = active ? row_limit(a, row, end) : begin;
   const int c0 = begin + lane * VEC;
@@ -55,7 +61,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
   load_tile<kPlain>(raw, a.in, a.len, row, c0, stride, limit);
   typename Op::template Regs<T, VEC, P> regs;
   const int live = CAUSAL ? live_vectors<P>(c0, stride, limit) : P;
-  op.init(regs, raw, Cols{c0, stride, limit, live});
+  op.template init<SPAN>(regs, raw, Cols{c0, stride, limit, live});
 
   State total, mine;
   if (a.phase == kFinish) {
@@ -70,7 +76,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
   if (!active) return;
   const auto coef = op.coef(total, mine, a.phase != kFinish);
   op.finish(regs, coef);
-  store_tile<T, VEC, P>(op, regs, coef, a.out + row * a.len, c0, stride, end, live);
+  store_tile<T, VEC, P, false, SPAN>(op, regs, coef, a.out + row * a.len, c0, stride, end, live);
 }
 
 // Launches row blocks x a.nchunks blocks of BLOCK threads, a.tpr threads per row; the causal
@@ -84,9 +90,17 @@ void launch(Args<T, typename Op::State> a, const Op& op, const Step& s) {
               "fused softmax: ", a.rows, " rows of ", a.len, " columns need ", row_blocks, " x ",
               a.nchunks, " blocks, more than one launch holds (2^31 - 1 x 65535)");
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.nchunks));
-  auto kernel = softmax_kernel<T, Op, VEC, P, BLOCK, false>;
+  auto kernel = softmax_kernel<T, Op, VEC, P, BLOCK, false, false>;
+  if constexpr (VEC > 1) {
+    if (s.span) kernel = softmax_kernel<T, Op, VEC, P, BLOCK, false, true>;
+  }
   if constexpr (BLOCK <= 512 && sizeof(T) == 2) {
-    if (s.causal) kernel = softmax_kernel<T, Op, VEC, P, BLOCK, true>;
+    if (s.causal) {
+      kernel = softmax_kernel<T, Op, VEC, P, BLOCK, true, false>;
+      if constexpr (VEC > 1) {
+        if (s.span) kernel = softmax_kernel<T, Op, VEC, P, BLOCK, true, true>;
+      }
+    }
   }
   launch_early(kernel, grid, dim3(BLOCK), 0, a, op);
 }
@@ -97,7 +111,8 @@ template <typename T, typename Op, int VEC>
 void launch_rows(Args<T, typename Op::State> a, const Op& op, const Step& s,
                  const at::TensorOptions& opts) {
   constexpr int P = vectors_per_thread(VEC);
-  a.chunk = a.len;
+  // One chunk: the whole span of a row (up to VEC - 1 elements before the row, then len).
+  a.chunk = VEC == 1 ? a.len : a.len + VEC - 1;
   a.nchunks = 1;
   a.phase = kWhole;
   a.tpr = s.tpr;

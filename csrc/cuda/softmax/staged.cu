@@ -99,14 +99,20 @@ constexpr uint32_t kNegInfWord = std::is_same_v<T, float>           ? 0xff800000
                                  : std::is_same_v<T, c10::BFloat16> ? 0xff80ff80u
                                                                     : 0xfc00fc00u;
 
-// grid (rows, n), n = gridDim.y blocks a row of nvec 16-byte vectors, `share` of them a
-// block (the last block's share may be shorter). N > 0: n = N, every share kStagedShareVecs
-// long, so no vector is tested (this kernel shaped at compile time for those rows: a
-// runtime n with the tests, or without them, cost 262144-column rows 5-6 points of copy:
-// docs/design/softmax.md#tried-not-kept); N = 0: any n and share.
+// grid (rows, n), n = gridDim.y blocks a row of len elements, `share` 16-byte vectors of
+// its span a block (the last block's share may be shorter). N > 0: n = N, rows of whole
+// vectors on the 16-byte grid, every share kStagedShareVecs long, so no vector is tested
+// (this kernel shaped at compile time for those rows: a runtime n with the tests, or
+// without them, cost 262144-column rows 5-6 points of copy:
+// docs/design/softmax.md#tried-not-kept); N = 0: any n and share, and any row: its span
+// (the row's start rounded down to the 16-byte grid, its end up; x and y at the same offset
+// in their 16-byte chunks) is what is copied, the elements outside the row count as -inf
+// and are not stored (the first and last vectors stored element by element). Every vector
+// read is an aligned 16-byte chunk holding an element of the row: inside the allocation
+// (load_tile in common.cuh says why).
 template <typename T, int N>
 __global__ void __launch_bounds__(kStagedBlock)
-    softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int nvec, int share, float scale,
+    softmax_fwd_staged(const T* __restrict__ x, T* __restrict__ y, int len, int share, float scale,
                        bool log) {
   constexpr int G = kStagedGroups, V = kStagedVecs, W = kStagedBlock / 32;
   // [G][V][kStagedBlock] vectors of x, 128-byte aligned: cp.async into a share at 80 bytes
@@ -121,21 +127,46 @@ __global__ void __launch_bounds__(kStagedBlock)
   grid_dependency_wait();  // launched early (launch_early / early_start): nothing global before
   // Block (row, rank): the rank-th share of the row. Vector i of the share: thread i % 256.
   const int n = FULL ? N : static_cast<int>(gridDim.y), rank = static_cast<int>(blockIdx.y);
-  const int64_t first =
-      static_cast<int64_t>(blockIdx.x) * nvec + static_cast<int64_t>(rank) * share;
+  constexpr int VE = kVecElems<T>;
+  const int64_t row_start = static_cast<int64_t>(blockIdx.x) * len;
+  const int head = FULL ? 0 : row_head<T, VE>(x + row_start);
+  const int nvec = FULL ? N * kStagedShareVecs : (head + len + VE - 1) / VE;    // the row's span
   const int limit = FULL ? kStagedShareVecs : min(share, nvec - rank * share);  // its vectors
-  const uint4* src = reinterpret_cast<const uint4*>(x) + first;
-  uint4* dst = reinterpret_cast<uint4*>(y) + first;
+  const uint4* src = reinterpret_cast<const uint4*>(x + (row_start - head)) + rank * share;
+  uint4* dst = reinterpret_cast<uint4*>(y + (row_start - head)) + rank * share;
+  // Vector j of the share holds the row's elements e in [from(j), from(j) + len) of its VE.
+  // The span's first vector (share index e0) is part neighbour where the row is off the
+  // grid, its last (e1) where the row ends inside a vector: these edges are not copied but
+  // loaded, masked (-inf) and stored into shared memory by their thread, after the loop, and
+  // written back element by element; the loops over the other vectors test only j.
+  const int from0 = head - rank * share * VE;
+  auto from = [&](int j) { return from0 - j * VE; };
+  const int e0 = FULL || head == 0 ? -1 : -rank * share;
+  const int e1 = FULL || (head + len) % VE == 0 ? -1 : nvec - 1 - rank * share;
+  auto edge = [&](int j) { return j == e0 || j == e1; };
   auto at = [](int k) { return k * kStagedBlock + static_cast<int>(threadIdx.x); };  // k-th own
+  auto mine_edge = [&](int j) {
+    return j >= 0 && j < limit && j % kStagedBlock == static_cast<int>(threadIdx.x);
+  };
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      if (FULL || at(g * V + v) < limit) {
+      if (FULL || (at(g * V + v) < limit && !edge(at(g * V + v)))) {
         stage_copy(&share_smem[at(g * V + v)], src + at(g * V + v));
       }
     }
     stage_commit();
+  }
+  if constexpr (!FULL) {
+    // Read by this thread alone, after its own store (program order): no barrier.
+#pragma unroll 1
+    for (int i = 0; i < 2; ++i) {
+      const int j = i ? e1 : e0;
+      if (mine_edge(j)) {
+        share_smem[j] = keep_elems<T>(src[j], from(j), from(j) + len, kNegInfWord<T>);
+      }
+    }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (n > 1 && threadIdx.x == 0) mbar_init(&landed);
@@ -187,22 +218,36 @@ __global__ void __launch_bounds__(kStagedBlock)
   // elem(x): the output of the element x. The flag is uniform: each case its own loop (no
   // element pays for the other's work).
   auto write = [&](auto elem) {
+    auto outputs = [&](int j, uint32_t(&w)[4]) {
+      const uint4 raw = share_smem[j];
 #pragma unroll
-    for (int k = 0; k < G * V; ++k) {
-      if (!FULL && at(k) >= limit) continue;
-      const uint4 raw = share_smem[at(k)];
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int q = 0; q < 4; ++q) {
         if constexpr (std::is_same_v<T, float>) {
-          w[j] = __float_as_uint(elem(vec_elem<T>(raw, j)));
+          w[q] = __float_as_uint(elem(vec_elem<T>(raw, q)));
         } else {
-          const float lo = elem(vec_elem<T>(raw, 2 * j));
-          const float hi = elem(vec_elem<T>(raw, 2 * j + 1));
-          w[j] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
+          const float lo = elem(vec_elem<T>(raw, 2 * q));
+          const float hi = elem(vec_elem<T>(raw, 2 * q + 1));
+          w[q] = float_to_half_bits<T>(lo) | float_to_half_bits<T>(hi) << 16;
         }
       }
+    };
+#pragma unroll
+    for (int k = 0; k < G * V; ++k) {
+      if (!FULL && (at(k) >= limit || edge(at(k)))) continue;
+      uint32_t w[4];
+      outputs(at(k), w);
       dst[at(k)] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    if constexpr (!FULL) {
+#pragma unroll 1
+      for (int i = 0; i < 2; ++i) {
+        const int j = i ? e1 : e0;
+        if (mine_edge(j)) {
+          uint32_t w[4];
+          outputs(j, w);
+          store_elems<T>(reinterpret_cast<T*>(dst + j), w, from(j), from(j) + len);
+        }
+      }
     }
   };
   if (log) {
@@ -221,20 +266,19 @@ __global__ void __launch_bounds__(kStagedBlock)
 // does not fit here.
 template <typename T>
 bool launch_staged(const Args<T, MaxSum>& a, const Fwd& op, const Step& s) {
-  const int64_t nvec = a.len / kVecElems<T>;
   const int n = s.n;
   const dim3 grid(static_cast<unsigned>(s.blocks), static_cast<unsigned>(n));
   auto go = [&](auto kernel) {
     if (n == 1) {
       if (!allow_dynamic_smem_once(kernel, kStagedSmem)) return false;
-      launch_early(kernel, grid, dim3(kStagedBlock), kStagedSmem, a.in[0], a.out,
-                   static_cast<int>(nvec), s.share, op.scale, op.log);
+      launch_early(kernel, grid, dim3(kStagedBlock), kStagedSmem, a.in[0], a.out, a.len, s.share,
+                   op.scale, op.log);
       return true;
     }
     if (cluster_fit(kernel, kStagedBlock, n, kStagedSmem) == 0) return false;
     ClusterLaunch(dim3(1, n), kStagedBlock, kStagedSmem)
         .early_start()
-        .launch(grid, kernel, a.in[0], a.out, static_cast<int>(nvec), s.share, op.scale, op.log);
+        .launch(grid, kernel, a.in[0], a.out, a.len, s.share, op.scale, op.log);
     return true;
   };
   if (s.fixed > 0) {
