@@ -29,6 +29,8 @@ __all__ = [
     "linear",
     "cross_entropy",
     "linear_cross_entropy",
+    "swiglu",
+    "geglu",
 ]
 
 _ops = torch.ops.fused
@@ -53,6 +55,8 @@ _bias_dropout_add, _bias_dropout_add_c = _entry("bias_dropout_add")
 _matmul, _matmul_c = _entry("matmul")
 _linear, _linear_c = _entry("linear")
 _linear_fwd, _linear_fwd_c = _entry("linear_fwd")
+_swiglu, _swiglu_c = _entry("swiglu")
+_geglu, _geglu_c = _entry("geglu")
 
 _ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
@@ -420,3 +424,20 @@ def linear_cross_entropy(
         chunk_size,
         mask,
     )[0]
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one pass. gate and up may be the halves of one tensor
+    (`gate, up = z.chunk(2, -1)`): they are read in place."""
+    try:
+        return (_swiglu if _compiling() else _swiglu_c)(gate, up)
+    except RuntimeError as e:
+        raise _type_error(e, "swiglu") from None
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(gate, approximate) * up in one pass ("none": erf, "tanh": as F.gelu)."""
+    try:
+        return (_geglu if _compiling() else _geglu_c)(gate, up, approximate=approximate)
+    except RuntimeError as e:
+        raise _type_error(e, "geglu") from None

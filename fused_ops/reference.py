@@ -107,3 +107,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) ->
     if activation == "gelu_tanh":
         return torch.nn.functional.gelu(y, approximate="tanh")
     return y
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up
