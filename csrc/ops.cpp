@@ -89,6 +89,8 @@ TORCH_LIBRARY(fused, m) {
   // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the
   // epilogue.
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor");
+  // Gated activations 'swiglu', 'geglu', 'geglu_tanh': weight [2N, in], y = act(z[..., :N]) *
+  // z[..., N:] with z = x @ weight.T + bias, the gate and up products in one GEMM's epilogue.
   // linear_fwd: linear for training, returns (y, preact) where preact = x @ weight.T + bias.
   m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
   // linear_act_backward: (grad_preact = grad_out * act'(preact), its column sums (the bias grad, or

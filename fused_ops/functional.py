@@ -58,7 +58,7 @@ _linear_fwd, _linear_fwd_c = _entry("linear_fwd")
 _swiglu, _swiglu_c = _entry("swiglu")
 _geglu, _geglu_c = _entry("geglu")
 
-_ACTIVATIONS = (None, "gelu", "gelu_tanh")
+_ACTIVATIONS = (None, "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 
 
 def _type_error(e: RuntimeError, fn: str) -> Exception:
@@ -252,6 +252,10 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
     """F.linear, then activation (None, "gelu" or "gelu_tanh") fused into the GEMM epilogue.
+
+    Gated activations "swiglu", "geglu", "geglu_tanh" take weight [2N, in] (and bias [2N]):
+    the output is act(z[..., :N]) * z[..., N:] for z = F.linear(input, weight, bias), the same
+    as `gate, up = F.linear(input, weight, bias).chunk(2, -1); act(gate) * up`.
 
     When a gradient will be needed and there is an activation, the training op also returns
     the pre-activation, so backward does not recompute it.

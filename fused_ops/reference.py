@@ -106,6 +106,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) ->
         return torch.nn.functional.gelu(y)
     if activation == "gelu_tanh":
         return torch.nn.functional.gelu(y, approximate="tanh")
+    if activation == "swiglu":
+        return swiglu(*y.chunk(2, -1))
+    if activation in ("geglu", "geglu_tanh"):
+        approximate = "tanh" if activation == "geglu_tanh" else "none"
+        return geglu(*y.chunk(2, -1), approximate=approximate)
     return y
 
 

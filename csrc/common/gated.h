@@ -7,6 +7,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -167,6 +168,28 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_entry(const at::Tensor& dy,
   at::Tensor dg = dgate.view({-1, gate.size(-1)}), du = dup.view({-1, gate.size(-1)});
   if (dgate.numel() > 0) RUN(k, gated_rows(dy), gated_rows(gate), gated_rows(up), dg, du);
   return {dgate, dup};
+}
+
+// The gated linear's activation backward (linear_act_backward): dZ = [dgate, dup]
+// [..., 2N] from grad_out [..., N] and preact [..., 2N], the kernel writing the two halves
+// of one tensor (read in place); the bias gradient the column sums of dZ (torch's sum over
+// rows, float32 accumulation (float64 for float64), deterministic) when bias_grad, else [0].
+template <GatedBackwardRun RUN>
+std::tuple<at::Tensor, at::Tensor> gated_linear_act_backward(const at::Tensor& grad_out,
+                                                             const at::Tensor& preact,
+                                                             GatedKind k, bool bias_grad) {
+  const int64_t n = grad_out.size(-1);
+  at::Tensor dz = at::empty(preact.sizes(), preact.options());
+  at::Tensor dz2 = dz.view({-1, 2 * n});
+  if (dz.numel() > 0) {
+    const at::Tensor z2 = gated_rows(preact);
+    at::Tensor dg = dz2.narrow(1, 0, n), du = dz2.narrow(1, n, n);
+    RUN(k, gated_rows(grad_out), z2.narrow(1, 0, n), z2.narrow(1, n, n), dg, du);
+  }
+  const auto acc = dz.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor db = bias_grad ? dz2.sum(0, false, acc).to(dz.scalar_type())
+                            : at::empty({0}, dz.options());
+  return {dz, db};
 }
 
 template <GatedForwardRun RUN>
