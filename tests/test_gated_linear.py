@@ -7,14 +7,20 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_matmul import DEVICE_KERNELS, KERNELS, check, poison, rand, set_kernel, use
 
 import fused_ops
 from fused_ops import reference
 
-from test_matmul import DEVICE_KERNELS, check, kernel, poison, rand, use  # noqa: F401
 from utils import CUDA, DTYPES, TOL, cuda_kernel_names, input_views
 
 GATED = ["swiglu", "geglu", "geglu_tanh"]
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, knobs):
+    set_kernel(request.param, knobs)
+    return request.param
 
 
 def gate_act(g, act):
@@ -285,7 +291,9 @@ def test_bad_inputs(device):
     with pytest.raises(RuntimeError, match=r"expected an even number of rows.*\[7, 6\]"):
         torch.ops.fused.linear_fwd(x, w, None, "geglu")
     with pytest.raises(RuntimeError, match=r"bias of shape \[8\].*\[4\]"):
-        fused_ops.linear(x, torch.randn(8, 6, device=device), torch.randn(4, device=device), "swiglu")
+        fused_ops.linear(
+            x, torch.randn(8, 6, device=device), torch.randn(4, device=device), "swiglu"
+        )
     with pytest.raises(RuntimeError, match="'swiglu', 'geglu' or 'geglu_tanh', but got 'glu'"):
         fused_ops.linear(x, w, None, "glu")
     z = torch.randn(4, 8, device=device)

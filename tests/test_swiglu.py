@@ -170,8 +170,11 @@ def test_opcheck(device):
         kw = {"approximate": approx}
         torch.library.opcheck(torch.ops.fused.geglu.default, (a, b), kw)
         torch.library.opcheck(torch.ops.fused.geglu_backward.default, (dy, a, b), kw)
-    a.requires_grad_(), b.requires_grad_()
-    torch.library.opcheck(torch.ops.fused.swiglu.default, (a.detach().requires_grad_(), b))
+    # With gradients: opcheck runs the autograd registration too.
+    ga = torch.randn(5, 7, device=device, requires_grad=True)
+    ua = torch.randn(5, 7, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.fused.swiglu.default, (ga, ua))
+    torch.library.opcheck(torch.ops.fused.geglu.default, (ga, ua), {"approximate": "tanh"})
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -212,7 +215,9 @@ def test_bad_inputs(device):
     x = torch.randn(3, 4, device=device)
     with pytest.raises(RuntimeError, match="expected gate to be float32.*got Long"):
         fused_ops.swiglu(torch.ones(3, dtype=torch.long, device=device), x[0, :3])
-    with pytest.raises(RuntimeError, match=r"gate and up to have the same shape.*\[3, 4\].*\[3, 3\]"):
+    with pytest.raises(
+        RuntimeError, match=r"gate and up to have the same shape.*\[3, 4\].*\[3, 3\]"
+    ):
         fused_ops.swiglu(x, x[:, :3])
     with pytest.raises(RuntimeError, match="gate and up to have the same dtype"):
         fused_ops.geglu(x, x.half())

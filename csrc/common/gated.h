@@ -67,7 +67,7 @@ __device__ __forceinline__ float gated_act_for(float x) {
     else
       return silu_fwd(x);
   } else {
-    return gelu_fwd_for<T, K == GatedKind::kGelu ? GeluKind::kNone : GeluKind::kTanh>(x);
+    return gelu_fwd_for < T, K == GatedKind::kGelu ? GeluKind::kNone : GeluKind::kTanh > (x);
   }
 }
 
@@ -176,8 +176,8 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_entry(const at::Tensor& dy,
 // rows, float32 accumulation (float64 for float64), deterministic) when bias_grad, else [0].
 template <GatedBackwardRun RUN>
 std::tuple<at::Tensor, at::Tensor> gated_linear_act_backward(const at::Tensor& grad_out,
-                                                             const at::Tensor& preact,
-                                                             GatedKind k, bool bias_grad) {
+                                                             const at::Tensor& preact, GatedKind k,
+                                                             bool bias_grad) {
   const int64_t n = grad_out.size(-1);
   at::Tensor dz = at::empty(preact.sizes(), preact.options());
   at::Tensor dz2 = dz.view({-1, 2 * n});
@@ -187,8 +187,8 @@ std::tuple<at::Tensor, at::Tensor> gated_linear_act_backward(const at::Tensor& g
     RUN(k, gated_rows(grad_out), z2.narrow(1, 0, n), z2.narrow(1, n, n), dg, du);
   }
   const auto acc = dz.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor db = bias_grad ? dz2.sum(0, false, acc).to(dz.scalar_type())
-                            : at::empty({0}, dz.options());
+  at::Tensor db =
+      bias_grad ? dz2.sum(0, false, acc).to(dz.scalar_type()) : at::empty({0}, dz.options());
   return {dz, db};
 }
 
@@ -203,8 +203,7 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_entry(const at::Tensor& dy,
   return gated_backward_entry<RUN>(dy, gate, up, GatedKind::kSilu, "fused::swiglu_backward");
 }
 template <GatedForwardRun RUN>
-at::Tensor geglu_entry(const at::Tensor& gate, const at::Tensor& up,
-                       c10::string_view approximate) {
+at::Tensor geglu_entry(const at::Tensor& gate, const at::Tensor& up, c10::string_view approximate) {
   const char* op = "fused::geglu";
   const GatedKind k = parse_geglu_approximate({approximate.data(), approximate.size()}, op);
   return gated_forward_entry<RUN>(gate, up, k, op);
@@ -220,12 +219,12 @@ std::tuple<at::Tensor, at::Tensor> geglu_backward_entry(const at::Tensor& dy,
 }
 
 // Registers the four gated ops of one backend.
-#define FUSED_REGISTER_GATED_OPS(m, RUN_FWD, RUN_BWD)                          \
-  do {                                                                         \
-    m.impl("swiglu", &::fused::swiglu_entry<RUN_FWD>);                         \
-    m.impl("swiglu_backward", &::fused::swiglu_backward_entry<RUN_BWD>);       \
-    m.impl("geglu", &::fused::geglu_entry<RUN_FWD>);                           \
-    m.impl("geglu_backward", &::fused::geglu_backward_entry<RUN_BWD>);         \
+#define FUSED_REGISTER_GATED_OPS(m, RUN_FWD, RUN_BWD)                    \
+  do {                                                                   \
+    m.impl("swiglu", &::fused::swiglu_entry<RUN_FWD>);                   \
+    m.impl("swiglu_backward", &::fused::swiglu_backward_entry<RUN_BWD>); \
+    m.impl("geglu", &::fused::geglu_entry<RUN_FWD>);                     \
+    m.impl("geglu_backward", &::fused::geglu_backward_entry<RUN_BWD>);   \
   } while (0)
 
 }  // namespace fused

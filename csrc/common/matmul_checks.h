@@ -29,7 +29,7 @@ inline bool is_gated(LinearAct a) { return static_cast<int>(a) >= 3; }
 
 // The GatedKind (common/gated.h) of a gated activation.
 inline GatedKind gated_kind(LinearAct a) {
-  return a == LinearAct::kSwiglu ? GatedKind::kSilu
+  return a == LinearAct::kSwiglu  ? GatedKind::kSilu
          : a == LinearAct::kGeglu ? GatedKind::kGelu
                                   : GatedKind::kGeluTanh;
 }
@@ -44,7 +44,8 @@ inline LinearAct parse_linear_activation(std::optional<c10::string_view> s, cons
   if (v == "swiglu") return LinearAct::kSwiglu;
   if (v == "geglu") return LinearAct::kGeglu;
   if (v == "geglu_tanh") return LinearAct::kGegluTanh;
-  TORCH_CHECK(false, op, ": expected activation to be None, " FUSED_LINEAR_ACTIVATIONS ", but got '",
+  TORCH_CHECK(false, op,
+              ": expected activation to be None, " FUSED_LINEAR_ACTIVATIONS ", but got '",
               std::string(v), "'");
 }
 
@@ -119,10 +120,10 @@ inline void check_act_backward_args(const at::Tensor& g, const at::Tensor& z, Li
     check_same_shape(g, z, op, "grad_out", "preact");
     return;
   }
-  const bool ok = g.dim() == z.dim() && z.size(-1) % 2 == 0 &&
-                  g.size(-1) * 2 == z.size(-1) &&
+  const bool ok = g.dim() == z.dim() && z.size(-1) % 2 == 0 && g.size(-1) * 2 == z.size(-1) &&
                   g.sizes().slice(0, g.dim() - 1) == z.sizes().slice(0, z.dim() - 1);
-  TORCH_CHECK(ok, op, ": a gated activation expects preact [..., 2N] and grad_out [..., N], but got ",
+  TORCH_CHECK(ok, op,
+              ": a gated activation expects preact [..., 2N] and grad_out [..., N], but got ",
               "preact ", z.sizes(), " and grad_out ", g.sizes());
 }
 

@@ -12,7 +12,9 @@ template <typename T>
 using gated_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // Rows per parallel chunk: about 32k elements.
-inline int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1)); }
+inline int64_t row_grain(int64_t cols) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
+}
 
 void gated_forward_cpu(GatedKind k, const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
   const int64_t rows = gate.size(0), cols = gate.size(1);

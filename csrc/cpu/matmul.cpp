@@ -59,7 +59,6 @@ std::tuple<at::Tensor, at::Tensor> gated_linear_impl(const at::Tensor& x, const 
   return {y, want_preact ? z : at::Tensor()};
 }
 
-
 // z = x W^T + bias in the accumulation type; returns (act(z), z) in x's dtype, the second
 // only when want_preact.
 std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Tensor& w,
@@ -92,7 +91,9 @@ std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Te
 std::tuple<at::Tensor, at::Tensor> act_backward_cpu(const at::Tensor& grad_out,
                                                     const at::Tensor& preact, LinearAct act,
                                                     bool bias_grad) {
-  if (is_gated(act)) return gated_linear_act_backward<gated_backward_cpu>(grad_out, preact, gated_kind(act), bias_grad);
+  if (is_gated(act))
+    return gated_linear_act_backward<gated_backward_cpu>(grad_out, preact, gated_kind(act),
+                                                         bias_grad);
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
   const int64_t N = z.size(-1);

@@ -142,9 +142,8 @@ void gated_forward_cuda(GatedKind k, const at::Tensor& gate, const at::Tensor& u
                           up.stride(0),
                           out.stride(0),
                           0};
-    dispatch_kind<false>(k, [&](auto kind) {
-      launch_gated<scalar_t, decltype(kind)::value, false>(a, rows, cols);
-    });
+    dispatch_kind<false>(
+        k, [&](auto kind) { launch_gated<scalar_t, decltype(kind)::value, false>(a, rows, cols); });
   });
 }
 
@@ -154,14 +153,18 @@ void gated_backward_cuda(GatedKind k, const at::Tensor& dy, const at::Tensor& ga
   if (rows * cols == 0) return;
   c10::cuda::CUDAGuard guard(gate.device());
   FUSED_DISPATCH_CUDA(gate.scalar_type(), "fused::gated_backward", [&] {
-    GatedArgs<scalar_t> a{dy.const_data_ptr<scalar_t>(),    gate.const_data_ptr<scalar_t>(),
-                          up.const_data_ptr<scalar_t>(),    dgate.mutable_data_ptr<scalar_t>(),
-                          dup.mutable_data_ptr<scalar_t>(), dy.stride(0),
-                          gate.stride(0),                   up.stride(0),
-                          dgate.stride(0),                  dup.stride(0)};
-    dispatch_kind<true>(k, [&](auto kind) {
-      launch_gated<scalar_t, decltype(kind)::value, true>(a, rows, cols);
-    });
+    GatedArgs<scalar_t> a{dy.const_data_ptr<scalar_t>(),
+                          gate.const_data_ptr<scalar_t>(),
+                          up.const_data_ptr<scalar_t>(),
+                          dgate.mutable_data_ptr<scalar_t>(),
+                          dup.mutable_data_ptr<scalar_t>(),
+                          dy.stride(0),
+                          gate.stride(0),
+                          up.stride(0),
+                          dgate.stride(0),
+                          dup.stride(0)};
+    dispatch_kind<true>(
+        k, [&](auto kind) { launch_gated<scalar_t, decltype(kind)::value, true>(a, rows, cols); });
   });
 }
 

@@ -278,7 +278,6 @@ __global__ void act_bias_finish_kernel(const float* __restrict__ partial, T* __r
   db[col] = static_cast<T>(t);
 }
 
-
 // ---------------------------------------------------------------------------------------
 // Ops.
 
@@ -325,7 +324,7 @@ std::tuple<at::Tensor, at::Tensor> gated_linear(const at::Tensor& x, const at::T
     }
   }
   if (half) {
-    z = at::empty({M, N2}, x.options());
+    if (!z.defined()) z = at::empty({M, N2}, x.options());
     gemm_16bit(x2.unsqueeze(0), w.t().unsqueeze(0), z, bias_p, nullptr, LinearAct::kNone);
   } else {
     z = at::mm(x2, w.t());  // cuBLAS; TF32 exactly when torch allows it
@@ -378,7 +377,9 @@ std::tuple<at::Tensor, at::Tensor> act_backward_cuda(const at::Tensor& grad_out,
                                                      bool bias_grad) {
   const char* op = "fused::linear_act_backward";
   c10::cuda::CUDAGuard guard(preact.device());
-  if (is_gated(act)) return gated_linear_act_backward<gated_backward_cuda>(grad_out, preact, gated_kind(act), bias_grad);
+  if (is_gated(act))
+    return gated_linear_act_backward<gated_backward_cuda>(grad_out, preact, gated_kind(act),
+                                                          bias_grad);
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
   const int64_t N = z.size(-1);

@@ -304,32 +304,6 @@ __device__ __forceinline__ void write_scratch(T* piece, const float (&acc)[NACC]
   }
 }
 
-// The gated epilogue's piece: act(gate) * up of the warp's 16 rows, output columns
-// [64 jc, 64 jc + 64) of the tile's half width, from the accumulator's gate columns (piece jc)
-// and up columns (piece jc + BN / 128, BN / 2 columns further: the same thread holds both,
-// see write_scratch's layout), each with its bias.
-template <typename T, int ACT, int BN, int NACC>
-__device__ __forceinline__ void write_scratch_gated(T* piece, const float (&acc)[NACC], int jc,
-                                                    const float (&bias_g)[16],
-                                                    const float (&bias_u)[16], int lane) {
-  using Pair = typename Elem<T>::pair;
-  const int r = lane / 4, q = lane % 4;
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    const int j = jc * 8 + jj, ju = j + BN / 16;
-    int sw = 8 * r;
-    asm volatile("" : "+r"(sw));
-    T* s = piece + r * 64 + ((8 * jj) ^ sw) + 2 * q;
-    float g0 = acc[4 * j] + bias_g[2 * jj], g1 = acc[4 * j + 1] + bias_g[2 * jj + 1];
-    float g2 = acc[4 * j + 2] + bias_g[2 * jj], g3 = acc[4 * j + 3] + bias_g[2 * jj + 1];
-    gated_pair_for<T, ACT>(g0, g1, acc[4 * ju] + bias_u[2 * jj], acc[4 * ju + 1] + bias_u[2 * jj + 1]);
-    gated_pair_for<T, ACT>(g2, g3, acc[4 * ju + 2] + bias_u[2 * jj],
-                           acc[4 * ju + 3] + bias_u[2 * jj + 1]);
-    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(g0, g1);
-    *reinterpret_cast<Pair*>(s + 8 * 64) = Elem<T>::pack(g2, g3);
-  }
-}
-
 // Copies a 16 x 64 piece to out rows row0.., columns col0.. of batch b with the threads' own
 // stores, the path for outputs TMA cannot describe (N % 8 != 0: rows start at any element,
 // so element stores): each lane an 8-column chunk a step, 8 lanes a row; nothing outside
@@ -413,13 +387,61 @@ __device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores, const CU
                                             int col0, int lane) {
   if constexpr (TMA_STORE) {
     tma_store_piece<Cfg>(
-        warp_epi, n_stores, map, [&](T* piece) { write_scratch<T, ACT>(piece, acc, jc, bias, lane); },
-        col0, row0, b, lane);
+        warp_epi, n_stores, map,
+        [&](T* piece) { write_scratch<T, ACT>(piece, acc, jc, bias, lane); }, col0, row0, b, lane);
   } else {
     __syncwarp();  // the previous piece's reads are done
     write_scratch<T, ACT>(warp_epi, acc, jc, bias, lane);
     __syncwarp();
     scratch_to_global<T>(warp_epi, out, p, b, row0, col0, lane);
+  }
+}
+// Bias of this lane's column pair jj of a 64-column piece from the lane-held pairs `bits`
+// (bias_lane in the kernel: lane l holds pair l). The source lane is made opaque to the
+// compiler, so the shuffles are redone where used and not held as floats across the
+// gated epilogue (which spilled with 32 bias floats live beside the 128 accumulators).
+template <typename T>
+__device__ __forceinline__ void bias_pair(uint32_t bits, int jj, int lane, float& b0, float& b1) {
+  int src = 4 * jj + lane % 4;
+  asm volatile("" : "+r"(src));
+  unpack_bits<T>(__shfl_sync(0xffffffffu, bits, src), b0, b1);
+}
+
+// A Z piece of the gated epilogue: accumulator piece jc plus its bias (lane-held pairs).
+template <typename T, int NACC>
+__device__ __forceinline__ void write_scratch_z(T* piece, const float (&acc)[NACC], int jc,
+                                                uint32_t bias_bits, int lane) {
+  float bias[16];
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) bias_pair<T>(bias_bits, jj, lane, bias[2 * jj], bias[2 * jj + 1]);
+  write_scratch<T, kActNone>(piece, acc, jc, bias, lane);
+}
+
+// The gated epilogue's output piece: act(gate) * up of the warp's 16 rows, output columns
+// [64 jc, 64 jc + 64) of the tile's half width, from the accumulator's gate columns (piece jc)
+// and up columns (piece jc + BN / 128, BN / 2 columns further: the same thread holds both,
+// see write_scratch's layout), each with its bias (lane-held pairs gate_bits, up_bits).
+template <typename T, int ACT, int BN, int NACC>
+__device__ __forceinline__ void write_scratch_gated(T* piece, const float (&acc)[NACC], int jc,
+                                                    uint32_t gate_bits, uint32_t up_bits,
+                                                    int lane) {
+  using Pair = typename Elem<T>::pair;
+  const int r = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int j = jc * 8 + jj, ju = j + BN / 16;
+    int sw = 8 * r;
+    asm volatile("" : "+r"(sw));
+    T* s = piece + r * 64 + ((8 * jj) ^ sw) + 2 * q;
+    float bg0, bg1, bu0, bu1;
+    bias_pair<T>(gate_bits, jj, lane, bg0, bg1);
+    bias_pair<T>(up_bits, jj, lane, bu0, bu1);
+    float g0 = acc[4 * j] + bg0, g1 = acc[4 * j + 1] + bg1;
+    float g2 = acc[4 * j + 2] + bg0, g3 = acc[4 * j + 3] + bg1;
+    gated_pair_for<T, ACT>(g0, g1, acc[4 * ju] + bu0, acc[4 * ju + 1] + bu1);
+    gated_pair_for<T, ACT>(g2, g3, acc[4 * ju + 2] + bu0, acc[4 * ju + 3] + bu1);
+    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(g0, g1);
+    *reinterpret_cast<Pair*>(s + 8 * 64) = Elem<T>::pack(g2, g3);
   }
 }
 #endif  // FUSED_SM90A
@@ -538,7 +560,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       for (int i = 0; i < BN / 64; ++i) {
         if constexpr (GATED) {  // i < BN / 128: gate columns; then the up columns
           const int h = i >= BN / 128;
-          bias_lane[i] = load_gated_bias_bits<T>(p, h, tn * TILE_N + 2 * (lane + 32 * i) - h * TILE_N);
+          bias_lane[i] =
+              load_gated_bias_bits<T>(p, h, tn * TILE_N + 2 * (lane + 32 * i) - h * TILE_N);
         } else {
           bias_lane[i] = load_bias_bits<T>(p, tn * BN + 2 * (lane + 32 * i));
         }
@@ -580,36 +603,27 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 #pragma unroll
           for (int jc = 0; jc < BN / 128; ++jc) {
             const int col0 = tn * TILE_N + 64 * jc;
-            float bias_g[16], bias_u[16];
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-              const int src = 4 * jj + lane % 4;
-              unpack_bits<T>(__shfl_sync(0xffffffffu, bias_lane[jc], src), bias_g[2 * jj],
-                             bias_g[2 * jj + 1]);
-              unpack_bits<T>(__shfl_sync(0xffffffffu, bias_lane[jc + BN / 128], src),
-                             bias_u[2 * jj], bias_u[2 * jj + 1]);
-            }
+            const uint32_t gate_bits = bias_lane[jc], up_bits = bias_lane[jc + BN / 128];
             if (out_z != nullptr) {
               tma_store_piece<Cfg>(
                   warp_epi, n_stores, &map_z,
-                  [&](T* piece) { write_scratch<T, kActNone>(piece, acc, jc, bias_g, lane); }, col0,
-                  row0, 0, lane);
+                  [&](T* piece) { write_scratch_z(piece, acc, jc, gate_bits, lane); }, col0, row0,
+                  0, lane);
               tma_store_piece<Cfg>(
                   warp_epi, n_stores, &map_z,
-                  [&](T* piece) {
-                    write_scratch<T, kActNone>(piece, acc, jc + BN / 128, bias_u, lane);
-                  },
+                  [&](T* piece) { write_scratch_z(piece, acc, jc + BN / 128, up_bits, lane); },
                   col0, row0, 1, lane);
             }
             tma_store_piece<Cfg>(
                 warp_epi, n_stores, &map_c,
                 [&](T* piece) {
-                  write_scratch_gated<T, ACT, BN>(piece, acc, jc, bias_g, bias_u, lane);
+                  write_scratch_gated<T, ACT, BN>(piece, acc, jc, gate_bits, up_bits, lane);
                 },
                 col0, row0, b, lane);
           }
         });
-      } else {
+        continue;  // the plain epilogue below is not this kernel's
+      }
       dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
 #pragma unroll
@@ -631,7 +645,6 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
                                               b, row0, col0, lane);
         }
       });
-      }
     }
     // The scratch must outlive the stores that read it.
     if (TMA_STORE && lane == 0) bulk_wait_all();
