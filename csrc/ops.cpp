@@ -1,6 +1,7 @@
 // The registry: every fused op's schema, in one TORCH_LIBRARY block. Kernels are
 // registered per backend in cpu/<op>.cpp and cuda/<op>.cu (TORCH_LIBRARY_IMPL); the
-// shape-only (fake) kernels and autograd live in fused_ops/_impl/<op>.py.
+// shape-only (fake) kernels live in fused_ops/_impl/<op>.py, autograd and autocast in
+// csrc/autograd/.
 //
 // Adding an op: one schema line here (forward and backward), then one file per layer.
 #include <Python.h>
@@ -98,23 +99,25 @@ TORCH_LIBRARY(fused, m) {
   m.def(
       "linear_act_backward(Tensor grad_out, Tensor preact, str activation, bool bias_grad) -> "
       "(Tensor, Tensor)");
-  // cross_entropy: per-row (loss, lse) over the last dim of logits, float32 (float64 for float64
-  // logits), of target's shape; loss = (1 - ls) (lse - x_t) + ls (lse - mean x) + z_loss lse^2, 0
-  // (and lse 0) where target == ignore_index. inplace_backward: the backward writes the gradient
-  // into the logits' storage.
+  // cross_entropy: (loss, lse) over the last dim of logits, float32 (float64 for float64 logits);
+  // per row (of target's shape) loss = (1 - ls) (lse - x_t) + ls (lse - mean x) + z_loss lse^2, 0
+  // (and lse 0) where target == ignore_index; reduction 'mean' (over the non-ignored rows) or 'sum'
+  // makes loss 0-d (lse stays per row). inplace_backward: the backward writes the gradient into the
+  // logits' storage.
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float "
-      "label_smoothing=0.0, float z_loss=0.0, bool inplace_backward=False) -> (Tensor loss, Tensor "
-      "lse)");
-  // cross_entropy_backward: dlogits = grad_loss ((1 + 2 z_loss lse) softmax - ls / V - (1 - ls)
-  // onehot(target)), 0 on ignored rows, in logits' dtype.
+      "label_smoothing=0.0, float z_loss=0.0, bool inplace_backward=False, str reduction='none') "
+      "-> (Tensor loss, Tensor lse)");
+  // cross_entropy_backward: dlogits = g ((1 + 2 z_loss lse) softmax - ls / V - (1 - ls)
+  // onehot(target)), 0 on ignored rows, in logits' dtype; g = grad_loss per row (reduction 'none'),
+  // or the one grad_loss value ('sum'), divided by the count of non-ignored rows ('mean').
   m.def(
       "cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int "
-      "ignore_index, float label_smoothing, float z_loss) -> Tensor");
+      "ignore_index, float label_smoothing, float z_loss, str reduction='none') -> Tensor");
   // cross_entropy_backward_: the same gradient written over logits (which it consumes).
   m.def(
       "cross_entropy_backward_(Tensor grad_loss, Tensor(a!) logits, Tensor target, Tensor lse, int "
-      "ignore_index, float label_smoothing, float z_loss) -> ()");
+      "ignore_index, float label_smoothing, float z_loss, str reduction='none') -> ()");
   // cross_entropy_with_grad: (loss, dlogits) in one kernel for a reduced loss: loss = the sum of
   // the rows' losses (mean=True: over the non-ignored rows), dlogits = d loss / d logits (for a
   // loss gradient of 1), in logits' dtype.

@@ -55,6 +55,9 @@ _bias_dropout_add, _bias_dropout_add_c = _entry("bias_dropout_add")
 _matmul, _matmul_c = _entry("matmul")
 _linear, _linear_c = _entry("linear")
 _linear_fwd, _linear_fwd_c = _entry("linear_fwd")
+_cross_entropy, _cross_entropy_c = _entry("cross_entropy")
+_cross_entropy_with_grad, _cross_entropy_with_grad_c = _entry("cross_entropy_with_grad")
+_linear_cross_entropy, _linear_cross_entropy_c = _entry("linear_cross_entropy")
 _swiglu, _swiglu_c = _entry("swiglu")
 _geglu, _geglu_c = _entry("geglu")
 
@@ -274,26 +277,6 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None
         raise _type_error(e, "linear") from None
 
 
-def _in_torch_func() -> bool:
-    """A torch.func transform is running (grad, vjp, jacrev, jvp, vmap, ...)."""
-    return torch._C._functorch.peek_interpreter_stack() is not None
-
-
-def _cross_entropy_rows(input, target, ignore_index, label_smoothing, z_loss):
-    """The per-row loss of fused::cross_entropy in ATen ops, which every torch.func transform
-    differentiates (the fused op's autograd is a Python Function, which they refuse)."""
-    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
-    logits = input.reshape(-1, input.shape[-1]).to(acc)
-    t = target.reshape(-1)
-    loss = torch.nn.functional.cross_entropy(
-        logits, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
-    )
-    if z_loss:
-        lse = torch.logsumexp(logits, -1)
-        loss = loss + z_loss * lse * lse * (t != ignore_index)
-    return loss.reshape(target.shape)
-
-
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -341,31 +324,30 @@ def cross_entropy(
         )
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-    if reduction not in ("mean", "sum", "none"):
+    if reduction == "mean" or reduction == "sum":
+        if (
+            precompute_grad
+            and not inplace_backward
+            and torch.is_grad_enabled()
+            and input.requires_grad
+        ):
+            op = _cross_entropy_with_grad if _compiling() else _cross_entropy_with_grad_c
+            return op(input, target, ignore_index, label_smoothing, z_loss, reduction == "mean")[0]
+    elif reduction != "none":
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    if _in_torch_func():
-        loss = _cross_entropy_rows(input, target, ignore_index, label_smoothing, z_loss)
-    elif (
-        precompute_grad
-        and not inplace_backward
-        and reduction != "none"
-        and torch.is_grad_enabled()
-        and input.requires_grad
-    ):
-        return _ops.cross_entropy_with_grad(
-            input, target, ignore_index, label_smoothing, z_loss, reduction == "mean"
+    # One call does the loss and its reduction ('mean': the sum over the rows whose target
+    # is not ignore_index, divided by their count, NaN when every row is ignored, as torch).
+    if _compiling():
+        loss = _cross_entropy(
+            input, target, ignore_index, label_smoothing, z_loss, inplace_backward, reduction
         )[0]
     else:
-        loss, _ = _ops.cross_entropy(
-            input, target, ignore_index, label_smoothing, z_loss, inplace_backward
-        )
-    if reduction == "none":
-        return loss if input.dim() > 1 or target.dim() == 0 else loss.reshape(())
-    if reduction == "sum":
-        return loss.sum()
-    # torch's 'mean': the sum over the rows whose target is not ignore_index, divided by
-    # their count (NaN when every row is ignored).
-    return loss.sum() / (target != ignore_index).sum()
+        loss = _cross_entropy_c(
+            input, target, ignore_index, label_smoothing, z_loss, inplace_backward, reduction
+        )[0]
+    if reduction == "none" and input.dim() == 1 and target.dim() != 0:
+        return loss.reshape(())
+    return loss
 
 
 def linear_cross_entropy(
@@ -401,22 +383,9 @@ def linear_cross_entropy(
             label_smoothing=label_smoothing,
             z_loss=z_loss,
         )
-    if _in_torch_func():
-        return cross_entropy(
-            torch.nn.functional.linear(input, weight, bias),
-            target,
-            ignore_index=ignore_index,
-            reduction=reduction,
-            label_smoothing=label_smoothing,
-            z_loss=z_loss,
-        )
-    grad = torch.is_grad_enabled()
-    mask = [
-        grad and input.requires_grad,
-        grad and weight.requires_grad,
-        grad and bias is not None and bias.requires_grad,
-    ]
-    return _ops.linear_cross_entropy(
+    # The gradients the backward needs are asked for by the op's autograd (C++) itself.
+    op = _linear_cross_entropy if _compiling() else _linear_cross_entropy_c
+    return op(
         input,
         weight,
         target,
@@ -426,7 +395,6 @@ def linear_cross_entropy(
         z_loss,
         reduction == "mean",
         chunk_size,
-        mask,
     )[0]
 
 

@@ -33,6 +33,27 @@ def _weight(x, rows, cols, seed=1):
     return torch.sin(0.37 * seed + 1.3 * i).to(x.device, x.dtype)
 
 
+def _target(x, classes=None):
+    """Class indices for the rows of x (all dims but the last), one row ignored."""
+    rows = x.shape[:-1].numel()
+    classes = classes or x.shape[-1]
+    t = (torch.arange(rows, device=x.device) * 5 + 2) % classes
+    if rows > 1:
+        t = torch.where(torch.arange(rows, device=x.device) == 1, -100, t)
+    return t.view(x.shape[:-1])
+
+
+def _xent_native(logits, t, reduction="mean", label_smoothing=0.1, z_loss=0.01):
+    """F.cross_entropy (classes last) plus the z-loss term, reduced as fused_ops does."""
+    V = logits.shape[-1]
+    x2, t1 = logits.reshape(-1, V), t.reshape(-1)
+    rows = F.cross_entropy(x2, t1, reduction="none", label_smoothing=label_smoothing)
+    rows = rows + z_loss * torch.logsumexp(x2, -1).square() * (t1 != -100)
+    if reduction == "none":
+        return rows.view(t.shape)
+    return rows.sum() / (t1 != -100).sum() if reduction == "mean" else rows.sum()
+
+
 OPS = {
     "gelu": (lambda x: fused_ops.gelu(x), lambda x: F.gelu(x)),
     "gelu_tanh": (
@@ -84,6 +105,34 @@ OPS = {
     "linear_gelu": (
         lambda x: fused_ops.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4), "gelu"),
         lambda x: F.gelu(F.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4))),
+    ),
+    "cross_entropy": (
+        lambda x: fused_ops.cross_entropy(x, _target(x), label_smoothing=0.1, z_loss=0.01),
+        lambda x: _xent_native(x, _target(x)),
+    ),
+    "cross_entropy_none": (
+        lambda x: fused_ops.cross_entropy(
+            x, _target(x), reduction="none", label_smoothing=0.1, z_loss=0.01
+        ),
+        lambda x: _xent_native(x, _target(x), "none"),
+    ),
+    "cross_entropy_sum": (
+        lambda x: fused_ops.cross_entropy(x, _target(x), reduction="sum"),
+        lambda x: _xent_native(x, _target(x), "sum", 0.0, 0.0),
+    ),
+    "linear_cross_entropy": (
+        lambda x: fused_ops.linear_cross_entropy(
+            x,
+            _weight(x, 5, x.shape[-1]),
+            _target(x, 5),
+            _params(x, 5, 4),
+            label_smoothing=0.1,
+            z_loss=0.01,
+            chunk_size=2,
+        ),
+        lambda x: _xent_native(
+            F.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4)), _target(x, 5)
+        ),
     ),
     "swiglu": (
         lambda x: fused_ops.swiglu(*x.chunk(2, -1)),
@@ -156,7 +205,17 @@ def test_dropout_double_backward():
 def test_create_graph_matches_native(device):
     # A gradient penalty, the usual user of create_graph, on CUDA kernels too.
     dtype = torch.float32 if device == "cuda" else torch.float64
-    for name in ("gelu", "layer_norm", "rms_norm", "softmax", "linear_gelu", "add_layer_norm"):
+    for name in (
+        "gelu",
+        "layer_norm",
+        "rms_norm",
+        "softmax",
+        "linear_gelu",
+        "add_layer_norm",
+        "cross_entropy",
+        "cross_entropy_none",
+        "linear_cross_entropy",
+    ):
         fused, native = OPS[name]
         x = _x(device, dtype).requires_grad_()
         out = []
@@ -164,6 +223,39 @@ def test_create_graph_matches_native(device):
             (g,) = torch.autograd.grad(fn(x).sin().sum(), x, create_graph=True)
             out.append(torch.autograd.grad((g * g).sum(), x)[0])
         torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_gradgradcheck_cross_entropy_targets_and_parameters():
+    # Second derivatives of linear_cross_entropy reaching weight and bias, and of
+    # cross_entropy on 3-d logits with a flat target, label smoothing, all reductions.
+    h = _x("cpu").requires_grad_()
+    W = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    bw = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, -100, 3])
+    assert gradgradcheck(
+        lambda h, W, b: fused_ops.linear_cross_entropy(h, W, t, b, z_loss=0.1), (h, W, bw)
+    )
+    assert gradgradcheck(
+        lambda h, W: fused_ops.linear_cross_entropy(h, W, t, reduction="sum", label_smoothing=0.2),
+        (h, W),
+    )
+    x3 = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    t3 = torch.tensor([4, 0, -100, 2, 1, 3])
+    for reduction in ("mean", "sum", "none"):
+        assert gradgradcheck(
+            lambda x: fused_ops.cross_entropy(
+                x, t3, reduction=reduction, label_smoothing=0.3, z_loss=0.05
+            ),
+            (x3,),
+        )
+
+
+def test_cross_entropy_precomputed_grad_refuses_create_graph():
+    # Its forward saves no logits to differentiate the gradient again from: an error.
+    x = _x("cpu").requires_grad_()
+    loss = fused_ops.cross_entropy(x, _target(x), precompute_grad=True)
+    with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+        torch.autograd.grad(loss, x, create_graph=True)
 
 
 def test_backward_ops_refuse_create_graph():
@@ -334,6 +426,31 @@ def test_fake_strides_match_real_backward_and_dropout(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fake_matches_real_cross_entropy(device):
+    x = torch.randn(2, 4, 7, device=device)[:, 1:]
+    t = torch.randint(0, 7, (2, 3), device=device)
+    h, W = torch.randn(6, 5, device=device), torch.randn(7, 5, device=device)
+    cases = [
+        (torch.ops.fused.cross_entropy.default, (x, t), {"reduction": r})
+        for r in ("none", "mean", "sum")
+    ]
+    cases += [
+        (torch.ops.fused.cross_entropy_with_grad.default, (x, t), {}),
+        (
+            torch.ops.fused.linear_cross_entropy.default,
+            (h, W, t.view(-1)),
+            {"grad_mask": [True, False, False]},
+        ),
+    ]
+    for op, args, kw in cases:
+        real = op(*args, **kw)
+        with FakeTensorMode() as mode:
+            fake = op(*[mode.from_tensor(a) for a in args], **kw)
+        for r, f in zip(real, fake):
+            assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride()), (op, kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_compile_on_transposed_and_permuted_inputs(device):
     # The reported case, and a backward through a transposed view, under inductor.
     torch._dynamo.reset()
@@ -362,6 +479,8 @@ def _autocast_cases(device):
     W = torch.randn(12, 16, device=device)
     bW = torch.randn(12, device=device)
     h = x.to(torch.bfloat16)
+    t = torch.randint(0, 16, (8,), device=device)
+    tW = torch.randint(0, 12, (8,), device=device)
     return [
         ("matmul", lambda: fused_ops.matmul(x, W.t()), lambda: torch.matmul(x, W.t())),
         ("linear", lambda: fused_ops.linear(x, W, bW), lambda: F.linear(x, W, bW)),
@@ -398,6 +517,22 @@ def _autocast_cases(device):
             lambda: fused_ops.bias_dropout_add(h, None, x, 0.0),
             lambda: x + h,
         ),
+        ("cross_entropy", lambda: fused_ops.cross_entropy(x, t), lambda: F.cross_entropy(x, t)),
+        (
+            "cross_entropy_bf16_in",
+            lambda: fused_ops.cross_entropy(h, t),
+            lambda: F.cross_entropy(h, t),
+        ),
+        (
+            "cross_entropy_none_bf16_in",
+            lambda: fused_ops.cross_entropy(h, t, reduction="none"),
+            lambda: F.cross_entropy(h, t, reduction="none"),
+        ),
+        (
+            "linear_cross_entropy",
+            lambda: fused_ops.linear_cross_entropy(x, W, tW, bW),
+            lambda: F.cross_entropy(F.linear(x, W, bW), tW),
+        ),
     ]
 
 
@@ -408,6 +543,23 @@ def test_autocast_matches_native(device):
             got, want = fused(), native()
         assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_linear_cross_entropy_runs_the_head_in_the_autocast_dtype(device):
+    # As F.linear: hidden, weight and bias cast to bf16 (the loss float32), so the result is
+    # the op's on bf16 inputs, and the gradients reach the float32 leaves in float32.
+    x = torch.randn(8, 16, device=device, requires_grad=True)
+    W = torch.randn(12, 16, device=device, requires_grad=True)
+    b = torch.randn(12, device=device, requires_grad=True)
+    t = torch.randint(0, 12, (8,), device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = fused_ops.linear_cross_entropy(x, W, t, b)
+    want = fused_ops.linear_cross_entropy(x.bfloat16(), W.bfloat16(), t, b.bfloat16())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    got.backward()
+    assert x.grad.dtype == W.grad.dtype == b.grad.dtype == torch.float32
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -452,6 +604,19 @@ def test_meta_arguments_are_refused(device):
         lambda: fused_ops.matmul(x, torch.empty(8, 3, device="meta")),
         lambda: fused_ops.bias_dropout_add(x, meta, x, 0.1),
         lambda: fused_ops.bias_dropout_add(x, None, torch.empty(4, 8, device="meta"), 0.1),
+        lambda: fused_ops.cross_entropy(x, torch.empty(4, dtype=torch.long, device="meta")),
+        lambda: fused_ops.cross_entropy(
+            x, torch.empty(4, dtype=torch.long, device="meta"), reduction="none"
+        ),
+        lambda: fused_ops.linear_cross_entropy(
+            x, torch.empty(3, 8, device="meta"), torch.zeros(4, dtype=torch.long, device=device)
+        ),
+        lambda: fused_ops.linear_cross_entropy(
+            x,
+            torch.randn(3, 8, device=device),
+            torch.zeros(4, dtype=torch.long, device=device),
+            meta[:3],
+        ),
     ]
     for i, case in enumerate(cases):
         with pytest.raises(RuntimeError, match="device"):
@@ -565,5 +730,9 @@ def test_cross_entropy_torch_func_and_create_graph():
     xr = x.clone().requires_grad_()
     (g,) = torch.autograd.grad(fused(xr), xr)  # first order as usual
     _allclose(g, torch.func.grad(native)(x))
-    with pytest.raises(RuntimeError, match="double backward"):
-        torch.autograd.grad(fused(xr), xr, create_graph=True)
+    # create_graph: a gradient that is differentiable again, equal to torch's.
+    (gf,) = torch.autograd.grad(fused(xr), xr, create_graph=True)
+    xn = x.clone().requires_grad_()
+    (gn,) = torch.autograd.grad(native(xn), xn, create_graph=True)
+    v = torch.randn_like(x)
+    _allclose(torch.autograd.grad(gf, xr, v)[0], torch.autograd.grad(gn, xn, v)[0])

@@ -150,6 +150,40 @@ def test_empty_and_all_ignored(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_op_reduction_is_one_node(device):
+    # The op reduces itself: the functional's loss is the op's output, one autograd node
+    # (no sum / division nodes after it), and the op's 'mean' / 'sum' match torch's.
+    x = torch.randn(3, 5, 17, device=device, requires_grad=True)
+    t = make_target(15, 17, device).view(3, 5)
+    for reduction in ("mean", "sum", "none"):
+        loss, lse = ops.cross_entropy(x, t, IGNORE, 0.1, 1e-3, False, reduction)
+        assert lse.shape == t.shape
+        assert loss.shape == (t.shape if reduction == "none" else ())
+        assert_close(
+            loss, reference(x, t, reduction, label_smoothing=0.1, z_loss=1e-3), dtype=torch.float32
+        )
+        y = fused_ops.cross_entropy(x, t, reduction=reduction)
+        assert "::CrossEntropy>" in y.grad_fn.name(), y.grad_fn.name()
+        assert y.grad_fn.next_functions[0][0].name().endswith("AccumulateGrad")
+    with pytest.raises(RuntimeError, match="expected reduction 'none', 'mean' or 'sum'"):
+        ops.cross_entropy(x, t, reduction="avg")
+    # The backward ops take the reduced loss's gradient as it is: one value, divided by the
+    # count of non-ignored rows for 'mean' (on CUDA: on the device).
+    _, lse = ops.cross_entropy(x.detach(), t, IGNORE, 0.1, 1e-3)
+    g = torch.tensor(0.7, device=device)
+    count = (t != IGNORE).sum()
+    for reduction, rows in (("sum", g.expand(t.shape)), ("mean", (g / count).expand(t.shape))):
+        want = ops.cross_entropy_backward(rows.contiguous(), x.detach(), t, lse, IGNORE, 0.1, 1e-3)
+        got = ops.cross_entropy_backward(g, x.detach(), t, lse, IGNORE, 0.1, 1e-3, reduction)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-8)
+        inplace = x.detach().clone()
+        ops.cross_entropy_backward_(g, inplace, t, lse, IGNORE, 0.1, 1e-3, reduction)
+        torch.testing.assert_close(inplace, want, rtol=1e-6, atol=1e-8)
+    with pytest.raises(RuntimeError, match="one grad_loss value"):
+        ops.cross_entropy_backward(g.expand(2), x.detach(), t, lse, IGNORE, 0.0, 0.0, "sum")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_custom_ignore_index(device):
     x = torch.randn(16, 20, device=device)
     t = torch.randint(0, 20, (16,), device=device)
@@ -570,15 +604,18 @@ def linear_reference(h, w, t, b=None, reduction="mean", **kw):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_linear_cross_entropy_matches_composition(device, reduction, with_bias):
+@pytest.mark.parametrize("chunk_size", [16, 0])
+def test_linear_cross_entropy_matches_composition(device, reduction, with_bias, chunk_size):
     B, T, H, V = 2, 45, 24, 77
     h = torch.randn(B, T, H, device=device, requires_grad=True)
     w = (torch.randn(V, H, device=device) / H**0.5).requires_grad_()
     b = torch.randn(V, device=device, requires_grad=True) if with_bias else None
     t = make_target(B * T, V, device).view(B, T)
     kw = dict(label_smoothing=0.1, z_loss=1e-3)
-    # chunks of 16 tokens: 6 chunks, the last one short
-    got = fused_ops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=16, **kw)
+    # chunks of 16 tokens: 6 chunks, the last one short; 0: the default, one chunk here
+    got = fused_ops.linear_cross_entropy(
+        h, w, t, b, reduction=reduction, chunk_size=chunk_size, **kw
+    )
     leaves = [h, w] + ([b] if with_bias else [])
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     want = linear_reference(

@@ -8,6 +8,11 @@
 //   rms_norm, add_rms_norm          untouched (F.rms_norm has no autocast rule);
 //   bias_dropout_add                inputs promoted to their widest floating dtype (its
 //                                   twin, residual + dropout(x + bias), promotes);
+//   linear_cross_entropy            hidden, weight, bias cast to the autocast dtype, as the
+//                                   F.linear of its twin; the loss stays float32 (CPU, CUDA);
+//   cross_entropy (and _with_grad)  no rule: F.cross_entropy runs in float32 under autocast
+//                                   (CPU and CUDA), and the op already reads 16-bit logits
+//                                   into float32 math and returns a float32 loss;
 //   gelu, dropout                   untouched (no rule: the fallthrough), as torch.
 //   swiglu, geglu                   gate and up promoted to their widest floating dtype (their
 //                                   twin, act(gate) * up, promotes).
@@ -55,6 +60,17 @@ Tensor2 linear_fwd_autocast(const at::Tensor& x, const at::Tensor& w, const OptT
   Cast<D> c;
   const auto t = Cast<D>::lower();
   return linear_fwd_op().call(Cast<D>::to(t, x), Cast<D>::to(t, w), Cast<D>::to(t, b), act);
+}
+
+template <c10::DeviceType D>
+Tensor4 linear_cross_entropy_autocast(const at::Tensor& h, const at::Tensor& w,
+                                      const at::Tensor& target, const OptT& b, int64_t ignore_index,
+                                      double ls, double z, bool mean, int64_t chunk,
+                                      std::array<bool, 3> grad_mask) {
+  Cast<D> c;
+  const auto t = Cast<D>::lower();
+  return lce_op().call(Cast<D>::to(t, h), Cast<D>::to(t, w), target, Cast<D>::to(t, b),
+                       ignore_index, ls, z, mean, chunk, grad_mask);
 }
 
 // ---- float32 on CUDA: the norms and softmax ---------------------------------------------------
@@ -127,6 +143,7 @@ TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
   m.impl("matmul", &matmul_autocast<kCUDA>);
   m.impl("linear", &linear_autocast<kCUDA>);
   m.impl("linear_fwd", &linear_fwd_autocast<kCUDA>);
+  m.impl("linear_cross_entropy", &linear_cross_entropy_autocast<kCUDA>);
   m.impl("layer_norm", &layer_norm_autocast);
   m.impl("add_layer_norm", &add_layer_norm_autocast);
   m.impl("softmax", &softmax_autocast);
@@ -141,6 +158,7 @@ TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {
   m.impl("matmul", &matmul_autocast<kCPU>);
   m.impl("linear", &linear_autocast<kCPU>);
   m.impl("linear_fwd", &linear_fwd_autocast<kCPU>);
+  m.impl("linear_cross_entropy", &linear_cross_entropy_autocast<kCPU>);
   m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCPU>);
   m.impl("swiglu", &swiglu_autocast<kCPU>);
   m.impl("geglu", &geglu_autocast<kCPU>);

@@ -74,4 +74,20 @@ FUSED_OP(geglu_op, "fused::geglu",
 FUSED_OP(geglu_backward_op, "fused::geglu_backward",
          Tensor2(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view))
 
+FUSED_OP(xent_op, "fused::cross_entropy",
+         Tensor2(const at::Tensor&, const at::Tensor&, int64_t, double, double, bool,
+                 c10::string_view))
+FUSED_OP(xent_backward_op, "fused::cross_entropy_backward",
+         at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                    int64_t, double, double, c10::string_view))
+FUSED_OP(xent_backward_inplace_op, "fused::cross_entropy_backward_",
+         void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+              double, double, c10::string_view))
+FUSED_OP(xent_with_grad_op, "fused::cross_entropy_with_grad",
+         Tensor2(const at::Tensor&, const at::Tensor&, int64_t, double, double, bool))
+FUSED_OP(xent_scale_op, "fused::cross_entropy_scale_", void(const at::Tensor&, const at::Tensor&))
+FUSED_OP(lce_op, "fused::linear_cross_entropy",
+         Tensor4(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptT&, int64_t,
+                 double, double, bool, int64_t, std::array<bool, 3>))
+
 }  // namespace fused::autograd

@@ -14,6 +14,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
+#include <c10/util/string_view.h>
 
 #include "common/checks.h"
 
@@ -113,7 +114,8 @@ inline at::Tensor xent_row_output(const at::Tensor& logits, const at::Tensor& ta
 // The checks of the backward's extra arguments: grad_loss and lse, per row, of the forward's
 // row dtype.
 inline void xent_check_backward(const at::Tensor& grad_loss, const at::Tensor& logits,
-                                const at::Tensor& target, const at::Tensor& lse, const char* op) {
+                                const at::Tensor& target, const at::Tensor& lse, const char* op,
+                                bool reduced = false) {
   const auto dt = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   check_same_device(logits, grad_loss, op, "logits", "grad_loss");
   check_same_device(logits, lse, op, "logits", "lse");
@@ -122,9 +124,36 @@ inline void xent_check_backward(const at::Tensor& grad_loss, const at::Tensor& l
               "grad_loss and lse to be ",
               dt, " (the forward's per-row dtype for ", logits.scalar_type(), " logits), but got ",
               grad_loss.scalar_type(), " and ", lse.scalar_type());
-  TORCH_CHECK(lse.numel() == target.numel() && grad_loss.numel() == target.numel(), op,
-              ": expected grad_loss and lse with one value per row (", target.numel(),
-              "), but got ", grad_loss.sizes(), " and ", lse.sizes());
+  TORCH_CHECK(lse.numel() == target.numel() &&
+                  (reduced ? grad_loss.numel() == 1 : grad_loss.numel() == target.numel()),
+              op, ": expected ",
+              reduced ? "one grad_loss value (the reduced loss's gradient)"
+                      : "grad_loss with one value per row",
+              " and lse with one value per row (", target.numel(), "), but got ", grad_loss.sizes(),
+              " and ", lse.sizes());
+}
+
+// The op's `reduction`: 'none' (the per-row losses), 'mean' (their sum over the rows whose
+// target is not ignore_index, divided by the count of those rows: NaN when all are ignored,
+// as F.cross_entropy) or 'sum'. Carried as an int through autograd.
+enum class XentReduction : int64_t { None = 0, Mean = 1, Sum = 2 };
+
+inline XentReduction xent_reduction(c10::string_view r, const char* op) {
+  if (r == "none") return XentReduction::None;
+  if (r == "mean") return XentReduction::Mean;
+  if (r == "sum") return XentReduction::Sum;
+  TORCH_CHECK(false, op, ": expected reduction 'none', 'mean' or 'sum', but got '", std::string(r),
+              "'");
+}
+
+// The loss as `reduction` asks, from the per-row losses (0 on ignored rows). Ops on the
+// device: no host sync.
+inline at::Tensor xent_reduce(const at::Tensor& rows, const at::Tensor& target,
+                              int64_t ignore_index, XentReduction red) {
+  if (red == XentReduction::None) return rows;
+  at::Tensor total = rows.sum();
+  if (red == XentReduction::Sum) return total;
+  return total.div_(target.ne(ignore_index).sum());
 }
 
 }  // namespace fused

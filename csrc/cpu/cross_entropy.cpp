@@ -8,6 +8,7 @@
 //   backward  dx_j = g ((1 + 2 z lse) softmax_j - eps / V - (1 - eps) [j = t]), 0 where ignored
 // A target outside [0, V) that is not ignore_index is an error here (checked before any
 // kernel runs), as in F.cross_entropy.
+#include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -76,9 +77,9 @@ void forward_rows(const T* x, const XentRows& l, const int64_t* target, R* loss,
 }
 
 template <typename T, typename R>
-void backward_rows(const R* grad, const T* x, const XentRows& lx, T* dx, const XentRows& ld,
-                   const int64_t* target, const R* lse, int64_t ignore_index, double eps_d,
-                   double z_d) {
+void backward_rows(const R* grad, int64_t grad_stride, const T* x, const XentRows& lx, T* dx,
+                   const XentRows& ld, const int64_t* target, const R* lse, int64_t ignore_index,
+                   double eps_d, double z_d) {
   using A = acc_t<T>;
   const int64_t V = lx.len;
   at::parallel_for(0, lx.rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1)),
@@ -91,7 +92,7 @@ void backward_rows(const R* grad, const T* x, const XentRows& lx, T* dx, const X
                          for (int64_t j = 0; j < V; ++j) dr[j] = T(0);
                          continue;
                        }
-                       const A g = static_cast<A>(grad[r]);
+                       const A g = static_cast<A>(grad[r * grad_stride]);
                        const A L = static_cast<A>(lse[r]);
                        const A a = g * (A(1) + A(2) * static_cast<A>(z_d) * L);
                        const A b = g * static_cast<A>(eps_d / static_cast<double>(V));
@@ -112,34 +113,74 @@ at::Tensor long_target(const at::Tensor& target) {
 std::tuple<at::Tensor, at::Tensor> cross_entropy_cpu(const at::Tensor& logits,
                                                      const at::Tensor& target, int64_t ignore_index,
                                                      double label_smoothing, double z_loss,
-                                                     bool /*inplace_backward*/) {
+                                                     bool /*inplace_backward*/,
+                                                     c10::string_view reduction) {
   const char* op = "fused::cross_entropy";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
   at::Tensor loss = xent_row_output(logits, target);
   at::Tensor lse = xent_row_output(logits, target);
-  if (loss.numel() == 0) return {loss, lse};
-  check_targets(target, logits.size(-1), ignore_index, op);
-  const XentInput in = xent_input(logits);
   const at::Tensor t = long_target(target);
-  FUSED_DISPATCH_CPU(logits.scalar_type(), "fused::cross_entropy", [&] {
-    using R = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    forward_rows<scalar_t, R>(in.x.const_data_ptr<scalar_t>(), in.layout,
-                              t.const_data_ptr<int64_t>(), loss.mutable_data_ptr<R>(),
-                              lse.mutable_data_ptr<R>(), ignore_index, label_smoothing, z_loss);
+  if (loss.numel() > 0) {
+    check_targets(t, logits.size(-1), ignore_index, op);
+    const XentInput in = xent_input(logits);
+    FUSED_DISPATCH_CPU(logits.scalar_type(), "fused::cross_entropy", [&] {
+      using R = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      forward_rows<scalar_t, R>(in.x.const_data_ptr<scalar_t>(), in.layout,
+                                t.const_data_ptr<int64_t>(), loss.mutable_data_ptr<R>(),
+                                lse.mutable_data_ptr<R>(), ignore_index, label_smoothing, z_loss);
+    });
+  }
+  if (red == XentReduction::None) return {loss, lse};
+  // The reduction here rather than in ATen ops (a sum, a count, a division: three more
+  // calls): the rows in order, in double.
+  at::Tensor out = at::empty({}, loss.options());
+  const int64_t* tp = t.const_data_ptr<int64_t>();
+  double total = 0.0;
+  int64_t count = 0;
+  AT_DISPATCH_FLOATING_TYPES(loss.scalar_type(), "fused::cross_entropy", [&] {
+    const scalar_t* lp = loss.const_data_ptr<scalar_t>();
+    for (int64_t r = 0; r < loss.numel(); ++r) {
+      total += static_cast<double>(lp[r]);
+      count += tp[r] != ignore_index;
+    }
+    // 'mean' over no rows is 0 / 0: NaN, as torch.
+    *out.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(
+        red == XentReduction::Mean ? total / static_cast<double>(count) : total);
   });
-  return {loss, lse};
+  return {out, lse};
 }
 
-// dx written into `out` (laid out as `lout`), read from `in`.
+// dx written into `out` (laid out as `lout`), read from `in`. red != None: grad_loss is one
+// value for every row (divided by the count of non-ignored rows for 'mean').
 void backward_into(const at::Tensor& grad_loss, const XentInput& in, at::Tensor& out,
                    const XentRows& lout, const at::Tensor& target, const at::Tensor& lse,
-                   int64_t ignore_index, double label_smoothing, double z_loss) {
+                   int64_t ignore_index, double label_smoothing, double z_loss,
+                   XentReduction red = XentReduction::None) {
   const at::Tensor t = long_target(target);
-  const at::Tensor g = grad_loss.contiguous();
   const at::Tensor s = lse.contiguous();
   FUSED_DISPATCH_CPU(in.x.scalar_type(), "fused::cross_entropy_backward", [&] {
     using R = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    backward_rows<scalar_t, R>(g.const_data_ptr<R>(), in.x.const_data_ptr<scalar_t>(), in.layout,
+    at::Tensor g;
+    R one = 0;
+    const R* gp = nullptr;
+    int64_t g_stride = 1;
+    if (red == XentReduction::None) {
+      g = grad_loss.contiguous();
+      gp = g.const_data_ptr<R>();
+    } else {
+      double v = grad_loss.item<double>();
+      if (red == XentReduction::Mean) {
+        const int64_t* tp = t.const_data_ptr<int64_t>();
+        int64_t count = 0;
+        for (int64_t r = 0; r < t.numel(); ++r) count += tp[r] != ignore_index;
+        v /= static_cast<double>(count);
+      }
+      one = static_cast<R>(v);
+      gp = &one;
+      g_stride = 0;
+    }
+    backward_rows<scalar_t, R>(gp, g_stride, in.x.const_data_ptr<scalar_t>(), in.layout,
                                out.mutable_data_ptr<scalar_t>(), lout, t.const_data_ptr<int64_t>(),
                                s.const_data_ptr<R>(), ignore_index, label_smoothing, z_loss);
   });
@@ -147,27 +188,30 @@ void backward_into(const at::Tensor& grad_loss, const XentInput& in, at::Tensor&
 
 at::Tensor cross_entropy_backward_cpu(const at::Tensor& grad_loss, const at::Tensor& logits,
                                       const at::Tensor& target, const at::Tensor& lse,
-                                      int64_t ignore_index, double label_smoothing, double z_loss) {
+                                      int64_t ignore_index, double label_smoothing, double z_loss,
+                                      c10::string_view reduction) {
   const char* op = "fused::cross_entropy_backward";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
-  xent_check_backward(grad_loss, logits, target, lse, op);
+  xent_check_backward(grad_loss, logits, target, lse, op, red != XentReduction::None);
   at::Tensor dx = at::empty(logits.sizes(), logits.options());
   if (dx.numel() == 0) return dx;
   check_targets(target, logits.size(-1), ignore_index, op);
   const XentInput in = xent_input(logits);
   XentRows lout;
   TORCH_INTERNAL_ASSERT(xent_layout(dx.dim() <= 3 ? dx : dx.view({-1, dx.size(-1)}), lout));
-  backward_into(grad_loss, in, dx, lout, target, lse, ignore_index, label_smoothing, z_loss);
+  backward_into(grad_loss, in, dx, lout, target, lse, ignore_index, label_smoothing, z_loss, red);
   return dx;
 }
 
 void cross_entropy_backward_inplace_cpu(const at::Tensor& grad_loss, const at::Tensor& logits,
                                         const at::Tensor& target, const at::Tensor& lse,
-                                        int64_t ignore_index, double label_smoothing,
-                                        double z_loss) {
+                                        int64_t ignore_index, double label_smoothing, double z_loss,
+                                        c10::string_view reduction) {
   const char* op = "fused::cross_entropy_backward_";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
-  xent_check_backward(grad_loss, logits, target, lse, op);
+  xent_check_backward(grad_loss, logits, target, lse, op, red != XentReduction::None);
   // Rows that share memory (an expanded tensor) cannot each take their own gradient.
   at::assert_no_internal_overlap(logits);
   if (logits.numel() == 0) return;
@@ -175,7 +219,8 @@ void cross_entropy_backward_inplace_cpu(const at::Tensor& grad_loss, const at::T
   XentInput in = xent_input(logits);
   // Rows read and written in place (each element is read before it is written); a layout
   // the kernel cannot address is computed in a contiguous copy and copied back.
-  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing, z_loss);
+  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing, z_loss,
+                red);
   if (!in.x.is_same(logits)) logits.copy_(in.x.view(logits.sizes()));
 }
 
@@ -187,7 +232,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_with_grad_cpu(const at::Tensor&
   const char* op = "fused::cross_entropy_with_grad";
   xent_check(logits, target, label_smoothing, op);
   auto [rows, lse] =
-      cross_entropy_cpu(logits, target, ignore_index, label_smoothing, z_loss, false);
+      cross_entropy_cpu(logits, target, ignore_index, label_smoothing, z_loss, false, "none");
   const at::Tensor count = target.ne(ignore_index).sum().to(rows.scalar_type());
   at::Tensor dx = at::empty(logits.sizes(), logits.options());
   if (dx.numel() > 0) {

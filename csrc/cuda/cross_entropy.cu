@@ -312,6 +312,40 @@ __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
   }
 }
 
+// The 'mean' / 'sum' of the per-row losses, in one block: each thread sums rows in a fixed
+// order, then a block reduction (deterministic), with the count of non-ignored targets
+// beside it, in double. One launch where the ATen sum, count and division were four.
+// 'mean' over no rows is 0 / 0: NaN, as torch; an invalid target's NaN row makes it NaN.
+template <int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    xent_reduce_kernel(const float* __restrict__ loss, const int64_t* __restrict__ target,
+                       int64_t rows, int64_t ignore_index, bool mean, float* __restrict__ out) {
+  using Reduce = cub::BlockReduce<double, BLOCK>;
+  __shared__ typename Reduce::TempStorage sum_storage, count_storage;
+  double sum = 0.0, count = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += BLOCK) {
+    sum += static_cast<double>(loss[r]);
+    count += target[r] != ignore_index ? 1.0 : 0.0;
+  }
+  sum = Reduce(sum_storage).Sum(sum);
+  count = Reduce(count_storage).Sum(count);
+  if (threadIdx.x == 0) *out = static_cast<float>(mean ? sum / count : sum);
+}
+
+// The row gradient of a 'mean': the loss gradient *g divided by the count of non-ignored
+// targets (one block; 0 / 0 is NaN, and the backward writes 0 on ignored rows anyway).
+template <int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+    xent_mean_grad_kernel(const float* __restrict__ g, const int64_t* __restrict__ target,
+                          int64_t rows, int64_t ignore_index, float* __restrict__ out) {
+  using Reduce = cub::BlockReduce<int64_t, BLOCK>;
+  __shared__ typename Reduce::TempStorage storage;
+  int64_t count = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += BLOCK) count += target[r] != ignore_index;
+  count = Reduce(storage).Sum(count);
+  if (threadIdx.x == 0) *out = *g / static_cast<float>(count);
+}
+
 // Threads per row: 256 on long rows (4+ blocks an SM, 64 KB of loads in flight per SM, so
 // a block between rows costs a quarter of the SM's traffic, not half), 64 on short ones.
 int block_for(int64_t row_bytes) {
@@ -365,12 +399,14 @@ at::Tensor long_target(const at::Tensor& target) {
 std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits,
                                                       const at::Tensor& target,
                                                       int64_t ignore_index, double label_smoothing,
-                                                      double z_loss, bool /*inplace_backward*/) {
+                                                      double z_loss, bool /*inplace_backward*/,
+                                                      c10::string_view reduction) {
   const char* op = "fused::cross_entropy";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
   at::Tensor loss = xent_row_output(logits, target);
   at::Tensor lse = xent_row_output(logits, target);
-  if (loss.numel() == 0) return {loss, lse};
+  if (loss.numel() == 0) return {xent_reduce(loss, target, ignore_index, red), lse};
   check_len(logits.size(-1), op);
   c10::cuda::CUDAGuard guard(logits.device());
   const XentInput in = xent_input(logits);
@@ -387,19 +423,37 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits,
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return {loss, lse};
+  if (red == XentReduction::None) return {loss, lse};
+  at::Tensor out = at::empty({}, loss.options());
+  constexpr int kReduceBlock = 256;
+  xent_reduce_kernel<kReduceBlock><<<1, kReduceBlock, 0, current_stream()>>>(
+      loss.const_data_ptr<float>(), t.const_data_ptr<int64_t>(), l.rows, ignore_index,
+      red == XentReduction::Mean, out.mutable_data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, lse};
 }
 
-// dx into `out` (laid out as `lout`) from `in`.
+// dx into `out` (laid out as `lout`) from `in`. red != None: grad_loss is one value for
+// every row (divided by the count of non-ignored rows for 'mean', on the device).
 void backward_into(const at::Tensor& grad_loss, const XentInput& in, at::Tensor& out,
                    const XentRows& lout, const at::Tensor& target, const at::Tensor& lse,
-                   int64_t ignore_index, double label_smoothing, double z_loss) {
-  // The gradient of a 'sum' / 'mean' reaches here expanded (stride 0): read it as it is.
+                   int64_t ignore_index, double label_smoothing, double z_loss,
+                   XentReduction red = XentReduction::None) {
+  // A per-row gradient that reaches here expanded (stride 0) is read as it is.
   at::Tensor g = grad_loss.reshape({-1});
   if (g.numel() > 1 && g.stride(0) != 0 && g.stride(0) != 1) g = g.contiguous();
   const int64_t g_stride = g.numel() > 1 ? g.stride(0) : 0;
   const at::Tensor s = lse.contiguous();
   const at::Tensor t = long_target(target);
+  if (red == XentReduction::Mean) {
+    at::Tensor scaled = at::empty({1}, g.options());
+    constexpr int kReduceBlock = 256;
+    xent_mean_grad_kernel<kReduceBlock><<<1, kReduceBlock, 0, current_stream()>>>(
+        g.const_data_ptr<float>(), t.const_data_ptr<int64_t>(), t.numel(), ignore_index,
+        scaled.mutable_data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    g = scaled;
+  }
   const Rows lx = to_rows(in.layout);
   const Rows ld = to_rows(lout);
   const int block = block_for(in.layout.len * in.x.element_size());
@@ -418,11 +472,12 @@ void backward_into(const at::Tensor& grad_loss, const XentInput& in, at::Tensor&
 
 at::Tensor cross_entropy_backward_cuda(const at::Tensor& grad_loss, const at::Tensor& logits,
                                        const at::Tensor& target, const at::Tensor& lse,
-                                       int64_t ignore_index, double label_smoothing,
-                                       double z_loss) {
+                                       int64_t ignore_index, double label_smoothing, double z_loss,
+                                       c10::string_view reduction) {
   const char* op = "fused::cross_entropy_backward";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
-  xent_check_backward(grad_loss, logits, target, lse, op);
+  xent_check_backward(grad_loss, logits, target, lse, op, red != XentReduction::None);
   at::Tensor dx = at::empty(logits.sizes(), logits.options());
   if (dx.numel() == 0) return dx;
   check_len(logits.size(-1), op);
@@ -430,17 +485,18 @@ at::Tensor cross_entropy_backward_cuda(const at::Tensor& grad_loss, const at::Te
   const XentInput in = xent_input(logits);
   XentRows lout;
   TORCH_INTERNAL_ASSERT(xent_layout(dx.dim() <= 3 ? dx : dx.view({-1, dx.size(-1)}), lout));
-  backward_into(grad_loss, in, dx, lout, target, lse, ignore_index, label_smoothing, z_loss);
+  backward_into(grad_loss, in, dx, lout, target, lse, ignore_index, label_smoothing, z_loss, red);
   return dx;
 }
 
 void cross_entropy_backward_inplace_cuda(const at::Tensor& grad_loss, const at::Tensor& logits,
                                          const at::Tensor& target, const at::Tensor& lse,
                                          int64_t ignore_index, double label_smoothing,
-                                         double z_loss) {
+                                         double z_loss, c10::string_view reduction) {
   const char* op = "fused::cross_entropy_backward_";
+  const XentReduction red = xent_reduction(reduction, op);
   xent_check(logits, target, label_smoothing, op);
-  xent_check_backward(grad_loss, logits, target, lse, op);
+  xent_check_backward(grad_loss, logits, target, lse, op, red != XentReduction::None);
   // Rows that share memory (an expanded tensor) cannot each take their own gradient.
   at::assert_no_internal_overlap(logits);
   if (logits.numel() == 0) return;
@@ -448,7 +504,8 @@ void cross_entropy_backward_inplace_cuda(const at::Tensor& grad_loss, const at::
   c10::cuda::CUDAGuard guard(logits.device());
   XentInput in = xent_input(logits);
   // A layout the kernel cannot address is computed in its contiguous copy, copied back.
-  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing, z_loss);
+  backward_into(grad_loss, in, in.x, in.layout, target, lse, ignore_index, label_smoothing, z_loss,
+                red);
   if (!in.x.is_same(logits)) logits.copy_(in.x.view(logits.sizes()));
 }
 

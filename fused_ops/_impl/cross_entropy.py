@@ -1,4 +1,5 @@
-"""Fake kernels and autograd of fused::cross_entropy.
+"""Fake kernels of fused::cross_entropy and its family (autograd: csrc/autograd/cross_entropy.cpp),
+and linear_cross_entropy's kernel (a chunk loop over the other fused ops).
 
 The forward returns the per-row loss and the per-row logsumexp (lse); the backward needs no
 reduction of its own: dlogits = g ((1 + 2 z lse) softmax(x) - eps / V - (1 - eps) onehot(t)),
@@ -9,6 +10,8 @@ consumed: nothing may read them after the backward), which saves a [rows, V] buf
 
 import torch
 
+from ._checks import check_same_device
+
 ops = torch.ops.fused
 
 
@@ -16,7 +19,8 @@ def _row_dtype(logits):
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
-def _check(logits, target, label_smoothing, op):
+def _check(logits, target, label_smoothing, op, **others):
+    check_same_device(op, logits, target=target, **others)
     torch._check(
         logits.dim() >= 1,
         lambda: (
@@ -55,65 +59,55 @@ def _check(logits, target, label_smoothing, op):
 
 @torch.library.register_fake("fused::cross_entropy")
 def _cross_entropy_fake(
-    logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, inplace_backward=False
+    logits,
+    target,
+    ignore_index=-100,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    inplace_backward=False,
+    reduction="none",
 ):
     _check(logits, target, label_smoothing, "fused::cross_entropy")
+    torch._check(
+        reduction in ("none", "mean", "sum"),
+        lambda: (
+            "fused::cross_entropy: expected "
+            f"reduction 'none', 'mean' or 'sum', but got '{reduction}'"
+        ),
+    )
     dt = _row_dtype(logits)
-    return (logits.new_empty(target.shape, dtype=dt), logits.new_empty(target.shape, dtype=dt))
+    loss_shape = target.shape if reduction == "none" else ()
+    return (logits.new_empty(loss_shape, dtype=dt), logits.new_empty(target.shape, dtype=dt))
 
 
 @torch.library.register_fake("fused::cross_entropy_backward")
 def _cross_entropy_backward_fake(
-    grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss
+    grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss, reduction="none"
 ):
-    _check(logits, target, label_smoothing, "fused::cross_entropy_backward")
+    _check(
+        logits,
+        target,
+        label_smoothing,
+        "fused::cross_entropy_backward",
+        grad_loss=grad_loss,
+        lse=lse,
+    )
     return logits.new_empty(logits.shape)
 
 
 @torch.library.register_fake("fused::cross_entropy_backward_")
 def _cross_entropy_backward_inplace_fake(
-    grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss
+    grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss, reduction="none"
 ):
-    _check(logits, target, label_smoothing, "fused::cross_entropy_backward_")
+    _check(
+        logits,
+        target,
+        label_smoothing,
+        "fused::cross_entropy_backward_",
+        grad_loss=grad_loss,
+        lse=lse,
+    )
     return None
-
-
-def _setup_context(ctx, inputs, output):
-    logits, target, ignore_index, label_smoothing, z_loss, inplace = (
-        list(inputs) + [-100, 0.0, 0.0, False][len(inputs) - 2 :]
-    )[:6]
-    ctx.args = (ignore_index, label_smoothing, z_loss)
-    ctx.inplace = inplace
-    ctx.save_for_backward(logits, target, output[1])
-    ctx.set_materialize_grads(False)  # lse receives no gradient: no zero fill for it
-
-
-def _refuse_create_graph(op):
-    # The backward kernels are not differentiable: a second derivative would be a silent 0.
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            f"{op}: double backward (create_graph=True) is not supported; use "
-            "torch.nn.functional.cross_entropy for a loss that is differentiated twice"
-        )
-
-
-def _backward(ctx, grad_loss, grad_lse):
-    _refuse_create_graph("fused::cross_entropy")
-    if grad_loss is None:
-        return (None,) * 6
-    logits, target, lse = ctx.saved_tensors
-    grad_loss = grad_loss.to(lse.dtype)
-    if ctx.inplace:
-        ops.cross_entropy_backward_(grad_loss, logits, target, lse, *ctx.args)
-        # The op's schema marks logits as written, but a C++-defined op gets no version
-        # bump from the dispatcher: bump it here, so a backward that saved the logits and
-        # runs after this one reports the in-place write instead of reading the gradient.
-        torch.autograd.graph.increment_version(logits)
-        return (logits,) + (None,) * 5
-    return (ops.cross_entropy_backward(grad_loss, logits, target, lse, *ctx.args),) + (None,) * 5
-
-
-torch.library.register_autograd("fused::cross_entropy", _backward, setup_context=_setup_context)
 
 
 # --- cross_entropy_with_grad: the gradient written by the forward ---------------------------
@@ -142,50 +136,15 @@ def _cross_entropy_with_grad_fake(
 
 @torch.library.register_fake("fused::cross_entropy_scale_")
 def _cross_entropy_scale_fake(grad, scale):
+    check_same_device("fused::cross_entropy_scale_", grad, scale=scale)
     return None
 
-
-def _with_grad_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(output[1])
-    ctx.set_materialize_grads(False)
-
-
-def _with_grad_backward(ctx, grad_loss, grad_grad):
-    _refuse_create_graph("fused::cross_entropy_with_grad")
-    if grad_loss is None:
-        return (None,) * 6
-    (dlogits,) = ctx.saved_tensors
-    ops.cross_entropy_scale_(
-        dlogits, grad_loss.to(torch.float32 if dlogits.dtype != torch.float64 else torch.float64)
-    )
-    torch.autograd.graph.increment_version(dlogits)  # as in _backward: report a reuse
-    return (dlogits,) + (None,) * 5
-
-
-torch.library.register_autograd(
-    "fused::cross_entropy_with_grad", _with_grad_backward, setup_context=_with_grad_setup_context
-)
 
 # --- linear_cross_entropy -------------------------------------------------------------------
 #
 # The LM head and the loss in chunks of tokens, so the [tokens, V] logits never exist in
-# full. Per chunk of c tokens (h: [c, H]):
-#     logits = linear(h, W, b)                    fused::linear          [c, V]
-#     loss, lse = cross_entropy(logits, t)        fused::cross_entropy   one read of logits
-#     dlogits = over the logits, in place         fused::cross_entropy_backward_
-#     grad_h[chunk] = dlogits @ W                 fused::matmul
-#     grad_W += dlogits^T @ h                     torch.addmm_ (cuBLAS: beta = 1 accumulates
-#                                                 in place; the fused GEMM has no accumulate)
-#     grad_b += dlogits summed over the chunk
-# The gradients are computed in the forward, for a loss gradient of 1 (the loss is a 'mean'
-# or 'sum', so the gradient reaching it is one scalar); the backward scales them by that
-# scalar. Only a chunk's logits are alive at a time: peak memory is grad_W plus one chunk.
-# The weight gradient is accumulated in the weight's dtype (as the weight's .grad would be);
-# each chunk's product is accumulated in float32 inside the GEMM.
-
-# Tokens per chunk: the weight-gradient GEMM has K = chunk, and below ~1024 it is bound by
-# reading and writing grad_W (V x H) once per chunk rather than by its FLOPs.
-DEFAULT_CHUNK = 1024
+# full: the kernel (CPU and CUDA) is csrc/cpu/linear_cross_entropy.cpp, a loop over the other
+# fused ops; its checks are mirrored here for the fake kernel.
 
 
 def _lce_check(hidden, weight, target, bias, op):
@@ -207,13 +166,7 @@ def _lce_check(hidden, weight, target, bias, op):
             f"the same dtype, but got {hidden.dtype} and {weight.dtype}"
         ),
     )
-    torch._check(
-        hidden.device == weight.device and target.device == hidden.device,
-        lambda: (
-            f"{op}: expected hidden, weight and target on the same device, but got "
-            f"{hidden.device}, {weight.device} and {target.device}"
-        ),
-    )
+    check_same_device(op, hidden, weight=weight, target=target, bias=bias)
     if bias is not None:
         torch._check(
             tuple(bias.shape) == (weight.shape[0],) and bias.dtype == weight.dtype,
@@ -263,90 +216,3 @@ def _linear_cross_entropy_fake(
 ):
     _lce_check(hidden, weight, target, bias, "fused::linear_cross_entropy")
     return _lce_outputs(hidden, weight, bias, grad_mask, _row_dtype(hidden))
-
-
-@torch.library.impl("fused::linear_cross_entropy", ["CPU", "CUDA"])
-def _linear_cross_entropy_kernel(
-    hidden,
-    weight,
-    target,
-    bias=None,
-    ignore_index=-100,
-    label_smoothing=0.0,
-    z_loss=0.0,
-    mean=True,
-    chunk_size=0,
-    grad_mask=(False, False, False),
-):
-    op = "fused::linear_cross_entropy"
-    _lce_check(hidden, weight, target, bias, op)
-    torch._check(chunk_size >= 0, lambda: f"{op}: expected chunk_size >= 0, but got {chunk_size}")
-    H = weight.shape[1]
-    h2 = hidden.reshape(-1, H)
-    t = target.reshape(-1)
-    n = h2.shape[0]
-    dt = _row_dtype(hidden)
-    loss_out, grad_h, grad_w, grad_b = _lce_outputs(hidden, weight, bias, grad_mask, dt)
-    want_h, want_w, want_b = grad_mask[0], grad_mask[1], grad_mask[2] and bias is not None
-    any_grad = want_h or want_w or want_b
-    grad_h2 = grad_h.view(-1, H) if want_h else None
-    if want_w:
-        grad_w.zero_()
-    if want_b:
-        grad_b.zero_()
-    # The gradient each row's loss gets: 1 / (rows not ignored) for 'mean', 1 for 'sum'.
-    count = (t != ignore_index).sum()
-    row_grad = (1.0 / count.to(dt)) if mean else torch.ones((), dtype=dt, device=hidden.device)
-    rows = torch.empty(n, dtype=dt, device=hidden.device)
-    chunk = chunk_size or DEFAULT_CHUNK
-    for start in range(0, n, chunk):
-        end = min(start + chunk, n)
-        h = h2[start:end]
-        tc = t[start:end]
-        logits = ops.linear(h, weight, bias)
-        loss_c, lse_c = ops.cross_entropy(logits, tc, ignore_index, label_smoothing, z_loss)
-        rows[start:end] = loss_c
-        if not any_grad:
-            continue
-        ops.cross_entropy_backward_(
-            row_grad.expand(end - start), logits, tc, lse_c, ignore_index, label_smoothing, z_loss
-        )
-        if want_h:
-            grad_h2[start:end] = ops.matmul(logits, weight)
-        if want_w:
-            grad_w.addmm_(logits.t(), h)
-        if want_b:
-            grad_b += logits.sum(0, dtype=dt).to(grad_b.dtype)
-    total = rows.sum()
-    loss_out.copy_(total / count.to(dt) if mean else total)
-    return loss_out, grad_h, grad_w, grad_b
-
-
-def _lce_setup_context(ctx, inputs, output):
-    hidden, weight, _target, bias = inputs[:4]
-    _, grad_h, grad_w, grad_b = output
-    ctx.save_for_backward(grad_h, grad_w, grad_b)
-    ctx.has_bias = bias is not None
-    ctx.set_materialize_grads(False)
-
-
-def _lce_backward(ctx, grad_loss, *_unused):
-    _refuse_create_graph("fused::linear_cross_entropy")
-    grads = [None] * 10
-    if grad_loss is None:
-        return tuple(grads)
-    grad_h, grad_w, grad_b = ctx.saved_tensors
-    # The forward computed the gradients for a loss gradient of 1: scale by the real one
-    # (a multiply, no host sync to test it for 1).
-    if ctx.needs_input_grad[0]:
-        grads[0] = grad_h * grad_loss.to(grad_h.dtype)
-    if ctx.needs_input_grad[1]:
-        grads[1] = grad_w * grad_loss.to(grad_w.dtype)
-    if ctx.has_bias and ctx.needs_input_grad[3]:
-        grads[3] = grad_b * grad_loss.to(grad_b.dtype)
-    return tuple(grads)
-
-
-torch.library.register_autograd(
-    "fused::linear_cross_entropy", _lce_backward, setup_context=_lce_setup_context
-)
