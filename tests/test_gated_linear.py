@@ -228,6 +228,17 @@ def test_linear_act_backward_gated(device, dtype, act):
     assert torch.ops.fused.linear_act_backward(g, z, act, False)[1].shape == (0,)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty(device, dtype):
+    x = torch.randn(4, 6, device=device, dtype=dtype)
+    assert fused_ops.linear(x, x[:0], None, "swiglu").shape == (4, 0)
+    y, z = torch.ops.fused.linear_fwd(x[:0], x, None, "geglu")
+    assert y.shape == (0, 2) and z.shape == (0, 4)
+    dz, db = torch.ops.fused.linear_act_backward(y, z, "geglu", True)
+    assert dz.shape == (0, 4) and torch.equal(db, torch.zeros_like(db)) and db.shape == (4,)
+
+
 @pytest.mark.parametrize("act", GATED)
 def test_gradcheck_float64(act):
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)

@@ -133,6 +133,9 @@ def test_empty(device):
     assert fused_ops.geglu(x, x).shape == (0, 4)
     dg, du = torch.ops.fused.swiglu_backward(x, x, x)
     assert dg.shape == du.shape == (0, 4)
+    e = torch.empty(3, 0, device=device)
+    assert fused_ops.swiglu(e, e).shape == (3, 0)
+    assert torch.ops.fused.geglu_backward(e, e, e)[0].shape == (3, 0)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)

@@ -149,8 +149,10 @@ at::Tensor gated_forward_entry(const at::Tensor& gate, const at::Tensor& up, Gat
                                const char* op) {
   check_gated_args(gate, up, op);
   at::Tensor out = at::empty(gate.sizes(), gate.options());
-  at::Tensor o = out.view({-1, gate.size(-1)});
-  if (out.numel() > 0) RUN(k, gated_rows(gate), gated_rows(up), o);
+  if (out.numel() > 0) {
+    at::Tensor o = out.view({-1, gate.size(-1)});
+    RUN(k, gated_rows(gate), gated_rows(up), o);
+  }
   return out;
 }
 
@@ -165,8 +167,10 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_entry(const at::Tensor& dy,
   check_same_shape(dy, gate, op, "grad_out", "gate");
   at::Tensor dgate = at::empty(gate.sizes(), gate.options());
   at::Tensor dup = at::empty(gate.sizes(), gate.options());
-  at::Tensor dg = dgate.view({-1, gate.size(-1)}), du = dup.view({-1, gate.size(-1)});
-  if (dgate.numel() > 0) RUN(k, gated_rows(dy), gated_rows(gate), gated_rows(up), dg, du);
+  if (dgate.numel() > 0) {
+    at::Tensor dg = dgate.view({-1, gate.size(-1)}), du = dup.view({-1, gate.size(-1)});
+    RUN(k, gated_rows(dy), gated_rows(gate), gated_rows(up), dg, du);
+  }
   return {dgate, dup};
 }
 
@@ -180,7 +184,8 @@ std::tuple<at::Tensor, at::Tensor> gated_linear_act_backward(const at::Tensor& g
                                                              bool bias_grad) {
   const int64_t n = grad_out.size(-1);
   at::Tensor dz = at::empty(preact.sizes(), preact.options());
-  at::Tensor dz2 = dz.view({-1, 2 * n});
+  // [rows, 2N]; a view of -1 rows is ambiguous when N is 0.
+  at::Tensor dz2 = dz.view({n == 0 ? 0 : dz.numel() / (2 * n), 2 * n});
   if (dz.numel() > 0) {
     const at::Tensor z2 = gated_rows(preact);
     at::Tensor dg = dz2.narrow(1, 0, n), du = dz2.narrow(1, n, n);

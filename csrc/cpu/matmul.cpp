@@ -51,8 +51,8 @@ std::tuple<at::Tensor, at::Tensor> gated_linear_impl(const at::Tensor& x, const 
   std::vector<int64_t> shape(z.sizes().begin(), z.sizes().end() - 1);
   shape.push_back(n);
   at::Tensor y = at::empty(shape, x.options());
-  at::Tensor y2 = y.view({-1, n});
   if (y.numel() > 0) {
+    at::Tensor y2 = y.view({-1, n});
     const at::Tensor z2 = z.view({-1, 2 * n});
     gated_forward_cpu(gated_kind(act), z2.narrow(1, 0, n), z2.narrow(1, n, n), y2);
   }
