@@ -34,11 +34,13 @@ def gated_of(z, act):
     return gate_act(g, act) * u
 
 
-def check_either(actual, refs, dtype, msg="", slack=0.1):
+def check_either(actual, refs, dtype, msg="", slack=1.0):
     """Each element within tolerance (as check) of at least one of the float64 references.
     For 16-bit outputs the two kernels round differently and both are right: the Hopper
     epilogue applies the gate to the fp32 accumulator, the composed path (GEMM, then the gated
-    kernel) to z rounded to the dtype first; refs holds both forms."""
+    kernel) to z rounded to the dtype first; refs holds both forms. slack=1 as for check's
+    gradients: where the fp32 z lies next to a rounding boundary it rounds to the other
+    neighbour than the float64 z, one ulp of z that act(gate) * up carries into y."""
     rtol, atol = TOL[dtype]
     if dtype == torch.float32:
         atol = max(atol, 1e-5)

@@ -1,14 +1,11 @@
 // Autograd of fused::swiglu and fused::geglu (see common.h for the scheme). Backward of
 // y = act(gate) * up: dgate = dy * up * act'(gate), dup = dy * act(gate), one fused kernel
 // (swiglu_backward / geglu_backward); under create_graph the same in ATen ops
-// (silu_backward / gelu_backward are differentiable there).
-#include <ATen/ops/gelu.h>
-#include <ATen/ops/gelu_backward.h>
-#include <ATen/ops/silu.h>
-#include <ATen/ops/silu_backward.h>
+// (autograd/gated.h).
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/gated.h"
 #include "autograd/ops.h"
 
 namespace fused::autograd {
@@ -17,14 +14,12 @@ namespace {
 // The activation of one call: silu (swiglu), or gelu with its `approximate` (geglu).
 struct GatedAct {
   bool silu;
-  std::string approximate;  // geglu only
+  std::string approximate;  // geglu's; empty for swiglu
 
-  at::Tensor act(const at::Tensor& x) const {
-    return silu ? at::silu(x) : at::gelu(x, approximate);
-  }
+  at::Tensor act(const at::Tensor& x) const { return gate_act(x, approximate); }
   // dy * act'(x), differentiable.
   at::Tensor grad(const at::Tensor& dy, const at::Tensor& x) const {
-    return silu ? at::silu_backward(dy, x) : at::gelu_backward(dy, x, approximate);
+    return gate_act_backward(dy, x, approximate);
   }
   at::Tensor call(const at::Tensor& gate, const at::Tensor& up) const {
     return silu ? swiglu_op().call(gate, up) : geglu_op().call(gate, up, approximate);

@@ -14,11 +14,10 @@
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
-#include <ATen/ops/silu.h>
-#include <ATen/ops/silu_backward.h>
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/gated.h"
 #include "autograd/ops.h"
 
 namespace fused::autograd {
@@ -85,9 +84,9 @@ bool gated(const std::string& act) {
   return act == "swiglu" || act == "geglu" || act == "geglu_tanh";
 }
 
-// The activation of a gated form on its gate half, in differentiable ATen ops.
-at::Tensor gate_act(const at::Tensor& g, const std::string& act) {
-  return act == "swiglu" ? at::silu(g) : at::gelu(g, gelu_approximate(act));
+// gate_act's `approximate` (autograd/gated.h) for a gated activation name: empty for silu.
+std::string gate_approximate(const std::string& act) {
+  return act == "swiglu" ? std::string() : std::string(gelu_approximate(act));
 }
 
 // act(z) in ATen ops (forward-mode AD, torch.func, create_graph): a gated form takes
@@ -96,7 +95,7 @@ at::Tensor act_composite(const at::Tensor& z, const std::string& act) {
   if (act.empty()) return z;
   if (!gated(act)) return at::gelu(z, gelu_approximate(act));
   const auto h = z.chunk(2, -1);
-  return gate_act(h[0], act) * h[1];
+  return gate_act(h[0], gate_approximate(act)) * h[1];
 }
 
 // dZ = dY act'(Z) in differentiable ATen ops (create_graph); gated: [dgate, dup].
@@ -105,9 +104,8 @@ at::Tensor act_backward_composite(const at::Tensor& dy, const at::Tensor& z,
   if (!gated(act)) return at::gelu_backward(dy, z, gelu_approximate(act));
   const auto h = z.chunk(2, -1);
   const at::Tensor dyu = dy * h[1];
-  const at::Tensor dgate = act == "swiglu" ? at::silu_backward(dyu, h[0])
-                                           : at::gelu_backward(dyu, h[0], gelu_approximate(act));
-  return at::cat({dgate, dy * gate_act(h[0], act)}, -1);
+  const std::string approx = gate_approximate(act);
+  return at::cat({gate_act_backward(dyu, h[0], approx), dy * gate_act(h[0], approx)}, -1);
 }
 
 at::Tensor bias_grad_of(const at::Tensor& dz2) {
