@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from benchmarks.harness import Case
+from benchmarks.harness import DECODE_SHAPES, Case
 from fused_ops import reference
 
 # [tokens, N] of an MLP's hidden layer: 16384 x 4096 bf16 is 128 MiB an operand.
@@ -33,7 +33,7 @@ def _make_inputs(shape, dtype, device):
 CASES = [
     Case(
         op="swiglu",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16, torch.float16, torch.float32],
         passes=("fwd", "fwd+bwd"),
@@ -49,7 +49,7 @@ CASES = [
     Case(
         op="geglu",
         variant="tanh",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=[(16384, 4096)],
         dtypes=[torch.bfloat16],
         passes=("fwd", "fwd+bwd"),
