@@ -107,6 +107,8 @@ TORCH_LIBRARY(fused, m) {
   // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the
   // epilogue.
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor");
+  // Gated activations 'swiglu', 'geglu', 'geglu_tanh': weight [2N, in], y = act(z[..., :N]) *
+  // z[..., N:] with z = x @ weight.T + bias, the gate and up products in one GEMM's epilogue.
   // linear_fwd: linear for training, returns (y, preact) where preact = x @ weight.T + bias.
   m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
   // linear_act_backward: (grad_preact = grad_out * act'(preact), its column sums (the bias grad, or
@@ -151,6 +153,16 @@ TORCH_LIBRARY(fused, m) {
       "ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, bool mean=True, int "
       "chunk_size=0, bool[3] grad_mask=[False, False, False]) -> (Tensor loss, Tensor grad_hidden, "
       "Tensor grad_weight, Tensor grad_bias)");
+  // swiglu: y = silu(gate) * up (gate and up of one shape; e.g. the two halves of z.chunk(2, -1)).
+  m.def("swiglu(Tensor gate, Tensor up) -> Tensor");
+  // swiglu_backward: (dgate, dup) = (grad_out * up * silu'(gate), grad_out * silu(gate)).
+  m.def("swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)");
+  // geglu: y = gelu(gate, approximate) * up.
+  m.def("geglu(Tensor gate, Tensor up, *, str approximate='none') -> Tensor");
+  // geglu_backward: (dgate, dup) = (grad_out * up * gelu'(gate), grad_out * gelu(gate)).
+  m.def(
+      "geglu_backward(Tensor grad_out, Tensor gate, Tensor up, *, str approximate='none') -> "
+      "(Tensor, Tensor)");
 }
 
 namespace fused {

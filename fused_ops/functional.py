@@ -31,6 +31,8 @@ __all__ = [
     "linear_cross_entropy",
     "dropout_add_layer_norm",
     "dropout_add_rms_norm",
+    "swiglu",
+    "geglu",
 ]
 
 _ops = torch.ops.fused
@@ -58,8 +60,10 @@ _linear_fwd, _linear_fwd_c = _entry("linear_fwd")
 _cross_entropy, _cross_entropy_c = _entry("cross_entropy")
 _cross_entropy_with_grad, _cross_entropy_with_grad_c = _entry("cross_entropy_with_grad")
 _linear_cross_entropy, _linear_cross_entropy_c = _entry("linear_cross_entropy")
+_swiglu, _swiglu_c = _entry("swiglu")
+_geglu, _geglu_c = _entry("geglu")
 
-_ACTIVATIONS = (None, "gelu", "gelu_tanh")
+_ACTIVATIONS = (None, "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 
 
 def _type_error(e: RuntimeError, fn: str) -> Exception:
@@ -254,6 +258,10 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 def linear(input: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
     """F.linear, then activation (None, "gelu" or "gelu_tanh") fused into the GEMM epilogue.
 
+    Gated activations "swiglu", "geglu", "geglu_tanh" take weight [2N, in] (and bias [2N]):
+    the output is act(z[..., :N]) * z[..., N:] for z = F.linear(input, weight, bias), the same
+    as `gate, up = F.linear(input, weight, bias).chunk(2, -1); act(gate) * up`.
+
     When a gradient will be needed and there is an activation, the training op also returns
     the pre-activation, so backward does not recompute it.
     """
@@ -447,3 +455,20 @@ def dropout_add_rms_norm(
     head = (input, residual, normalized_shape)
     opts = (p, training, input_bias, residual_in_fp32)
     return _dropout_add_norm("dropout_add_rms_norm", head, (weight, eps), opts)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one pass. gate and up may be the halves of one tensor
+    (`gate, up = z.chunk(2, -1)`): they are read in place."""
+    try:
+        return (_swiglu if _compiling() else _swiglu_c)(gate, up)
+    except RuntimeError as e:
+        raise _type_error(e, "swiglu") from None
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(gate, approximate) * up in one pass ("none": erf, "tanh": as F.gelu)."""
+    try:
+        return (_geglu if _compiling() else _geglu_c)(gate, up, approximate=approximate)
+    except RuntimeError as e:
+        raise _type_error(e, "geglu") from None

@@ -21,6 +21,8 @@ __all__ = [
     "CrossEntropyLoss",
     "DropoutAddLayerNorm",
     "DropoutAddRMSNorm",
+    "SwiGLU",
+    "GeGLU",
 ]
 
 
@@ -252,3 +254,40 @@ class DropoutAddRMSNorm(_DropoutAdd, torch.nn.RMSNorm):
         ns, w = self.normalized_shape, self.weight
         kw = self._kw(input_bias)
         return functional.dropout_add_rms_norm(input, residual, ns, w, self.eps, **kw)
+
+
+class SwiGLU(torch.nn.Module):
+    """silu(gate) * up with gate, up = input.chunk(2, dim) (torch.nn has no twin): the
+    activation of a gated MLP whose up-projection makes both halves. The halves are read in
+    place."""
+
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        gate, up = input.chunk(2, self.dim)
+        if torch.jit.is_scripting():
+            return torch.ops.fused.swiglu(gate, up)
+        return functional.swiglu(gate, up)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class GeGLU(torch.nn.Module):
+    """gelu(gate, approximate) * up with gate, up = input.chunk(2, dim), as SwiGLU."""
+
+    def __init__(self, approximate: str = "none", dim: int = -1):
+        super().__init__()
+        self.approximate = approximate
+        self.dim = dim
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        gate, up = input.chunk(2, self.dim)
+        if torch.jit.is_scripting():
+            return torch.ops.fused.geglu(gate, up, approximate=self.approximate)
+        return functional.geglu(gate, up, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}, dim={self.dim}"

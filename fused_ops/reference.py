@@ -106,6 +106,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation=None) ->
         return torch.nn.functional.gelu(y)
     if activation == "gelu_tanh":
         return torch.nn.functional.gelu(y, approximate="tanh")
+    if activation == "swiglu":
+        return swiglu(*y.chunk(2, -1))
+    if activation in ("geglu", "geglu_tanh"):
+        approximate = "tanh" if activation == "geglu_tanh" else "none"
+        return geglu(*y.chunk(2, -1), approximate=approximate)
     return y
 
 
@@ -155,3 +160,11 @@ def dropout_add_rms_norm(
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     return rms_norm(s, normalized_shape, weight, eps).to(x.dtype), s
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up

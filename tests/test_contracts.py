@@ -134,6 +134,21 @@ OPS = {
             F.linear(x, _weight(x, 5, x.shape[-1]), _params(x, 5, 4)), _target(x, 5)
         ),
     ),
+    "swiglu": (
+        lambda x: fused_ops.swiglu(*x.chunk(2, -1)),
+        lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
+    ),
+    "geglu_tanh": (
+        lambda x: fused_ops.geglu(*x.chunk(2, -1), approximate="tanh"),
+        lambda x: F.gelu(x.chunk(2, -1)[0], approximate="tanh") * x.chunk(2, -1)[1],
+    ),
+    "linear_swiglu": (
+        lambda x: fused_ops.linear(x, _weight(x, 6, x.shape[-1]), _params(x, 6, 4), "swiglu"),
+        lambda x: (
+            F.silu(F.linear(x, _weight(x, 6, x.shape[-1]), _params(x, 6, 4)).chunk(2, -1)[0])
+            * F.linear(x, _weight(x, 6, x.shape[-1]), _params(x, 6, 4)).chunk(2, -1)[1]
+        ),
+    ),
     "bias_dropout_add_eval": (
         lambda x: fused_ops.bias_dropout_add(
             x, _params(x, x.shape[-1], 2), x.flip(0), 0.3, training=False
@@ -361,6 +376,9 @@ LAYOUT_OPS = [
     "linear",
     "linear_gelu",
     "bias_dropout_add_eval",
+    "swiglu",
+    "geglu_tanh",
+    "linear_swiglu",
 ]
 
 
@@ -651,6 +669,8 @@ def test_layer_norm_eps_zero_constant_row_is_nan_like_torch():
 
 def test_nn_signatures_match_torch():
     for name in fused_ops.nn.__all__:
+        if not hasattr(torch.nn, name):  # no torch twin (SwiGLU, GeGLU)
+            continue
         ours = inspect.signature(getattr(fused_ops.nn, name).__init__).parameters
         # A module with no torch.nn namesake (DropoutAddLayerNorm) matches the one it extends.
         bases = getattr(fused_ops.nn, name).__mro__[1:]

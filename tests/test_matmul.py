@@ -478,11 +478,16 @@ def test_bad_inputs(device):
         fused_ops.linear(f, w.unsqueeze(0))
     with pytest.raises(RuntimeError, match="expected bias of shape \\[5\\]"):
         fused_ops.linear(f, w, torch.randn(4, device=device))
-    with pytest.raises(RuntimeError, match="activation to be None, 'gelu' or 'gelu_tanh'.*'relu'"):
+    with pytest.raises(
+        RuntimeError,
+        match="activation to be None, 'gelu', 'gelu_tanh', 'swiglu', 'geglu' or 'geglu_tanh'.*'relu'",
+    ):
         fused_ops.linear(f, w, None, "relu")
     with pytest.raises(RuntimeError, match="same dtype"):
         fused_ops.linear(f, w.half())
-    with pytest.raises(RuntimeError, match="activation to be None, 'gelu' or 'gelu_tanh'.*'none'"):
+    with pytest.raises(
+        RuntimeError, match="activation to be None, 'gelu', .* or 'geglu_tanh'.*'none'"
+    ):
         torch.ops.fused.linear_act_backward(f, f, "none", True)
     with pytest.raises(RuntimeError, match="same shape"):
         torch.ops.fused.linear_act_backward(f, f.t(), "gelu", True)

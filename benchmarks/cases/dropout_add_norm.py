@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_ops
-from benchmarks.harness import PASSES, Case, pass_bytes
+from benchmarks.harness import DECODE_SHAPES, PASSES, Case, pass_bytes
 from fused_ops import reference
 
 P = 0.1
@@ -67,7 +67,7 @@ CASES = [
     Case(
         op="dropout_add_layer_norm",
         variant=f"p={P}",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=QUICK,
         dtypes=DTYPES,
         make_inputs=_inputs(True),
@@ -87,7 +87,7 @@ CASES = [
     Case(
         op="dropout_add_rms_norm",
         variant=f"p={P}",
-        shapes=SHAPES,
+        shapes=SHAPES + DECODE_SHAPES,
         quick_shapes=QUICK,
         dtypes=DTYPES,
         make_inputs=_inputs(False),

@@ -14,6 +14,10 @@ Extra implementations:
               fwd+bwd pass only the forward is forced (backward runs outside the call).
   "cublaslt": torch._addmm_activation(bias, x, w.t(), use_gelu=True), cuBLASLt's own
               bias + GeLU(tanh) epilogue.
+
+linear swiglu: (M, N, K) with weight [2N, K] and bias [2N], output [M, N] = silu(gate) * up:
+FLOPs 2 M (2N) K (fwd), 3x for fwd+bwd; minimum bytes fwd (MK + 2NK + 2N + MN) s, fwd+bwd
+that + read dY (MN), z (2MN), X, W; write dX, dW, dbias.
 """
 
 import torch
@@ -121,3 +125,55 @@ CASES = [
         fwd_only=("cublaslt",),  # aten::_addmm_activation has no derivative
     ),
 ]
+
+
+# The gated linear: shapes (M, N, K), weight [2N, K] (a Llama MLP's fused gate / up projection).
+GATED_SHAPES = [(8192, 4096, 4096), (16384, 2048, 2048), (8192, 14336, 4096)]
+
+
+def _gated_flops(shape, pass_):
+    m, n, k = shape
+    return 2 * m * (2 * n) * k * (1 if pass_ == "fwd" else 3)
+
+
+def _gated_bytes(shape, dtype, pass_):
+    m, n, k = shape
+    s = dtype.itemsize
+    fwd = (m * k + 2 * n * k + 2 * n + m * n) * s
+    return fwd if pass_ == "fwd" else fwd + (3 * m * n + 2 * (m * k + 2 * n * k) + 2 * n) * s
+
+
+def _gated_inputs(shape, dtype, device):
+    m, n, k = shape
+    return _linear_inputs((m, 2 * n, k), dtype, device)
+
+
+def _fused_swiglu_linear(x, w, b):
+    return fused_ops.linear(x, w, b, "swiglu")
+
+
+def _native_swiglu_linear(x, w, b):
+    gate, up = F.linear(x, w, b).chunk(2, -1)
+    return F.silu(gate) * up
+
+
+CASES.append(
+    Case(
+        op="linear",
+        variant="bias+swiglu",
+        shapes=GATED_SHAPES,
+        quick_shapes=GATED_SHAPES[:1],
+        dtypes=[torch.bfloat16],
+        passes=("fwd", "fwd+bwd"),
+        make_inputs=_gated_inputs,
+        grad_inputs=("x", "w", "b"),
+        impls={
+            "fused": _fused_swiglu_linear,
+            "native": _native_swiglu_linear,
+            "unfused": lambda x, w, b: reference.linear(x, w, b, "swiglu"),
+            "portable": _portable(_fused_swiglu_linear),
+        },
+        bytes=_gated_bytes,
+        flops=_gated_flops,
+    )
+)

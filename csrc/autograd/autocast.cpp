@@ -16,6 +16,8 @@
 //                                   (CPU and CUDA), and the op already reads 16-bit logits
 //                                   into float32 math and returns a float32 loss;
 //   gelu, dropout                   untouched (no rule: the fallthrough), as torch.
+//   swiglu, geglu                   gate and up promoted to their widest floating dtype (their
+//                                   twin, act(gate) * up, promotes).
 // Each rule casts, then calls the op again with autocast excluded.
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
@@ -125,6 +127,28 @@ Tensor2 bias_dropout_add_autocast(const at::Tensor& x, const OptT& bias, const a
   return bias_dropout_add_op().call(promote(x), b, promote(r), p, training, std::move(gen));
 }
 
+// ---- promote: swiglu, geglu -------------------------------------------------------------------
+
+std::pair<at::Tensor, at::Tensor> promote_pair(const at::Tensor& a, const at::Tensor& b) {
+  const at::ScalarType t = at::promote_types(a.scalar_type(), b.scalar_type());
+  return {a.scalar_type() == t ? a : a.to(t), b.scalar_type() == t ? b : b.to(t)};
+}
+
+template <c10::DeviceType D>
+at::Tensor swiglu_autocast(const at::Tensor& gate, const at::Tensor& up) {
+  Cast<D> c;
+  auto [g, u] = promote_pair(gate, up);
+  return swiglu_op().call(g, u);
+}
+
+template <c10::DeviceType D>
+at::Tensor geglu_autocast(const at::Tensor& gate, const at::Tensor& up,
+                          c10::string_view approximate) {
+  Cast<D> c;
+  auto [g, u] = promote_pair(gate, up);
+  return geglu_op().call(g, u, approximate);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
@@ -138,6 +162,8 @@ TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
   m.impl("log_softmax", &log_softmax_autocast);
   m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCUDA>);
   m.impl("dropout_add_layer_norm", &dropout_add_layer_norm_autocast);
+  m.impl("swiglu", &swiglu_autocast<kCUDA>);
+  m.impl("geglu", &geglu_autocast<kCUDA>);
 }
 
 TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {
@@ -147,6 +173,8 @@ TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {
   m.impl("linear_fwd", &linear_fwd_autocast<kCPU>);
   m.impl("linear_cross_entropy", &linear_cross_entropy_autocast<kCPU>);
   m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCPU>);
+  m.impl("swiglu", &swiglu_autocast<kCPU>);
+  m.impl("geglu", &geglu_autocast<kCPU>);
 }
 
 }  // namespace fused::autograd

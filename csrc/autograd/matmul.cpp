@@ -4,9 +4,12 @@
 //                        column sums of dZ in a fixed order: deterministic)
 //   dX = dZ W            fused::matmul (W read in place)
 //   dW = dZ^T X          fused::matmul (dZ^T is a transposed view, read in place)
+// Gated activations (weight [2N, K], y = act(z[..., :N]) * z[..., N:]): the same with dZ =
+// [dgate, dup] (the gated backward kernel, written into the two halves of one tensor).
 // linear_fwd returns z beside y so training does not recompute it; linear (the inference
 // op) recomputes z in its backward when it has an activation. The matmuls go through the
 // dispatcher with autograd, so under create_graph they are differentiable as they stand.
+#include <ATen/ops/cat.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
@@ -14,6 +17,7 @@
 #include <torch/library.h>
 
 #include "autograd/common.h"
+#include "autograd/gated.h"
 #include "autograd/ops.h"
 
 namespace fused::autograd {
@@ -73,7 +77,35 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b) {
 
 // torch.nn.functional.gelu's `approximate` for an activation name.
 c10::string_view gelu_approximate(const std::string& activation) {
-  return activation == "gelu_tanh" ? "tanh" : "none";
+  return activation == "gelu_tanh" || activation == "geglu_tanh" ? "tanh" : "none";
+}
+
+bool gated(const std::string& act) {
+  return act == "swiglu" || act == "geglu" || act == "geglu_tanh";
+}
+
+// gate_act's `approximate` (autograd/gated.h) for a gated activation name: empty for silu.
+std::string gate_approximate(const std::string& act) {
+  return act == "swiglu" ? std::string() : std::string(gelu_approximate(act));
+}
+
+// act(z) in ATen ops (forward-mode AD, torch.func, create_graph): a gated form takes
+// z = [gate, up] and gives act(gate) * up.
+at::Tensor act_composite(const at::Tensor& z, const std::string& act) {
+  if (act.empty()) return z;
+  if (!gated(act)) return at::gelu(z, gelu_approximate(act));
+  const auto h = z.chunk(2, -1);
+  return gate_act(h[0], gate_approximate(act)) * h[1];
+}
+
+// dZ = dY act'(Z) in differentiable ATen ops (create_graph); gated: [dgate, dup].
+at::Tensor act_backward_composite(const at::Tensor& dy, const at::Tensor& z,
+                                  const std::string& act) {
+  if (!gated(act)) return at::gelu_backward(dy, z, gelu_approximate(act));
+  const auto h = z.chunk(2, -1);
+  const at::Tensor dyu = dy * h[1];
+  const std::string approx = gate_approximate(act);
+  return at::cat({gate_act_backward(dyu, h[0], approx), dy * gate_act(h[0], approx)}, -1);
 }
 
 at::Tensor bias_grad_of(const at::Tensor& dz2) {
@@ -98,7 +130,7 @@ variable_list linear_grads(AutogradContext* ctx, const at::Tensor& dy, const at:
     // z as a function of x, W, b, so the second derivative reaches them.
     const OptT bo = b.defined() ? OptT(b) : std::nullopt;
     const at::Tensor zd = linear_op().call(x, w, bo, std::nullopt);
-    dz = at::gelu_backward(dy, zd, gelu_approximate(act));
+    dz = act_backward_composite(dy, zd, act);
     if (want_b) db = bias_grad_of(dz.reshape({-1, n}));
   } else {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -163,8 +195,7 @@ struct LinearFwd : torch::autograd::Function<LinearFwd> {
 // act(x W^T + b) in ATen ops (forward-mode AD).
 at::Tensor linear_composite(const at::Tensor& x, const at::Tensor& w, const OptT& b,
                             const std::string& act) {
-  at::Tensor z = at::linear(x, w, b);
-  return act.empty() ? z : at::gelu(z, gelu_approximate(act));
+  return act_composite(at::linear(x, w, b), act);
 }
 
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const OptT& b,
@@ -187,8 +218,7 @@ Tensor2 linear_fwd_autograd(const at::Tensor& x, const at::Tensor& w, const OptT
                             c10::string_view activation) {
   if (composite(x, w, b)) {
     const at::Tensor z = at::linear(x, w, b);
-    const std::string act(activation);
-    return {act.empty() ? z : at::gelu(z, gelu_approximate(act)), z.detach()};
+    return {act_composite(z, std::string(activation)), z.detach()};
   }
   if (!must_record(x, w, b)) {
     at::AutoDispatchBelowADInplaceOrView below;

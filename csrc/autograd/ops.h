@@ -73,6 +73,13 @@ FUSED_OP(linear_fwd_op, "fused::linear_fwd",
          Tensor2(const at::Tensor&, const at::Tensor&, const OptT&, c10::string_view))
 FUSED_OP(linear_act_backward_op, "fused::linear_act_backward",
          Tensor2(const at::Tensor&, const at::Tensor&, c10::string_view, bool))
+FUSED_OP(swiglu_op, "fused::swiglu", at::Tensor(const at::Tensor&, const at::Tensor&))
+FUSED_OP(swiglu_backward_op, "fused::swiglu_backward",
+         Tensor2(const at::Tensor&, const at::Tensor&, const at::Tensor&))
+FUSED_OP(geglu_op, "fused::geglu",
+         at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view))
+FUSED_OP(geglu_backward_op, "fused::geglu_backward",
+         Tensor2(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view))
 
 FUSED_OP(xent_op, "fused::cross_entropy",
          Tensor2(const at::Tensor&, const at::Tensor&, int64_t, double, double, bool,

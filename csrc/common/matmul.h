@@ -4,9 +4,11 @@
 // arguments:
 //   at::Tensor run_matmul(a, b)                                   torch.matmul of 2-D / 3-D
 //   std::tuple<at::Tensor, at::Tensor> run_linear(x, w, bias, act, want_preact)
-//       (act(x W^T + bias), and x W^T + bias when want_preact), shaped [..., out]
+//       (act(x W^T + bias), and x W^T + bias when want_preact), shaped [..., out]; for a
+//       gated act (weight [2N, K]) the output is [..., N] and the pre-activation [..., 2N]
 //   std::tuple<at::Tensor, at::Tensor> run_act_backward(grad_out, preact, act, bias_grad)
-//       (dZ = grad_out * act'(preact), and its column sums when bias_grad)
+//       (dZ = grad_out * act'(preact), and its column sums when bias_grad; gated: dZ =
+//       [dgate, dup] of the gated backward, [..., 2N])
 // and registers the entry points instantiated with them (FUSED_REGISTER_MATMUL_OPS).
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -39,6 +41,7 @@ at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w,
   const char* op = "fused::linear";
   check_linear_args(x, w, bias, op);
   const LinearAct act = parse_linear_activation(activation, op);
+  check_gated_weight(w, act, op);
   return std::get<0>(RUN(x, w, bias, act, false));
 }
 
@@ -49,6 +52,7 @@ std::tuple<at::Tensor, at::Tensor> linear_fwd_op(const at::Tensor& x, const at::
   const char* op = "fused::linear_fwd";
   check_linear_args(x, w, bias, op);
   const LinearAct act = parse_required_activation(activation, op);
+  check_gated_weight(w, act, op);
   return RUN(x, w, bias, act, true);
 }
 
@@ -58,8 +62,8 @@ std::tuple<at::Tensor, at::Tensor> linear_act_backward_op(const at::Tensor& grad
                                                           c10::string_view activation,
                                                           bool bias_grad) {
   const char* op = "fused::linear_act_backward";
-  check_act_backward_args(grad_out, preact, op);
   const LinearAct act = parse_required_activation(activation, op);
+  check_act_backward_args(grad_out, preact, act, op);
   return RUN(grad_out, preact, act, bias_grad);
 }
 

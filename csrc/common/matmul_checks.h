@@ -9,27 +9,61 @@
 #include <string_view>
 
 #include "common/checks.h"
+#include "common/gated.h"
 
 namespace fused {
 
-// The epilogue activation: None, "gelu" (erf) or "gelu_tanh". Values match matmul::Act.
-enum class LinearAct : int { kNone = 0, kGelu = 1, kGeluTanh = 2 };
+// The epilogue activation: None, "gelu" (erf) or "gelu_tanh"; or a gated one, "swiglu",
+// "geglu", "geglu_tanh": weight [2N, K], y = act(z[..., :N]) * z[..., N:]. Values match
+// matmul::Act.
+enum class LinearAct : int {
+  kNone = 0,
+  kGelu = 1,
+  kGeluTanh = 2,
+  kSwiglu = 3,
+  kGeglu = 4,
+  kGegluTanh = 5
+};
+
+inline bool is_gated(LinearAct a) { return static_cast<int>(a) >= 3; }
+
+// The GatedKind (common/gated.h) of a gated activation.
+inline GatedKind gated_kind(LinearAct a) {
+  return a == LinearAct::kSwiglu  ? GatedKind::kSilu
+         : a == LinearAct::kGeglu ? GatedKind::kGelu
+                                  : GatedKind::kGeluTanh;
+}
+
+#define FUSED_LINEAR_ACTIVATIONS "'gelu', 'gelu_tanh', 'swiglu', 'geglu' or 'geglu_tanh'"
 
 inline LinearAct parse_linear_activation(std::optional<c10::string_view> s, const char* op) {
   if (!s.has_value()) return LinearAct::kNone;
   std::string_view v(s->data(), s->size());
   if (v == "gelu") return LinearAct::kGelu;
   if (v == "gelu_tanh") return LinearAct::kGeluTanh;
-  TORCH_CHECK(false, op, ": expected activation to be None, 'gelu' or 'gelu_tanh', but got '",
+  if (v == "swiglu") return LinearAct::kSwiglu;
+  if (v == "geglu") return LinearAct::kGeglu;
+  if (v == "geglu_tanh") return LinearAct::kGegluTanh;
+  TORCH_CHECK(false, op,
+              ": expected activation to be None, " FUSED_LINEAR_ACTIVATIONS ", but got '",
               std::string(v), "'");
 }
 
 // The ops that exist for an activation (linear_fwd saves its input, linear_act_backward
-// differentiates it): 'gelu' or 'gelu_tanh', not None.
+// differentiates it): any but None.
 inline LinearAct parse_required_activation(c10::string_view s, const char* op) {
   const LinearAct act = parse_linear_activation(s, op);
-  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation 'gelu' or 'gelu_tanh'");
+  TORCH_CHECK(act != LinearAct::kNone, op, ": expected activation " FUSED_LINEAR_ACTIVATIONS);
   return act;
+}
+
+// A gated activation splits the weight's rows in two halves: their count must be even.
+inline void check_gated_weight(const at::Tensor& w, LinearAct act, const char* op) {
+  if (!is_gated(act)) return;
+  TORCH_CHECK(w.size(0) % 2 == 0, op,
+              ": a gated activation needs weight of shape [2N, in_features] (gate rows, then up "
+              "rows): expected an even number of rows, but got weight of shape ",
+              w.sizes());
 }
 
 // matmul(a, b): torch.matmul semantics for 2-D and 3-D operands; 3-D batch sizes must match
@@ -74,13 +108,23 @@ inline void check_linear_args(const at::Tensor& x, const at::Tensor& w,
   }
 }
 
-// linear_act_backward(grad_out, preact): same shape, dtype, device; at least 1-D.
-inline void check_act_backward_args(const at::Tensor& g, const at::Tensor& z, const char* op) {
+// linear_act_backward(grad_out, preact): same dtype, device; at least 1-D; the same shape, or
+// for a gated activation preact [..., 2N] and grad_out [..., N].
+inline void check_act_backward_args(const at::Tensor& g, const at::Tensor& z, LinearAct act,
+                                    const char* op) {
   check_float(z, op, "preact");
   check_same_dtype(g, z, op, "grad_out", "preact");
   check_same_device(g, z, op, "grad_out", "preact");
-  check_same_shape(g, z, op, "grad_out", "preact");
   TORCH_CHECK(z.dim() >= 1, op, ": expected preact to have at least 1 dimension");
+  if (!is_gated(act)) {
+    check_same_shape(g, z, op, "grad_out", "preact");
+    return;
+  }
+  const bool ok = g.dim() == z.dim() && z.size(-1) % 2 == 0 && g.size(-1) * 2 == z.size(-1) &&
+                  g.sizes().slice(0, g.dim() - 1) == z.sizes().slice(0, z.dim() - 1);
+  TORCH_CHECK(ok, op,
+              ": a gated activation expects preact [..., 2N] and grad_out [..., N], but got ",
+              "preact ", z.sizes(), " and grad_out ", g.sizes());
 }
 
 }  // namespace fused

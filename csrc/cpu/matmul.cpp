@@ -7,6 +7,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/sum.h>
 #include <torch/library.h>
 
 #include "common/dispatch.h"
@@ -37,12 +38,34 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b) {
   return at::matmul(a.to(acc), b.to(acc)).to(a.scalar_type()).contiguous();
 }
 
+// Gated: z = x W^T + bias [..., 2N] rounded to x's dtype (as the GPU stores it), then the
+// gated kernel over its two halves (read in place); returns (y [..., N], z when want_preact).
+std::tuple<at::Tensor, at::Tensor> gated_linear_impl(const at::Tensor& x, const at::Tensor& w,
+                                                     const std::optional<at::Tensor>& bias,
+                                                     LinearAct act, bool want_preact) {
+  const auto acc = acc_dtype(x.scalar_type());
+  at::Tensor z = at::matmul(x.to(acc), w.to(acc).t());
+  if (bias.has_value()) z.add_(bias->to(acc));
+  z = z.to(x.scalar_type()).contiguous();
+  const int64_t n = w.size(0) / 2;
+  std::vector<int64_t> shape(z.sizes().begin(), z.sizes().end() - 1);
+  shape.push_back(n);
+  at::Tensor y = at::empty(shape, x.options());
+  if (y.numel() > 0) {
+    at::Tensor y2 = y.view({-1, n});
+    const at::Tensor z2 = z.view({-1, 2 * n});
+    gated_forward_cpu(gated_kind(act), z2.narrow(1, 0, n), z2.narrow(1, n, n), y2);
+  }
+  return {y, want_preact ? z : at::Tensor()};
+}
+
 // z = x W^T + bias in the accumulation type; returns (act(z), z) in x's dtype, the second
 // only when want_preact.
 std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Tensor& w,
                                                const std::optional<at::Tensor>& bias, LinearAct act,
                                                bool want_preact) {
   const auto acc = acc_dtype(x.scalar_type());
+  if (is_gated(act)) return gated_linear_impl(x, w, bias, act, want_preact);
   at::Tensor z = at::matmul(x.to(acc), w.to(acc).t()).contiguous();
   at::Tensor y = at::empty(z.sizes(), x.options());
   at::Tensor zo = want_preact ? at::empty(z.sizes(), x.options()) : at::Tensor();
@@ -68,6 +91,9 @@ std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Te
 std::tuple<at::Tensor, at::Tensor> act_backward_cpu(const at::Tensor& grad_out,
                                                     const at::Tensor& preact, LinearAct act,
                                                     bool bias_grad) {
+  if (is_gated(act))
+    return gated_linear_act_backward<gated_backward_cpu>(grad_out, preact, gated_kind(act),
+                                                         bias_grad);
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
   const int64_t N = z.size(-1);

@@ -30,6 +30,7 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
 #include <torch/library.h>
 
 #include "common/dispatch.h"
@@ -124,19 +125,27 @@ MatView prepare_operand(const at::Tensor& t, bool allow_col_major = true) {
   return {buf, buf.const_data_ptr(), Cp, t.size(0) == 1 ? 0 : R * Cp, true};
 }
 
-// out[batch, M, N] = act(a[batch?, M, K] b[batch?, K, N] + bias), z = the pre-activation.
-void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out, const at::Tensor* bias,
-                at::Tensor* z, LinearAct act) {
+// The problem out[batch, M, N] = act(a[batch?, M, K] b[batch?, K, N] + bias), z = the
+// pre-activation; `keep` holds the operand copies and the bias the problem points to.
+struct GemmOperands {
+  MatView A, B;
+  at::Tensor bias;
+};
+
+GemmProblem problem_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out,
+                          const at::Tensor* bias, at::Tensor* z, LinearAct act,
+                          GemmOperands& keep) {
   const int64_t batch = std::max(a3.size(0), b3.size(0));
   const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   TORCH_CHECK(M <= kMax && N <= kMax && K <= kMax && batch <= kMax,
               "fused::matmul: dimensions must be below 2^31, got batch ", batch, ", M ", M, ", N ",
               N, ", K ", K);
-  const MatView A = prepare_operand(a3);
-  const MatView B = prepare_operand(b3);
-  at::Tensor bias_c;
-  if (bias != nullptr) bias_c = bias->contiguous();
+  keep.A = prepare_operand(a3);
+  keep.B = prepare_operand(b3);
+  const MatView &A = keep.A, &B = keep.B;
+  if (bias != nullptr) keep.bias = bias->contiguous();
+  const at::Tensor& bias_c = keep.bias;
   GemmProblem p;
   p.a = A.ptr;
   p.b = B.ptr;
@@ -155,19 +164,44 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out, con
   p.group_m = overrides().matmul_group_m;
   p.a_kmajor = A.row_major;   // A [M, K] row-major: K contiguous
   p.b_kmajor = !B.row_major;  // B [K, N] column-major: K contiguous
-  if (M == 0 || N == 0 || batch == 0) return;
+  return p;
+}
+
+void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out, const at::Tensor* bias,
+                at::Tensor* z, LinearAct act) {
+  GemmOperands keep;
+  GemmProblem p = problem_16bit(a3, b3, out, bias, z, act, keep);
+  if (p.M == 0 || p.N == 0 || p.batch == 0) return;
   if (run_hopper_gemm(p, a3.scalar_type())) return;
-  MatView A2;
   if (!p.a_kmajor && p.b_kmajor) {
     // The portable kernel has no MN-major A with K-major B (matmul_portable_launch.cuh):
     // A is copied to row-major for it.
-    A2 = prepare_operand(a3, false);
-    p.a = A2.ptr;
-    p.lda = A2.ld;
-    p.batch_stride_a = A2.batch_stride;
+    keep.A = prepare_operand(a3, false);
+    p.a = keep.A.ptr;
+    p.lda = keep.A.ld;
+    p.batch_stride_a = keep.A.batch_stride;
     p.a_kmajor = true;
   }
   run_portable_gemm(p, a3.scalar_type());
+}
+
+// The gated linear in the Hopper kernel's epilogue (matmul_sm90.cu: each tile loads the
+// gate and up rows of its output columns and pairs them in registers): y [M, N] =
+// act(z[:, :N]) * z[:, N:] and, when z is given, z [M, 2N] = x W^T + bias. False when the
+// Hopper kernel does not take the problem (another GPU or build, an operand read through a
+// copy in the MN-major layout, outputs TMA cannot store): the caller composes it instead.
+bool gated_gemm_hopper(const at::Tensor& x2, const at::Tensor& w, const at::Tensor* bias,
+                       at::Tensor& y, at::Tensor* z, LinearAct act) {
+  if (overrides().matmul_kernel == Overrides::MatmulKernel::kPortable) return false;
+  const int64_t M = x2.size(0), K = x2.size(1), N2 = w.size(0);
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (M > kMax || N2 > kMax || K > kMax || K == 0) return false;
+  GemmOperands keep;
+  GemmProblem p = problem_16bit(x2.unsqueeze(0), w.t().unsqueeze(0), y, bias, z, act, keep);
+  if (!p.a_kmajor || !p.b_kmajor) return false;
+  p.N = static_cast<int>(N2 / 2);  // the output's width; B has 2N rows
+  return matmul::launch_sm90_gemm(p, x2.scalar_type(), current_stream()) ==
+         matmul::Sm90Result::kLaunched;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -278,10 +312,45 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // y = act(x W^T + bias) (and z = x W^T + bias when want_preact), shaped [..., out].
+// Gated (weight [2N, K]): y [..., N] = act(z[..., :N]) * z[..., N:], z = x W^T + bias
+// [..., 2N] (returned when want_preact). In the Hopper kernel's epilogue where it applies;
+// otherwise the GEMM writes z and the gated kernel (cuda/gated.cu) reads its halves in place.
+std::tuple<at::Tensor, at::Tensor> gated_linear(const at::Tensor& x, const at::Tensor& w,
+                                                const std::optional<at::Tensor>& bias,
+                                                LinearAct act, bool want_preact) {
+  const int64_t K = w.size(1), N2 = w.size(0), N = N2 / 2;
+  std::vector<int64_t> y_shape(x.sizes().begin(), x.sizes().end() - 1);
+  std::vector<int64_t> z_shape = y_shape;
+  y_shape.push_back(N);
+  z_shape.push_back(N2);
+  const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, K});
+  const int64_t M = x2.size(0);
+  const at::Tensor* bias_p = bias.has_value() ? &*bias : nullptr;
+  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor z;
+  const bool half = x.scalar_type() != at::kFloat;
+  if (half && M * N > 0) {
+    if (want_preact) z = at::empty({M, N2}, x.options());
+    if (gated_gemm_hopper(x2, w, bias_p, y, want_preact ? &z : nullptr, act)) {
+      return {y.view(y_shape), want_preact ? z.view(z_shape) : at::Tensor()};
+    }
+  }
+  if (half) {
+    if (!z.defined()) z = at::empty({M, N2}, x.options());
+    gemm_16bit(x2.unsqueeze(0), w.t().unsqueeze(0), z, bias_p, nullptr, LinearAct::kNone);
+  } else {
+    z = at::mm(x2, w.t());  // cuBLAS; TF32 exactly when torch allows it
+    if (bias_p != nullptr) z.add_(*bias_p);
+  }
+  if (M * N > 0) gated_forward_cuda(gated_kind(act), z.narrow(1, 0, N), z.narrow(1, N, N), y);
+  return {y.view(y_shape), want_preact ? z.view(z_shape) : at::Tensor()};
+}
+
 std::tuple<at::Tensor, at::Tensor> linear_impl(const at::Tensor& x, const at::Tensor& w,
                                                const std::optional<at::Tensor>& bias, LinearAct act,
                                                bool want_preact) {
   c10::cuda::CUDAGuard guard(x.device());
+  if (is_gated(act)) return gated_linear(x, w, bias, act, want_preact);
   const int64_t K = w.size(1), N = w.size(0);
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.push_back(N);
@@ -320,6 +389,9 @@ std::tuple<at::Tensor, at::Tensor> act_backward_cuda(const at::Tensor& grad_out,
                                                      bool bias_grad) {
   const char* op = "fused::linear_act_backward";
   c10::cuda::CUDAGuard guard(preact.device());
+  if (is_gated(act))
+    return gated_linear_act_backward<gated_backward_cuda>(grad_out, preact, gated_kind(act),
+                                                          bias_grad);
   const at::Tensor z = preact.contiguous();
   const at::Tensor g = grad_out.contiguous();
   const int64_t N = z.size(-1);

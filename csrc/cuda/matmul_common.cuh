@@ -15,13 +15,23 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/gated.h"
 #include "common/gelu_math.h"
 
 namespace fused {
 namespace matmul {
 
-// The activation applied in the epilogue; the numbers are those of the host enum too.
-enum Act : int { kActNone = 0, kActGelu = 1, kActGeluTanh = 2 };
+// The activation applied in the epilogue; the numbers are those of the host enum too. The
+// gated ones (weight [2N, K], output act(z[:, :N]) * z[:, N:]) only on the Hopper kernel's
+// gated epilogue (matmul_sm90.cu); elsewhere matmul.cu composes them.
+enum Act : int {
+  kActNone = 0,
+  kActGelu = 1,
+  kActGeluTanh = 2,
+  kActSwiglu = 3,
+  kActGeglu = 4,
+  kActGegluTanh = 5
+};
 
 struct GemmProblem {
   const void* a;
@@ -92,6 +102,32 @@ __device__ __forceinline__ void act_pair_for(float& v0, float& v1) {
   } else {
     v0 = act_for<T, ACT>(v0);
     v1 = act_for<T, ACT>(v1);
+  }
+}
+
+// act(g) * u for two neighbouring outputs of a gated epilogue, in g0, g1: the GeLU forms
+// paired as above, silu per element (the fast sigmoid of common/gated.h for 16-bit T).
+template <typename T, int ACT>
+__device__ __forceinline__ void gated_pair_for(float& g0, float& g1, float u0, float u1) {
+  if constexpr (ACT == kActSwiglu) {
+    g0 = gated_act_for<T, GatedKind::kSilu>(g0);
+    g1 = gated_act_for<T, GatedKind::kSilu>(g1);
+  } else {
+    act_pair_for<T, ACT == kActGeglu ? kActGelu : kActGeluTanh>(g0, g1);
+  }
+  g0 *= u0;
+  g1 *= u1;
+}
+
+// Calls f(std::integral_constant<int, ACT>) for the run-time gated activation act.
+template <typename F>
+__device__ __forceinline__ void dispatch_gated_act(int act, F&& f) {
+  if (act == kActSwiglu) {
+    f(std::integral_constant<int, kActSwiglu>{});
+  } else if (act == kActGeglu) {
+    f(std::integral_constant<int, kActGeglu>{});
+  } else {
+    f(std::integral_constant<int, kActGegluTanh>{});
   }
 }
 

@@ -363,6 +363,21 @@ __device__ __forceinline__ uint32_t load_bias_bits(const GemmProblem& p, int n) 
   memcpy(&bits, &v, 4);
   return bits;
 }
+// The gated tile's bias pair at columns n, n + 1 of half h (0: gate, 1: up) of a [2N] bias
+// (0 past the half's end, or without bias), as load_bias_bits.
+template <typename T>
+__device__ __forceinline__ uint32_t load_gated_bias_bits(const GemmProblem& p, int h, int n) {
+  float b0 = 0.f, b1 = 0.f;
+  if (p.bias != nullptr) {
+    const T* bias = static_cast<const T*>(p.bias) + static_cast<int64_t>(h) * p.N;
+    if (n < p.N) b0 = Elem<T>::to_float(bias[n]);
+    if (n + 1 < p.N) b1 = Elem<T>::to_float(bias[n + 1]);
+  }
+  const typename Elem<T>::pair v = Elem<T>::pack(b0, b1);
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  return bits;
+}
 template <typename T>
 __device__ __forceinline__ void unpack_bits(uint32_t bits, float& x, float& y) {
   typename Elem<T>::pair v;
@@ -371,27 +386,37 @@ __device__ __forceinline__ void unpack_bits(uint32_t bits, float& x, float& y) {
   y = Elem<T>::to_float(v.y);
 }
 
-// One piece of one output (C, or Z before it), by the whole warp. With TMA stores the pieces
-// alternate between the warp's two buffers: the store issued two pieces ago must have read
-// this one (lane 0 owns the bulk groups); every lane's writes are made visible to the TMA
-// unit before lane 0 issues the store, which the warp does not wait for.
+// One piece stored by TMA, by the whole warp: write(piece) fills it. The pieces alternate
+// between the warp's two buffers: the store issued two pieces ago must have read this one
+// (lane 0 owns the bulk groups); every lane's writes are made visible to the TMA unit before
+// lane 0 issues the store, which the warp does not wait for.
+template <typename Cfg, typename T, typename Write>
+__device__ __forceinline__ void tma_store_piece(T* warp_epi, int& n_stores, const CUtensorMap* map,
+                                                Write&& write, int c0, int c1, int c2, int lane) {
+  T* piece = warp_epi + (n_stores & 1) * Cfg::EPI_WARP_ELEMS;
+  if (lane == 0) bulk_wait_read<1>();
+  __syncwarp();
+  write(piece);
+  fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) {
+    tma_store_3d(map, piece, c0, c1, c2);
+    bulk_commit();
+  }
+  ++n_stores;
+}
+
+// One piece of one output (C, or Z before it), by the whole warp: by TMA (tma_store_piece),
+// or through the scratch with the threads' own stores.
 template <typename T, int ACT, typename Cfg, bool TMA_STORE, int NACC>
 __device__ __forceinline__ void store_piece(T* warp_epi, int& n_stores, const CUtensorMap* map,
                                             T* out, const GemmProblem& p, const float (&acc)[NACC],
                                             int jc, const float (&bias)[16], int b, int row0,
                                             int col0, int lane) {
   if constexpr (TMA_STORE) {
-    T* piece = warp_epi + (n_stores & 1) * Cfg::EPI_WARP_ELEMS;
-    if (lane == 0) bulk_wait_read<1>();
-    __syncwarp();
-    write_scratch<T, ACT>(piece, acc, jc, bias, lane);
-    fence_proxy_async_shared();
-    __syncwarp();
-    if (lane == 0) {
-      tma_store_3d(map, piece, col0, row0, b);
-      bulk_commit();
-    }
-    ++n_stores;
+    tma_store_piece<Cfg>(
+        warp_epi, n_stores, map,
+        [&](T* piece) { write_scratch<T, ACT>(piece, acc, jc, bias, lane); }, col0, row0, b, lane);
   } else {
     __syncwarp();  // the previous piece's reads are done
     write_scratch<T, ACT>(warp_epi, acc, jc, bias, lane);
@@ -462,11 +487,72 @@ __device__ __forceinline__ bool split_k_reduce(const SplitK& split, float (&acc)
   }
   return true;
 }
+// Bias of this lane's column pair jj of a 64-column piece from the lane-held pairs `bits`
+// (bias_lane in the kernel: lane l holds pair l). The source lane is made opaque to the
+// compiler, so the shuffles are redone where used and not held as floats across the
+// gated epilogue (which spilled with 32 bias floats live beside the 128 accumulators).
+template <typename T>
+__device__ __forceinline__ void bias_pair(uint32_t bits, int jj, int lane, float& b0, float& b1) {
+  int src = 4 * jj + lane % 4;
+  asm volatile("" : "+r"(src));
+  unpack_bits<T>(__shfl_sync(0xffffffffu, bits, src), b0, b1);
+}
+
+// A Z piece of the gated epilogue: accumulator piece jc plus its bias (lane-held pairs).
+template <typename T, int NACC>
+__device__ __forceinline__ void write_scratch_z(T* piece, const float (&acc)[NACC], int jc,
+                                                uint32_t bias_bits, int lane) {
+  float bias[16];
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) bias_pair<T>(bias_bits, jj, lane, bias[2 * jj], bias[2 * jj + 1]);
+  write_scratch<T, kActNone>(piece, acc, jc, bias, lane);
+}
+
+// The gated epilogue's output piece: act(gate) * up of the warp's 16 rows, output columns
+// [64 jc, 64 jc + 64) of the tile's half width, from the accumulator's gate columns (piece jc)
+// and up columns (piece jc + BN / 128, BN / 2 columns further: the same thread holds both,
+// see write_scratch's layout), each with its bias (lane-held pairs gate_bits, up_bits).
+template <typename T, int ACT, int BN, int NACC>
+__device__ __forceinline__ void write_scratch_gated(T* piece, const float (&acc)[NACC], int jc,
+                                                    uint32_t gate_bits, uint32_t up_bits,
+                                                    int lane) {
+  using Pair = typename Elem<T>::pair;
+  const int r = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int j = jc * 8 + jj, ju = j + BN / 16;
+    int sw = 8 * r;
+    asm volatile("" : "+r"(sw));
+    T* s = piece + r * 64 + ((8 * jj) ^ sw) + 2 * q;
+    float bg0, bg1, bu0, bu1;
+    bias_pair<T>(gate_bits, jj, lane, bg0, bg1);
+    bias_pair<T>(up_bits, jj, lane, bu0, bu1);
+    float g0 = acc[4 * j] + bg0, g1 = acc[4 * j + 1] + bg1;
+    float g2 = acc[4 * j + 2] + bg0, g3 = acc[4 * j + 3] + bg1;
+    gated_pair_for<T, ACT>(g0, g1, acc[4 * ju] + bu0, acc[4 * ju + 1] + bu1);
+    gated_pair_for<T, ACT>(g2, g3, acc[4 * ju + 2] + bu0, acc[4 * ju + 3] + bu1);
+    *reinterpret_cast<Pair*>(s) = Elem<T>::pack(g0, g1);
+    *reinterpret_cast<Pair*>(s + 8 * 64) = Elem<T>::pack(g2, g3);
+  }
+}
 #endif  // FUSED_SM90A
+
+// The epilogue variant, a type so that it shows in the kernel's name (the tests read it):
+// PlainEpilogue (C = act(A B + bias)); GatedEpilogue (weight [2N, K]: each tile's B holds
+// the BN / 2 gate rows of its output columns, then the same up rows, N further; C =
+// act(gate) * up, [M, N]; Z [M, 2N] through a map of its two halves as a batch of 2).
+struct PlainEpilogue {
+  static constexpr bool kGated = false;
+};
+struct GatedEpilogue {
+  static constexpr bool kGated = true;
+};
+
 
 // SPLIT: the split-K schedule (SplitK above); only with TMA stores (the host asks for it only
 // there), and a template parameter so that a profiler's kernel name says which schedule ran.
-template <typename T, typename Cfg, bool AK, bool BK_MAJ, bool TMA_STORE, bool SPLIT = false>
+template <typename T, typename Cfg, bool AK, bool BK_MAJ, bool TMA_STORE, bool SPLIT = false,
+          typename EPI = PlainEpilogue>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     hopper_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b,
@@ -497,7 +583,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   }
   __syncthreads();
 
-  const int tiles_m = (p.M + BM - 1) / BM, tiles_n = (p.N + BN - 1) / BN;
+  constexpr bool GATED = EPI::kGated;
+  constexpr int TILE_N = GATED ? BN / 2 : BN;  // output columns a tile
+  static_assert(!GATED || (AK && BK_MAJ && TMA_STORE), "the gated epilogue: K-major, TMA stores");
+  const int tiles_m = (p.M + BM - 1) / BM, tiles_n = (p.N + TILE_N - 1) / TILE_N;
   const int tiles_per_batch = tiles_m * tiles_n;
   const int k_tiles = (p.K + BK - 1) / BK;
   const int splits = SPLIT ? split.splits : 1;
@@ -531,7 +620,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
                         kt * BK, ba);
           }
         }
-        if constexpr (BK_MAJ) {
+        if constexpr (GATED) {
+          // Gate rows [tn BN/2, +BN/2), then the same up rows (N further): boxes of BN / 2 rows.
+          // A gate box past row N reads up rows, whose columns are never stored.
+          tma_load_3d(sB + s * Cfg::B_ELEMS, &map_b, &full[s], kt * BK, tn * TILE_N, bb);
+          tma_load_3d(sB + s * Cfg::B_ELEMS + TILE_N * BK, &map_b, &full[s], kt * BK,
+                      p.N + tn * TILE_N, bb);
+        } else if constexpr (BK_MAJ) {
           tma_load_3d(sB + s * Cfg::B_ELEMS, &map_b, &full[s], kt * BK, tn * BN, bb);
         } else {
 #pragma unroll
@@ -565,7 +660,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       uint32_t bias_lane[BN / 64];
 #pragma unroll
       for (int i = 0; i < BN / 64; ++i) {
-        bias_lane[i] = load_bias_bits<T>(p, tn * BN + 2 * (lane + 32 * i));
+        if constexpr (GATED) {  // i < BN / 128: gate columns; then the up columns
+          const int h = i >= BN / 128;
+          bias_lane[i] =
+              load_gated_bias_bits<T>(p, h, tn * TILE_N + 2 * (lane + 32 * i) - h * TILE_N);
+        } else {
+          bias_lane[i] = load_bias_bits<T>(p, tn * BN + 2 * (lane + 32 * i));
+        }
       }
       int prev = -1;
       int kt, kt_end;
@@ -605,6 +706,34 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // global memory (the pre-activation first when the backward pass wants it).
       T* out_c = static_cast<T*>(p.c);
       T* out_z = static_cast<T*>(p.z);
+      if constexpr (GATED) {
+        // Per 64 output columns: Z's gate and up pieces (halves 0 and 1 of map_z), then C.
+        dispatch_gated_act(p.act, [&](auto act) {
+          constexpr int ACT = decltype(act)::value;
+#pragma unroll
+          for (int jc = 0; jc < BN / 128; ++jc) {
+            const int col0 = tn * TILE_N + 64 * jc;
+            const uint32_t gate_bits = bias_lane[jc], up_bits = bias_lane[jc + BN / 128];
+            if (out_z != nullptr) {
+              tma_store_piece<Cfg>(
+                  warp_epi, n_stores, &map_z,
+                  [&](T* piece) { write_scratch_z(piece, acc, jc, gate_bits, lane); }, col0, row0,
+                  0, lane);
+              tma_store_piece<Cfg>(
+                  warp_epi, n_stores, &map_z,
+                  [&](T* piece) { write_scratch_z(piece, acc, jc + BN / 128, up_bits, lane); },
+                  col0, row0, 1, lane);
+            }
+            tma_store_piece<Cfg>(
+                warp_epi, n_stores, &map_c,
+                [&](T* piece) {
+                  write_scratch_gated<T, ACT, BN>(piece, acc, jc, gate_bits, up_bits, lane);
+                },
+                col0, row0, b, lane);
+          }
+        });
+        continue;  // the plain epilogue below is not this kernel's
+      }
       dispatch_act(p.act, [&](auto act) {
         constexpr int ACT = decltype(act)::value;
 #pragma unroll
@@ -688,6 +817,14 @@ bool make_out_map(CUtensorMap* map, void* ptr, int64_t m, int64_t n, int64_t bat
                   CU_TENSOR_MAP_L2_PROMOTION_NONE);
 }
 
+// The gated linear's Z [M, 2N] as the two halves of each row, a batch of 2: {N, M, 2} with
+// row pitch 2N and batch stride N elements (16-byte multiples: N % 8 == 0), so that a piece
+// of half h is stored at batch coordinate h and clipped at the half's N columns.
+bool make_gated_z_map(CUtensorMap* map, void* ptr, int64_t m, int64_t n, at::ScalarType dtype) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || n % 8 != 0) return false;
+  return make_map(map, ptr, true, n, m, 2, 2 * n, n, 16, dtype, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+}
+
 // Whether this device runs the kernel's sm_90a code: a CC 9.0 GPU and code built for it
 // (ptxVersion 90 only when sm_90a code was built; see the top of this file).
 template <typename Kernel>
@@ -754,8 +891,40 @@ Sm90Result launch_cfg(const GemmProblem& p, at::ScalarType dtype, cudaStream_t s
                     : launch<T, Cfg, false, false>(p, dtype, stream, splits);
 }
 
+// The gated epilogue (GatedEpilogue): both operands K-major, p.N the output's width (B has
+// 2 p.N rows), one matrix, outputs that TMA can store (else the caller composes the GEMM and
+// the gated kernel).
+template <typename T, typename Cfg>
+Sm90Result launch_gated(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  auto kernel = hopper_gemm_kernel<T, Cfg, true, true, true, false, GatedEpilogue>;
+  if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
+  constexpr int TILE_N = Cfg::BN / 2;
+  const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + TILE_N - 1) / TILE_N);
+  if (p.batch != 1 || tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
+  CUtensorMap map_a, map_b, map_c{}, map_z{};
+  if (!make_map(&map_a, p.a, true, p.K, p.M, 1, p.lda, 0, Cfg::BM, dtype) ||
+      !make_map(&map_b, p.b, true, p.K, 2 * int64_t(p.N), 1, p.ldb, 0, TILE_N, dtype) ||
+      !make_out_map(&map_c, p.c, p.M, p.N, 1, dtype) ||
+      (p.z != nullptr && !make_gated_z_map(&map_z, p.z, p.M, p.N, dtype))) {
+    return Sm90Result::kNotApplicable;
+  }
+  if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms()));
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, map_c, map_z, p,
+                                                   SplitK{nullptr, nullptr, 1});
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return Sm90Result::kLaunched;
+}
+
 template <typename T>
 Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
+  if (p.act >= kActSwiglu) {
+    if (!p.a_kmajor || !p.b_kmajor) return Sm90Result::kNotApplicable;
+    // 128 x 256 tiles (128 output columns) when that gives every SM a tile, as below.
+    const bool wide_gated = ((p.M + 127) / 128) * int64_t((p.N + 127) / 128) >= num_sms();
+    return wide_gated ? launch_gated<T, HopperConfig<256>>(p, dtype, stream)
+                      : launch_gated<T, HopperConfig<128>>(p, dtype, stream);
+  }
   const Overrides& o = overrides();
   // Split-K finishes through the TMA store path only: a 16-byte aligned output (and
   // pre-activation) with N % 8 == 0 (make_out_map's conditions).

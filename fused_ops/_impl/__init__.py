@@ -10,6 +10,7 @@ call; vmap rules are in vmap.py.
 from . import (
     cross_entropy,  # noqa: F401
     dropout,  # noqa: F401
+    gated,  # noqa: F401
     gelu,  # noqa: F401
     matmul,  # noqa: F401
     norm,  # noqa: F401

@@ -28,21 +28,32 @@ def _matmul_fake(a, b):
     return a.new_empty(_matmul_out_shape(a, b))
 
 
-def _linear_out_shape(x, weight):
-    return (*x.shape[:-1], weight.shape[0])
+_GATED = ("swiglu", "geglu", "geglu_tanh")
+
+
+def _linear_out_shape(x, weight, activation=None):
+    """The output's shape: [..., out], or [..., out / 2] for a gated activation."""
+    out = weight.shape[0]
+    if activation in _GATED:
+        torch._check(
+            out % 2 == 0,
+            lambda: f"a gated activation needs an even number of weight rows, got {out}",
+        )
+        out = out // 2
+    return (*x.shape[:-1], out)
 
 
 @torch.library.register_fake("fused::linear")
 def _linear_fake(x, weight, bias=None, activation=None):
     check_same_device("fused::linear", x, weight=weight, bias=bias)
-    return x.new_empty(_linear_out_shape(x, weight))
+    return x.new_empty(_linear_out_shape(x, weight, activation))
 
 
 @torch.library.register_fake("fused::linear_fwd")
 def _linear_fwd_fake(x, weight, bias, activation):
     check_same_device("fused::linear_fwd", x, weight=weight, bias=bias)
-    shape = _linear_out_shape(x, weight)
-    return x.new_empty(shape), x.new_empty(shape)
+    shape = _linear_out_shape(x, weight, activation)
+    return x.new_empty(shape), x.new_empty(_linear_out_shape(x, weight))
 
 
 @torch.library.register_fake("fused::linear_act_backward")
