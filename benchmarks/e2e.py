@@ -68,17 +68,25 @@ KINDS = (
     "copies",
     "other",
 )
-# Substrings of (lower-cased) kernel names, first match wins: attention kernels before GEMMs
-# (cutlass-built flash kernels), a GEMM with a GeLU epilogue is a GEMM, the fused dropout +
-# residual + norm is a norm.
+# Substrings of (lower-cased) kernel names, first match wins. The loss first: PyTorch's
+# log-softmax kernels are cunn_SoftMax*<..., LogSoftMax*Epilogue>, which "softmax" (an
+# attention kind) would take. Attention before GEMMs (cutlass-built flash kernels); a GEMM
+# with a GeLU or gated epilogue is a GEMM; the fused dropout + residual + norm is a norm (it
+# runs in fused::norm's kernels, whose namespace names them all, their column sums too);
+# fused_ops' gated kernel (swiglu / geglu) is an activation. A norm PyTorch composes from
+# elementwise kernels and a reduction (Hugging Face's LlamaRMSNorm: pow, mean, rsqrt, mul,
+# the dtype casts) has no name to find: it counts as other and copies.
 _KIND_KEYS = (
-    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("loss", ("xent", "cross_entropy", "nll_loss", "log_softmax", "logsoftmax")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn", "softmax")),
     ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "matmul", "wgmma", "splitk")),
-    ("loss", ("xent", "cross_entropy", "nll_loss", "log_softmax")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("norm", ("norm",)),
     ("dropout", ("dropout", "philox", "fused_dropout", "bernoulli")),
-    ("activation", ("gelu", "silu", "swiglu", "act_", "bias_act", "tanh", "sigmoid")),
+    (
+        "activation",
+        ("gelu", "silu", "swiglu", "gated_kernel", "act_", "bias_act", "tanh", "sigmoid"),
+    ),
     ("copies", ("copy", "memcpy", "memset", "cat_", "catarray", "fill", "transpose")),
 )
 
