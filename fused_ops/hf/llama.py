@@ -24,7 +24,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
 
 from .. import functional
-from ..patch import has_forward, set_forward
+from ..patch import has_forward, original_forward, set_forward
 from ..patch import patch as patch_modules
 from . import _common
 
@@ -46,7 +46,7 @@ def _layer_forward(self, *args, fused_residual=_HF, **kwargs):
     added; the residual stream). Each layer reads only its own parameters (FSDP gathers
     them per layer): the previous layer's MLP output is added in this layer's first norm."""
     if fused_residual is _HF:
-        return type(self).forward(self, *args, **kwargs)
+        return original_forward(self)(self, *args, **kwargs)
     (delta,) = args
     x, residual = _add_norm(delta, fused_residual, self.input_layernorm)
     a, _ = self.self_attn(hidden_states=x, cache=None, use_cache=False, **kwargs)
@@ -67,7 +67,7 @@ def _stack_forward(
     if not _common.fused_path_ok(self, cache, use_cache, kwargs) or (input_ids is None) == (
         inputs_embeds is None
     ):
-        return type(self).forward(
+        return original_forward(self)(
             self,
             input_ids=input_ids,
             attention_mask=attention_mask,
