@@ -336,6 +336,44 @@ def test_kernel_kinds():
         assert e2e.kernel_kind(name) == kind, name
 
 
+def test_breakdown_timeline_from_a_profile():
+    """Kinds, the GPU's busy time (overlaps counted once), the span and the host waits, per
+    step, from a stand-in profile."""
+
+    class Range:
+        def __init__(self, a, b):
+            self.start, self.end = a, b
+
+        def elapsed_us(self):
+            return self.end - self.start
+
+    class Ev:
+        def __init__(self, name, a, b, cuda=True):
+            self.name, self.time_range = name, Range(a, b)
+            cpu = torch.autograd.DeviceType.CPU
+            self.device_type = torch.autograd.DeviceType.CUDA if cuda else cpu
+
+    class Prof:
+        def events(self):
+            return [
+                Ev("nvjet_sm90_tst_256x128", 0, 1000),
+                Ev("void fused::norm::(anonymous namespace)::norm_fwd_regs<float>", 500, 1500),
+                Ev("void fused::(anonymous namespace)::gated_kernel<float>", 3000, 4000),
+                Ev("cudaStreamSynchronize", 1500, 2900, cuda=False),
+                Ev("cudaLaunchKernel", 0, 5, cuda=False),
+            ]
+
+    ms, kernels, tl = e2e.breakdown(Prof(), 2)
+    assert kernels == 1.5
+    assert ms["gemm"] == pytest.approx(0.5) and ms["norm"] == pytest.approx(0.5)
+    assert ms["activation"] == pytest.approx(0.5) and ms["other"] == 0
+    assert tl["busy_ms"] == pytest.approx(1.25) and tl["span_ms"] == pytest.approx(2.0)
+    assert tl["host_waits"] == {"cudaStreamSynchronize": (pytest.approx(0.5), pytest.approx(0.7))}
+    rec = {"model": "m", "impl": "patched", "breakdown_ms": ms, "timeline": tl}
+    row = e2e.breakdown_table([rec]).splitlines()[-1]
+    assert "| 1.50 | 1.25 | 2.00 | cudaStreamSynchronize 0.5x 0.70 ms |" in row
+
+
 def test_add_ratios_and_table():
     recs = [
         {"model": "gpt2", "batch": 8, "gpus": 1, "impl": i, "tokens_per_s": t, "peak_mem_bytes": m}
@@ -464,3 +502,5 @@ def test_e2e_tiny_on_the_gpu(tmp_path):
             # reduction, with no name to tell them by.
             if r["impl"] == "patched" or r["model"].startswith("gpt2"):
                 assert ms["norm"] > 0, r
+            tl = r["timeline"]
+            assert 0 < tl["busy_ms"] <= tl["span_ms"] and tl["busy_ms"] <= r["gpu_ms_per_step"] + 1e-6
