@@ -503,4 +503,6 @@ def test_e2e_tiny_on_the_gpu(tmp_path):
             if r["impl"] == "patched" or r["model"].startswith("gpt2"):
                 assert ms["norm"] > 0, r
             tl = r["timeline"]
-            assert 0 < tl["busy_ms"] <= tl["span_ms"] and tl["busy_ms"] <= r["gpu_ms_per_step"] + 1e-6
+            assert (
+                0 < tl["busy_ms"] <= tl["span_ms"] and tl["busy_ms"] <= r["gpu_ms_per_step"] + 1e-6
+            )
