@@ -26,7 +26,8 @@ Per (model, impl), on a fresh model and optimizer from the same seed: warm-up st
 --steps timed steps: tokens_per_s (from the wall time of those steps, first launch to the
 synchronisation after the last), peak_mem_bytes (torch.cuda.max_memory_allocated over them);
 then one step under torch.profiler: GPU time a step by kind of kernel (breakdown_ms: gemm,
-attention, norm, activation, dropout, loss, optimizer, copies, other). --loss-curve N trains
+attention, norm, activation, dropout, loss, optimizer, copies, other), and its timeline
+(timeline: GPU busy ms, span ms, the runtime calls that wait for the GPU). --loss-curve N trains
 eager and patched N steps on one batch with dropout off and checks that the final losses
 agree within 1e-2 relative (records with op "e2e_loss_curve").
 
@@ -68,17 +69,25 @@ KINDS = (
     "copies",
     "other",
 )
-# Substrings of (lower-cased) kernel names, first match wins: attention kernels before GEMMs
-# (cutlass-built flash kernels), a GEMM with a GeLU epilogue is a GEMM, the fused dropout +
-# residual + norm is a norm.
+# Substrings of (lower-cased) kernel names, first match wins. The loss first: PyTorch's
+# log-softmax kernels are cunn_SoftMax*<..., LogSoftMax*Epilogue>, which "softmax" (an
+# attention kind) would take. Attention before GEMMs (cutlass-built flash kernels); a GEMM
+# with a GeLU or gated epilogue is a GEMM; the fused dropout + residual + norm is a norm (it
+# runs in fused::norm's kernels, whose namespace names them all, their column sums too);
+# fused_ops' gated kernel (swiglu / geglu) is an activation. A norm PyTorch composes from
+# elementwise kernels and a reduction (Hugging Face's LlamaRMSNorm: pow, mean, rsqrt, mul,
+# the dtype casts) has no name to find: it counts as other and copies.
 _KIND_KEYS = (
-    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("loss", ("xent", "cross_entropy", "nll_loss", "log_softmax", "logsoftmax")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn", "softmax")),
     ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "matmul", "wgmma", "splitk")),
-    ("loss", ("xent", "cross_entropy", "nll_loss", "log_softmax")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("norm", ("norm",)),
     ("dropout", ("dropout", "philox", "fused_dropout", "bernoulli")),
-    ("activation", ("gelu", "silu", "swiglu", "act_", "bias_act", "tanh", "sigmoid")),
+    (
+        "activation",
+        ("gelu", "silu", "swiglu", "gated_kernel", "act_", "bias_act", "tanh", "sigmoid"),
+    ),
     ("copies", ("copy", "memcpy", "memset", "cat_", "catarray", "fill", "transpose")),
 )
 
@@ -171,15 +180,51 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+# CUDA runtime calls that make the host wait for the GPU (or may: cudaFree and cudaMalloc
+# synchronise the device), seen as CPU events in a profile.
+HOST_WAITS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaFree",
+    "cudaMalloc",
+    "cudaHostAlloc",
+    "cudaFreeHost",
+)
+
+
 def breakdown(prof, steps: int) -> tuple:
-    """({kind: GPU ms a step}, kernels a step) from a profile."""
+    """({kind: GPU ms a step}, kernels a step, timeline) from a profile. timeline: the GPU's
+    busy ms a step (the union of the kernels' intervals: what overlaps counts once), the span
+    ms a step from the first kernel's start to the last one's end (span - busy: the GPU
+    idle, waiting for the host), and {runtime call: (calls, ms) a step} of the calls in
+    HOST_WAITS (the profiled steps end in one cudaDeviceSynchronize)."""
     ms = dict.fromkeys(KINDS, 0.0)
     count = 0
+    spans, waits = [], {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             ms[kernel_kind(e.name)] += e.time_range.elapsed_us() / 1e3 / steps
+            spans.append((e.time_range.start, e.time_range.end))
             count += 1
-    return ms, count / steps
+        elif e.name in HOST_WAITS:
+            n, t = waits.get(e.name, (0, 0.0))
+            waits[e.name] = (n + 1 / steps, t + e.time_range.elapsed_us() / 1e3 / steps)
+    busy, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            busy, end = busy + (b - a), b
+        elif b > end:
+            busy, end = busy + (b - end), b
+    timeline = {
+        "busy_ms": busy / 1e3 / steps,
+        "span_ms": (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 / steps
+        if spans
+        else 0.0,
+        "host_waits": waits,
+    }
+    return ms, count / steps, timeline
 
 
 class Dist:
@@ -279,6 +324,7 @@ def run_one(model_name, impl, batch, seq, args, config, device, env, dist) -> di
         "gpu_ms_per_step": None,
         "kernels_per_step": None,
         "breakdown_ms": None,
+        "timeline": None,
         "warmup_s": None,
         "loss_last": None,
         "patched": {},
@@ -319,7 +365,7 @@ def run_one(model_name, impl, batch, seq, args, config, device, env, dist) -> di
                     step()
                 sync(device)
             if device.type == "cuda":
-                ms, count = breakdown(prof, args.profile_steps)
+                ms, count, rec["timeline"] = breakdown(prof, args.profile_steps)
                 rec["breakdown_ms"] = ms
                 rec["gpu_ms_per_step"] = sum(ms.values())
                 rec["kernels_per_step"] = count
@@ -420,12 +466,19 @@ def breakdown_table(records: list) -> str:
     rows = [r for r in records if r.get("breakdown_ms")]
     if not rows:
         return ""
-    header = ["model", "impl"] + list(KINDS) + ["total"]
-    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(KINDS) + 1)]
+    header = ["model", "impl"] + list(KINDS) + ["total", "busy", "span", "host waits"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(KINDS) + 3) + "---|"]
     for r in rows:
-        ms = r["breakdown_ms"]
+        ms, tl = r["breakdown_ms"], r.get("timeline") or {}
         cells = [r["model"], r["impl"]] + [f"{ms[k]:.2f}" for k in KINDS]
-        lines.append("| " + " | ".join(cells + [f"{sum(ms.values()):.2f}"]) + " |")
+        cells += [
+            f"{sum(ms.values()):.2f}",
+            _f(tl.get("busy_ms"), ".2f"),
+            _f(tl.get("span_ms"), ".2f"),
+        ]
+        waits = tl.get("host_waits") or {}
+        cells.append(", ".join(f"{k} {n:g}x {t:.2f} ms" for k, (n, t) in sorted(waits.items())))
+        lines.append("| " + " | ".join(cells) + " |")
     return "GPU ms a step by kind of kernel (one profiled step):\n\n" + "\n".join(lines)
 
 

@@ -12,8 +12,9 @@ something else. Hugging Face RMSNorms qualify when their forward is Llama's, sta
 statement (transformers generates the Mistral, Qwen2, ... copies from it); GeLUs when they
 are the tanh form (NewGELUActivation, GELUTanh) or GELUActivation on F.gelu.
 
-The model-specific patchers (fused_ops.hf) add instance-level forwards that fuse across
-modules; `unpatch` removes those too. The bookkeeping lives in each patched module's
+The model-specific patchers (fused_ops.hf) add forwards that fuse across modules, each
+through a generated subclass of the module's class (set_forward); `unpatch` removes those
+too. The bookkeeping lives in each patched module's
 `_fused_ops_patched` attribute (not a buffer or Parameter, so state dicts do not see it).
 """
 
@@ -149,15 +150,49 @@ def _gelu_forward(self, input: torch.Tensor) -> torch.Tensor:
 _SUBCLASSES: dict = {}
 
 
-def _fused_subclass(base: type, forward) -> type:
-    """One subclass of base per (base, forward), named Fused<base>, with the fused forward.
-    It is published in this module so that pickle finds it."""
-    key = (base, forward)
+def _new_subclass_instance(base: type, forward, keep_name: bool):
+    """Unpickling: an empty instance of _fused_subclass(base, forward, keep_name), the
+    subclass made again in a process that has not patched yet; pickle then restores its
+    state."""
+    cls = _fused_subclass(base, forward, keep_name)
+    return cls.__new__(cls)
+
+
+def _reduce_fused_subclass(self, protocol):
+    cls = type(self)
+    if "_fused_ops_base" not in cls.__dict__:  # a further subclass (FSDP's): as usual
+        return object.__reduce_ex__(self, protocol)
+    args = (cls._fused_ops_base, cls._fused_ops_forward, cls._fused_ops_keep_name)
+    return (_new_subclass_instance, args, self.__getstate__())
+
+
+def _fused_subclass(base: type, forward, keep_name: bool = False) -> type:
+    """One subclass of base per (base, forward), with forward(module, ...) as its forward,
+    named Fused<base>_<n> (keep_name: base's own __name__, for the patchers' forwards:
+    Hugging Face writes type(model).__name__ into config.architectures and matches
+    _no_split_modules by it). Instances pickle as (base, forward) by their qualified
+    names, so a model saved patched loads in a process that never patched; the class is
+    also published in this module under its qualified name. The original forward is
+    original_forward(module)."""
+    key = (base, forward, keep_name)
     if key not in _SUBCLASSES:
-        name = f"Fused{base.__name__}_{len(_SUBCLASSES)}"
-        cls = type(name, (base,), {"forward": forward, "__module__": __name__})
-        cls.__qualname__ = name
-        globals()[name] = cls
+        qualname = f"Fused{base.__name__}_{len(_SUBCLASSES)}"
+        cls = type(
+            base.__name__ if keep_name else qualname,
+            (base,),
+            {
+                "forward": forward,
+                "_fused_ops_base": base,
+                # forward as given: transformers' GradientCheckpointingLayer wraps the
+                # forward of each subclass (checkpointing only in the outermost wrapper)
+                "_fused_ops_forward": forward,
+                "_fused_ops_keep_name": keep_name,
+                "__reduce_ex__": _reduce_fused_subclass,
+                "__module__": __name__,
+            },
+        )
+        cls.__qualname__ = qualname
+        globals()[qualname] = cls
         _SUBCLASSES[key] = cls
     return _SUBCLASSES[key]
 
@@ -199,30 +234,22 @@ def swap_class(module: torch.nn.Module, cls: type) -> None:
     module.__class__ = cls
 
 
-class InstanceForward:
-    """A module instance's own forward: fn(module, ...). Unlike a bound method it pickles
-    (fn by its qualified name), so a patched model can be saved whole or sent to another
-    process."""
-
-    __slots__ = ("fn", "module")
-
-    def __init__(self, fn, module):
-        self.fn = fn
-        self.module = module
-
-    def __call__(self, *args, **kwargs):
-        return self.fn(self.module, *args, **kwargs)
-
-    def __reduce__(self):
-        return (InstanceForward, (self.fn, self.module))
+def original_forward(module: torch.nn.Module):
+    """The forward module had before set_forward (its class's own), unbound."""
+    return type(module)._fused_ops_base.forward
 
 
 def set_forward(module: torch.nn.Module, forward) -> None:
-    """Give this instance its own forward (a module-level function of (module, ...)),
-    remembering what it had; nn.Module.__call__ looks forward up on the instance first."""
+    """Give module the forward forward(module, ...) (a function defined once at module
+    level), through a generated subclass of its class: the forward lives on a class, not
+    in the instance's __dict__, so that every layer of a model runs the same code object on
+    the same type and torch.compile compiles a layer's forward once for all layers (an
+    instance attribute differs per layer and fails dynamo's guards on each). unpatch
+    restores the class. A forward the instance had of its own (in its __dict__, which
+    nn.Module.__call__ would find first) is set aside until then."""
     state = _state(module)
-    state.setdefault("forward", module.__dict__.get("forward", _NO_FORWARD))
-    module.__dict__["forward"] = InstanceForward(forward, module)
+    state.setdefault("forward", module.__dict__.pop("forward", _NO_FORWARD))
+    swap_class(module, _fused_subclass(type(module), forward, keep_name=True))
 
 
 def set_attr(module: torch.nn.Module, name: str, value) -> None:
@@ -295,7 +322,9 @@ def unpatch(model: torch.nn.Module) -> PatchReport:
         if state is None:
             continue
         if "class" in state:
-            report.modules[name] = (type(module).__name__, state["class"].__name__)
+            cls = type(module)
+            if not (getattr(cls, "_fused_ops_keep_name", False) and cls.__base__ is state["class"]):
+                report.modules[name] = (type(module).__name__, state["class"].__name__)
             module.__class__ = state["class"]
         if "forward" in state:
             module.__dict__.pop("forward", None)

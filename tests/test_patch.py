@@ -327,6 +327,33 @@ def test_hf_patched_model_pickles(pair):
     assert fused_ops.unpatch(loaded)
 
 
+def test_hf_patched_model_loads_in_a_fresh_process(tmp_path):
+    """The generated subclasses pickle as (original class, forward): a process that never
+    patched anything loads the saved model patched, its class names HF's own."""
+    import subprocess
+    import sys
+
+    model = _llama()
+    fused_ops.hf.patch(model)
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    code = (
+        "import sys, torch, fused_ops; P = sys.modules['fused_ops.patch']; "
+        f"m = torch.load({str(path)!r}, weights_only=False); "
+        "assert type(m).__name__ == 'LlamaForCausalLM', type(m); "
+        "L = type(m.model.layers[1]); "
+        "assert L is P._fused_subclass(L._fused_ops_base, L._fused_ops_forward, True); "
+        "assert type(m.model.norm).__name__.startswith('FusedLlamaRMSNorm'); "
+        "ids = torch.randint(0, 97, (2, 8)); assert m(ids, labels=ids).logits is None; "
+        "assert fused_ops.unpatch(m); print('ok')"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
 def test_hf_state_dict_round_trip(pair):
     arch, ref, model, _ = pair
     assert list(model.state_dict()) == list(ref.state_dict())
@@ -377,6 +404,35 @@ def test_hf_compile_fullgraph(pair):
     for n in ga:
         torch.testing.assert_close(gb[n], ga[n], rtol=1e-4, atol=1e-5, msg=n)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_hf_regional_compile_once_for_all_layers(arch):
+    """Each decoder layer compiled on its own (Module.compile, as benchmarks/e2e.py's
+    regional mode): the patched layers share one class and one forward, so dynamo compiles
+    the first layer (no delta to add yet) and one graph for all the others, not one a layer
+    (a per-instance forward would fail the guards on every layer)."""
+    from torch._dynamo.testing import CompileCounter
+
+    layers_key = "n_layer" if arch == "gpt2" else "num_hidden_layers"
+    ref = BUILD[arch](**{layers_key: 5})
+    model = copy.deepcopy(ref)
+    fused_ops.hf.patch(model)
+    stack = model.transformer.h if arch == "gpt2" else model.model.layers
+    assert len({type(layer) for layer in stack}) == 1
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    try:
+        for layer in stack:
+            layer.compile(backend=counter, fullgraph=True)
+        ids = _ids(seed=12)
+        for _ in range(2):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+        assert counter.frame_count == 2, counter.frame_count
+        torch.testing.assert_close(loss, ref(ids, labels=ids).loss, **F32)
+    finally:
+        torch._dynamo.reset()
 
 
 def test_hf_gradient_checkpointing_falls_back(pair):

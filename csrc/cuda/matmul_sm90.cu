@@ -548,7 +548,6 @@ struct GatedEpilogue {
   static constexpr bool kGated = true;
 };
 
-
 // SPLIT: the split-K schedule (SplitK above); only with TMA stores (the host asks for it only
 // there), and a template parameter so that a profiler's kernel name says which schedule ran.
 template <typename T, typename Cfg, bool AK, bool BK_MAJ, bool TMA_STORE, bool SPLIT = false,
@@ -911,7 +910,7 @@ Sm90Result launch_gated(const GemmProblem& p, at::ScalarType dtype, cudaStream_t
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
   const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms()));
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, map_c, map_z, p,
-                                                   SplitK{nullptr, nullptr, 1});
+                                                    SplitK{nullptr, nullptr, 1});
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return Sm90Result::kLaunched;
 }

@@ -9,7 +9,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions, CausalLMOutputWithPast
 
 from .. import functional
-from ..patch import has_attr, has_forward, set_attr, set_forward
+from ..patch import has_attr, has_forward, original_forward, set_attr, set_forward
 
 # Keyword arguments that ask for something only Hugging Face's own forward provides.
 _HF_ONLY = ("output_attentions", "output_hidden_states", "past_key_values")
@@ -179,7 +179,7 @@ def lm_forward(self, *args, labels=None, **kwargs):
             kwargs,
         )
     ):
-        return type(self).forward(self, *args, labels=labels, **kwargs)
+        return original_forward(self)(self, *args, labels=labels, **kwargs)
     kwargs.pop("logits_to_keep", None)
     kwargs.pop("cache", None)
     kwargs["use_cache"] = False

@@ -30,7 +30,7 @@ from transformers.models.gpt2.modeling_gpt2 import (
 )
 
 from .. import functional
-from ..patch import has_forward, set_forward
+from ..patch import has_forward, original_forward, set_forward
 from ..patch import patch as patch_modules
 from . import _common
 
@@ -86,7 +86,7 @@ def _block_forward(self, *args, fused_residual=_HF, fused_p=0.0, **kwargs):
     with its bias added in the GEMM (addmm), and this block's ln_1 fuses its dropout
     and residual add."""
     if fused_residual is _HF:
-        return type(self).forward(self, *args, **kwargs)
+        return original_forward(self)(self, *args, **kwargs)
     (delta,) = args
     mask = kwargs.pop("attention_mask")
     attn, mlp = self.attn, self.mlp
@@ -126,7 +126,7 @@ def _stack_forward(
         or encoder_hidden_states is not None
         or (input_ids is None) == (inputs_embeds is None)
     ):
-        return type(self).forward(
+        return original_forward(self)(
             self,
             input_ids,
             cache=cache,
