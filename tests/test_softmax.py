@@ -33,6 +33,7 @@ def rows_kernel(name):
     flags = [{"true": True, "false": False, "1": True, "0": False}[a] for a in args[5:]]
     return dict(zip(("VEC", "P", "BLOCK", "CAUSAL", "SPAN"), ints + flags, strict=True))
 
+
 # Row lengths across every threshold of the CUDA kernel's shapes and odd ones. Each thread
 # holds 4 vectors (32 bf16 / fp16, 16 float32 elements) or 8 scalars (odd lengths): row
 # groups of <= 32 threads (1-warp blocks), 64, then one block of 128 / 256 / 512 threads per
