@@ -610,8 +610,8 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
         static_assert(sizeof(Vec<T, VEC>) == sizeof(uint4), "16-byte vectors");
         uint4 w;
         memcpy(&w, &o, sizeof(w));
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + col), "r"(w.x), "r"(w.y),
-                     "r"(w.z), "r"(w.w)
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + col), "r"(w.x),
+                     "r"(w.y), "r"(w.z), "r"(w.w)
                      : "memory");
       } else {
         // The span's first or last vector of a row off the 16-byte grid: only the row's
