@@ -360,7 +360,7 @@ def test_cuda_staged_dispatch(knobs):
         assert any("softmax_fwd_staged" in n for n in names) == want, (name, names)
     knobs("softmax.staged=1")
     shaped = {
-        name: [a[1] for a in (kernel_template_args(n, "softmax_fwd_staged") for n in kernels(call))]
+        name: [a[1] for n in kernels(call) if (a := kernel_template_args(n, "softmax_fwd_staged"))]
         for name, call in [
             ("bf16", lambda: fused_ops.softmax(x)),
             ("32767", lambda: fused_ops.softmax(x[:, :32767])),
