@@ -25,6 +25,7 @@ from utils import (
     assert_graph_replay_matches_eager,
     cuda_kernel_names,
     input_views,
+    kernel_template_args,
     offset_copy,
     overrides,
     poison_next_alloc,
@@ -32,6 +33,15 @@ from utils import (
 
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
+# norm_fwd_regs' template parameters after its types, in order.
+FWD_REGS_PARAMS = ("VEC", "VPT", "LAYER", "RES", "FIXED_TPR", "DROP")
+
+
+def _fwd_regs(name):
+    """norm_fwd_regs' integer template arguments of a kernel name ({"VPT": 8, ...}), or None
+    for another kernel."""
+    args = kernel_template_args(name, "norm_fwd_regs")
+    return None if args is None else dict(zip(FWD_REGS_PARAMS, map(int, args[3:]), strict=True))
 
 
 # ---- float64 references -------------------------------------------------------------------
@@ -786,12 +796,7 @@ def test_cuda_wide_forward_dispatch(kind, dtype, cols, want):
         for n in cuda_kernel_names(lambda: fused_forward(kind, x, [cols], w, None, 1e-5))
         if "norm_fwd" in n
     ]
-    vpt = [
-        int(m.group(1))
-        for n in names
-        for m in [re.search(r"norm_fwd_regs<[^,]+, [^,]+, [^,]+, \d+, (\d+),", n)]
-        if m
-    ]
+    vpt = [a["VPT"] for a in map(_fwd_regs, names) if a]
     got = (
         "long"
         if any("norm_fwd_long" in n for n in names) and not vpt
@@ -849,12 +854,11 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
             else (lambda: ops.add_rms_norm(x, r, [cols], w, 1e-5, res32))
         )
         names = [n for n in cuda_kernel_names(call) if "norm_fwd" in n]
-        # norm_fwd_regs<T, W, R, VEC, VPT = 8, LAYER, RES = 2, FIXED_TPR>
+        # norm_fwd_regs at VPT = 8, RES = 2, no dropout stage (DROP = 0)
         staged = [
-            m.group(1)
-            for n in names
-            for m in [re.search(r"norm_fwd_regs<[^>]*, 8, [01], 2, (\d+)>", n)]
-            if m
+            a["FIXED_TPR"]
+            for a in map(_fwd_regs, names)
+            if a and a["VPT"] == 8 and a["RES"] == 2 and a["DROP"] == 0
         ]
         got = (
             "staged"
@@ -864,7 +868,7 @@ def test_cuda_add_wide_forward(kind, dtype, cols, res32, want):
         assert got == want, (wdtype, names)
         if want == "staged":  # compile-time shaped: whole vectors, parameters in x's dtype
             whole = (w is None or w.dtype == dtype) and cols in (32768, 65536)
-            assert staged == (["1024"] if whole else ["0"]), (wdtype, names)
+            assert staged == ([1024] if whole else [0]), (wdtype, names)
 
 
 # The compile-time-shaped cluster backward (norm_bwd_fixed, sm_90): 16-bit rows of 4096-32768
@@ -910,7 +914,7 @@ def test_cuda_fixed_backward(cols, kind, dtype):
 # dtype, add form), a predicate on the kernel names. Only with parameters in x's dtype and
 # norm.fixed unset (16-bit x: not with float32 parameters either).
 def _wide_at(tpr):
-    return lambda n: "norm_fwd_regs" in n and f", {tpr}>" in n
+    return lambda n: (a := _fwd_regs(n)) is not None and a["FIXED_TPR"] == tpr and a["DROP"] == 0
 
 
 FWD_FIXED_KERNELS = [

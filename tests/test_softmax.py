@@ -15,11 +15,24 @@ from utils import (
     assert_graph_replay_matches_eager,
     cuda_kernel_names,
     input_views,
+    kernel_template_args,
     poison_next_alloc,
 )
 
 ops = torch.ops.fused
 INF = float("inf")
+
+
+def rows_kernel(name):
+    """softmax_kernel<T, Op, VEC, P, BLOCK, CAUSAL, SPAN>'s arguments after its types in a
+    kernel name ({"BLOCK": 64, "CAUSAL": False, ...}), or None for another kernel."""
+    args = kernel_template_args(name, "softmax_kernel")
+    if args is None:
+        return None
+    ints = [int(a) for a in args[2:5]]
+    flags = [{"true": True, "false": False, "1": True, "0": False}[a] for a in args[5:]]
+    return dict(zip(("VEC", "P", "BLOCK", "CAUSAL", "SPAN"), ints + flags, strict=True))
+
 
 # Row lengths across every threshold of the CUDA kernel's shapes and odd ones. Each thread
 # holds 4 vectors (32 bf16 / fp16, 16 float32 elements) or 8 scalars (odd lengths): row
@@ -278,7 +291,7 @@ def test_cuda_short_row_blocks(dtype, min_block, knobs):
             msg = f"length={length} log={log} softmax.min_block={min_block}"
             y = check_forward(x, log=log, msg=msg)
             check_backward(y, log=log, msg=msg)
-    # The block size of softmax_kernel's launch (its 5th template argument) at 1024 columns:
+    # The block size of softmax_kernel's launch (BLOCK) at 1024 columns:
     # a 32-thread row (16-bit; float32 forward by default), else a 64-thread one.
     x = torch.randn(257, 1024, device="cuda").to(dtype)
     warp_row = dtype != torch.float32
@@ -288,21 +301,18 @@ def test_cuda_short_row_blocks(dtype, min_block, knobs):
     ]:
         tpr = 32 if warp_row or (name == "fwd" and min_block == "32") else 64
         names = [n for n in cuda_kernel_names(call) if "softmax_kernel<" in n]
-        blocks = {
-            int(m.group(1))
-            for n in names
-            for m in [re.search(r"softmax_kernel<.*, \d+, \d+, (\d+), (?:false|0)>", n)]
-            if m
-        }
+        blocks = {a["BLOCK"] for a in map(rows_kernel, names) if a and not a["CAUSAL"]}
         assert blocks == {max(tpr, int(min_block))}, (name, names)
 
 
 @CUDA
 def test_cuda_staged_dispatch(knobs):
     # Which rows reach softmax_fwd_staged (a dispatch slip would fall back silently: every
-    # result would still be right): rows of 16-byte vectors past 16384 16-bit / 8192 float32
-    # columns, up to one 64 KB share (32768 / 16384) or, on sm_90, 16 of them; scale > 0,
-    # no mask, softmax.staged unset; the backward never.
+    # result would still be right): rows whose 16-byte span is past 2048 vectors (16384
+    # 16-bit / 8192 float32 columns), up to one 64 KB share (32768 / 16384) or, on sm_90, 16
+    # of them; scale > 0, no mask, softmax.staged unset; the backward never. Rows of whole
+    # vectors in whole shares take the compile-time-shaped form (N > 0), others (32767:
+    # the masked span of 4096 vectors) its run-time-shaped form, N = 0.
     def kernels(fn):
         names = ("softmax_kernel", "softmax_cluster_kernel", "softmax_fwd_staged")
         return [n for n in cuda_kernel_names(fn) if any(k in n for k in names)]
@@ -339,7 +349,7 @@ def test_cuda_staged_dispatch(knobs):
         ("float32 16384", lambda: fused_ops.softmax(x.float().view(8, 16384)), "1", True),
         ("float32 262144", lambda: fused_ops.softmax(long_row(x.float(), 2)), "1", sm90),
         ("float32 524288", lambda: fused_ops.softmax(long_row(x.float(), 4)), "1", False),
-        ("32767", lambda: fused_ops.softmax(x[:, :32767]), "1", False),
+        ("32767", lambda: fused_ops.softmax(x[:, :32767]), "1", True),
         ("backward", lambda: ops.softmax_backward(x, x, -1), "1", False),
         ("softmax.staged=0", lambda: fused_ops.softmax(x), "0", False),
     ]
@@ -348,6 +358,16 @@ def test_cuda_staged_dispatch(knobs):
         names = kernels(call)
         assert names, name
         assert any("softmax_fwd_staged" in n for n in names) == want, (name, names)
+    knobs("softmax.staged=1")
+    shaped = {
+        name: [a[1] for n in kernels(call) if (a := kernel_template_args(n, "softmax_fwd_staged"))]
+        for name, call in [
+            ("bf16", lambda: fused_ops.softmax(x)),
+            ("32767", lambda: fused_ops.softmax(x[:, :32767])),
+            ("24576", lambda: fused_ops.softmax(x[:, :24576])),
+        ]
+    }
+    assert shaped == {"bf16": ["1"], "32767": ["0"], "24576": ["0"]}, shaped
 
 
 @CUDA
@@ -597,9 +617,9 @@ def test_cuda_causal_dispatch(knobs):
     def kernels(fn):
         out = set()
         for n in cuda_kernel_names(fn):
-            m = re.search(r"softmax_kernel<.*?, (true|false)>", n)
-            if m:
-                out.add(m.group(1))
+            a = rows_kernel(n)
+            if a:
+                out.add("true" if a["CAUSAL"] else "false")
             elif "softmax_causal_fwd" in n:
                 out.add("causal_fwd")
         return out

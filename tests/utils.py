@@ -96,6 +96,31 @@ def cuda_kernel_names(fn):
     return [e.name for e in prof.events()]
 
 
+def kernel_template_args(name, kernel):
+    """The template arguments of `kernel` in a demangled kernel name, as strings in order
+    (`kernel<float, fused::softmax::Fwd, 4, 8, 32, false, false>(...)`: ['float', ...,
+    'false']), or None where the name is not an instance of it. Dispatch tests pick
+    arguments by their position in the template's parameter list, so a parameter appended
+    to a template does not silently stop a pattern from matching."""
+    start = name.find(kernel + "<")
+    if start < 0:
+        return None
+    args, depth, cur = [], 0, ""
+    for ch in name[start + len(kernel) + 1 :]:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            if depth == 0:
+                return [*args, cur.strip()]
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    return None
+
+
 def capture_graph(step):
     """(graph, outputs) of step() captured in a CUDA graph, after a warm-up on a side stream
     that keeps launch-shape queries and allocations out of the capture."""

@@ -600,8 +600,19 @@ __device__ __forceinline__ void store_tile(const Op& op, const Regs& regs, const
 #pragma unroll
         for (int e = 0; e < VEC; ++e) o.v[e] = dead;
       }
-      if (VEC == 1 || !SPAN || (col >= 0 && col + VEC <= end)) {
+      if constexpr (VEC == 1 || !SPAN) {
         store_vec<T, VEC>(out + col, o);
+      } else if (col >= 0 && col + VEC <= end) {
+        // One 16-byte store of the vector's bits, as an instruction the compiler keeps whole.
+        // Stored as a Vec (or a uint4 of its bits), the compiler merges it with the edge
+        // branch's element stores below into predicated 2- and 4-byte stores (the span form's
+        // ptx had no st.global.v4): every vector of a span row written piecewise.
+        static_assert(sizeof(Vec<T, VEC>) == sizeof(uint4), "16-byte vectors");
+        uint4 w;
+        memcpy(&w, &o, sizeof(w));
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + col), "r"(w.x),
+                     "r"(w.y), "r"(w.z), "r"(w.w)
+                     : "memory");
       } else {
         // The span's first or last vector of a row off the 16-byte grid: only the row's
         // own elements, one at a time (the others belong to the neighbouring rows).
