@@ -709,19 +709,23 @@ HOPPER = pytest.mark.skipif(
     not is_hopper(), reason="the Hopper kernel needs compute capability 9.0"
 )
 
+# The kernel's demangled name spells every template argument, the defaulted ones too:
+# hopper_gemm_kernel<__nv_bfloat16, fused::matmul::(anonymous namespace)::HopperConfig<256>,
+# true, true, true, false, fused::matmul::(anonymous namespace)::PlainEpilogue>.
 _HOPPER_GEMM = re.compile(
     r"hopper_gemm_kernel<[^,]+, [\w:() ]*HopperConfig<(\d+)>, (true|false), (true|false), "
-    r"(true|false), (true|false)>"
+    r"(true|false), (true|false), [\w:() ]*?(\w+Epilogue)>"
 )
 
 
-def hopper_launches(fn):
-    """(BN, A K-major, B K-major, TMA store, split-K) of each Hopper GEMM fn() launches."""
+def hopper_launches(fn, epilogue="PlainEpilogue"):
+    """(BN, A K-major, B K-major, TMA store, split-K) of each Hopper GEMM with that epilogue
+    fn() launches."""
     return [
         (int(m[1]), m[2] == "true", m[3] == "true", m[4] == "true", m[5] == "true")
         for name in cuda_kernel_names(fn)
         for m in [_HOPPER_GEMM.search(name)]
-        if m
+        if m and m[6] == epilogue
     ]
 
 
