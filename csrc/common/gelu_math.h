@@ -22,10 +22,14 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1/sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2/pi)
 constexpr float kGeluCoeff = 0.044715f;
 
+// The exact form takes Phi(x) = erfc(-x / sqrt 2) / 2, not (1 + erf(x / sqrt 2)) / 2: for
+// x << 0 the sum cancels (1 + erff(-3.5) keeps ~1 bit; 0 from x ~ -5.8 on), so float results
+// were off by up to 100% of a tiny value there, ~1e-6 absolute once an operand multiplies it
+// (the gated forms' up); erfcf keeps a few ulp in both tails.
 template <GeluKind K>
 FUSED_HD float gelu_fwd(float x) {
   if constexpr (K == GeluKind::kNone) {
-    return 0.5f * x * (1.0f + erff(x * kSqrt1_2));
+    return 0.5f * x * erfcf(-x * kSqrt1_2);
   } else {
     // 0.5 (1 + tanh(u)) = sigmoid(2u): one exp, and no cancellation for negative x.
     float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
@@ -37,7 +41,7 @@ FUSED_HD float gelu_fwd(float x) {
 template <GeluKind K>
 FUSED_HD float gelu_grad(float x) {
   if constexpr (K == GeluKind::kNone) {
-    float cdf = 0.5f * (1.0f + erff(x * kSqrt1_2));
+    float cdf = 0.5f * erfcf(-x * kSqrt1_2);
     float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
     return cdf + x * pdf;
   } else {
