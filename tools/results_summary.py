@@ -4,7 +4,10 @@ and passes), as % of the run's ceiling (copy bandwidth for the memory-bound ops,
 torch.mm rate for matmul / linear), and the speed-up over native PyTorch and torch.compile
 (the other's time / the fused time; above 1.00x the fused kernel is faster):
 
-    python tools/results_summary.py benchmarks/results/*.json
+    python tools/results_summary.py [benchmarks/results/NVIDIA_*.json]
+
+The per-GPU full runs only (NVIDIA_*.json): the other files there (host time, wall clock,
+the shapes sweep, end to end) have tables of their own in benchmarks/results/README.md.
 """
 
 import json
@@ -24,6 +27,13 @@ OPS = [
     "bias_dropout_add",
     "matmul",
     "linear",
+    "gemm_train",
+    "cross_entropy",
+    "linear_cross_entropy",
+    "dropout_add_layer_norm",
+    "dropout_add_rms_norm",
+    "swiglu",
+    "geglu",
 ]
 SHORT_GPU = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA H200": "H200"}
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -76,6 +86,6 @@ if __name__ == "__main__":
     paths = sys.argv[1:] or sorted(
         os.path.join("benchmarks/results", f)
         for f in os.listdir("benchmarks/results")
-        if f.endswith(".json")
+        if f.startswith("NVIDIA_") and f.endswith(".json")
     )
     print(summary(paths))
