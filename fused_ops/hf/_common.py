@@ -126,37 +126,6 @@ def residual_norm(norm):
     raise TypeError(f"fused_ops.hf: {type(norm).__name__} is not a LayerNorm or RMSNorm")
 
 
-def _dropout_add_layer_norm_composed(
-    input,
-    residual,
-    normalized_shape,
-    weight=None,
-    bias=None,
-    eps=1e-5,
-    *,
-    p=0.0,
-    training=True,
-    input_bias=None,
-    residual_in_fp32=False,
-):
-    """dropout_add_layer_norm as bias_dropout_add + layer_norm (two kernels)."""
-    s = functional.bias_dropout_add(input, input_bias, residual, p, training)
-    return functional.layer_norm(s, normalized_shape, weight, bias, eps), s
-
-
-def dropout_add_layer_norm_fn():
-    """fused_ops.dropout_add_layer_norm when this build has it, else the two-kernel
-    composition bias_dropout_add + layer_norm (same results, one more pass over the
-    activations), and a line saying which."""
-    fused = getattr(functional, "dropout_add_layer_norm", None)
-    if fused is not None:
-        return fused, "fused_ops.dropout_add_layer_norm"
-    return _dropout_add_layer_norm_composed, (
-        "fused_ops.dropout_add_layer_norm is not in this build: bias_dropout_add + "
-        "layer_norm instead (two kernels)"
-    )
-
-
 # The output class of each supported causal LM's forward, by config.model_type.
 _LM_OUTPUT = {"gpt2": CausalLMOutputWithCrossAttentions, "llama": CausalLMOutputWithPast}
 

@@ -64,8 +64,7 @@ def _add_norm(delta, residual, p, norm, training, bias=None):
     alone (delta None) for the first block."""
     if delta is None:
         return norm(residual), residual
-    daln = _common.dropout_add_layer_norm_fn()[0]
-    return daln(
+    return functional.dropout_add_layer_norm(
         delta,
         residual,
         norm.normalized_shape,
@@ -190,7 +189,6 @@ def patch_gpt2(model: torch.nn.Module, *, modules: bool = True, head_loss: bool 
     elif attn0 is not None and attn0.reorder_and_upcast_attn:
         report.notes.append("reorder_and_upcast_attn: the decoder stack keeps HF's forward")
     elif len(stack.h) and not has_forward(stack):
-        daln, how = _common.dropout_add_layer_norm_fn()
         epilogue = _GELU_EPILOGUE.get(config.activation_function)
         for block in stack.h:
             set_forward(block, _block_forward)
@@ -200,8 +198,6 @@ def patch_gpt2(model: torch.nn.Module, *, modules: bool = True, head_loss: bool 
             "residual + next LayerNorm fused"
             + (f"; c_fc + {epilogue} through fused_ops.linear" if epilogue else "")
         )
-        if daln is not getattr(functional, "dropout_add_layer_norm", None):
-            report.notes.append(how)
         if epilogue is None:
             report.notes.append(
                 f"activation {config.activation_function!r}: applied after c_fc, not fused"

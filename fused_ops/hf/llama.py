@@ -9,8 +9,8 @@ meets the RMSNorm after it in one fused_ops.add_rms_norm:
     n, h = add_rms_norm(a, h, post_attention_layernorm)
     d = mlp(n)                                  to the next layer (the final norm after the last)
 
-The MLP's forward is down(swiglu(gate(x), up(x))) through fused_ops.swiglu when this build
-has it (else Hugging Face's silu(gate) * up stays, and the report says so). The stack's
+The MLP's forward is down(swiglu(gate(x), up(x))) through fused_ops.swiglu (for the silu
+activation; another activation leaves the MLP as it is, and the report says so). The stack's
 forward falls back to Hugging Face's for what it does not cover (a key/value cache,
 recorded hidden states or attentions, gradient checkpointing). The causal-LM forward
 computes head + loss in one fused_ops.linear_cross_entropy in training with labels (its
@@ -122,8 +122,7 @@ def _is_llama_rms(norm) -> bool:
 def patch_llama(model: torch.nn.Module, *, modules: bool = True, head_loss: bool = True):
     """Patch a Hugging Face Llama model (LlamaForCausalLM or LlamaModel) in place: the module
     swaps of fused_ops.patch (modules=False skips them), the decoder stack's fused forward
-    (residual adds through fused_ops.add_rms_norm), the MLP through fused_ops.swiglu where
-    this build has it, the loss on fused_ops.cross_entropy and, with head_loss, the LM head
+    (residual adds through fused_ops.add_rms_norm), the MLP through fused_ops.swiglu, the loss on fused_ops.cross_entropy and, with head_loss, the LM head
     + loss in one fused_ops.linear_cross_entropy when training with labels. Returns a
     PatchReport."""
     if not isinstance(model, (LlamaForCausalLM, LlamaModel)):
@@ -147,13 +146,8 @@ def patch_llama(model: torch.nn.Module, *, modules: bool = True, head_loss: bool
             )
     elif layers:
         report.notes.append("norms are not RMSNorms: the decoder stack keeps HF's forward")
-    swiglu = hasattr(functional, "swiglu")
     if stack.config.hidden_act not in ("silu", "swish"):
         report.notes.append(f"MLP activation {stack.config.hidden_act!r}: MLP left as it is")
-    elif not swiglu:
-        report.notes.append(
-            "fused_ops.swiglu is not in this build: the MLP keeps silu(gate) * up (two kernels)"
-        )
     else:
         for i, layer in enumerate(layers):
             if not has_forward(layer.mlp):
