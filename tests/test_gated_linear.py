@@ -103,7 +103,7 @@ def gated_linear_case(x_shape, n, dtype, device, with_bias, act, all_views=True)
             y2, z = torch.ops.fused.linear_fwd(x, w, b, act)
             assert z.shape == (*x_shape[:-1], 2 * n)
             check_either(y2, refs, dtype, zref, act, msg="linear_fwd y " + msg)
-            check(z, zref, dtype, msg="linear_fwd z " + msg)
+            check(z, zref, dtype, msg="linear_fwd z " + msg, k=K)
 
 
 LINEAR_SHAPES = [((17, 33), 9), ((1, 1), 1), ((2, 3, 40), 24), ((70,), 5), ((64, 129), 100)]
@@ -206,7 +206,7 @@ def backward_case(x_shape, n, dtype, device, with_bias, act, fns):
     # The functional op and the op's autograd both save (or recompute) z through linear_fwd.
     z_saved = torch.ops.fused.linear_fwd(xd, wd, bd, act)[1]
     zref = F.linear(xd.double(), wd.double(), None if bd is None else bd.double())
-    check(z_saved, zref, dtype, msg=f"linear_fwd z x={x_shape} N={n} act={act}")
+    check(z_saved, zref, dtype, msg=f"linear_fwd z x={x_shape} N={n} act={act}", k=K)
     dx_ref, dw_ref, db_ref = mirrored_grads(xd, wd, act, gy, z_saved)
     for name, fn in fns:
         for t in (x, w, b):
