@@ -17,7 +17,6 @@
 // is accumulated in float32 inside the GEMM. In C++ rather than Python: the loop's host
 // time per chunk is a few dispatcher calls.
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
@@ -26,43 +25,22 @@
 #include <array>
 #include <optional>
 
+#include "autograd/ops.h"
 #include "common/checks.h"
 
 namespace fused {
 namespace {
 
-using OptT = std::optional<at::Tensor>;
-using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
+using autograd::linear_op;
+using autograd::matmul_op;
+using autograd::OptT;
+using autograd::Tensor2;
+using autograd::xent_backward_inplace_op;
+using autograd::xent_op;
 
 // Tokens per chunk: the weight-gradient GEMM has K = chunk, and below ~1024 it is bound by
 // reading and writing grad_W (V x H) once per chunk rather than by its FLOPs.
 constexpr int64_t kDefaultChunk = 1024;
-
-template <class Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<Sig>();
-}
-
-const auto& linear_op() {
-  static const auto h = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&,
-                                           std::optional<c10::string_view>)>("fused::linear");
-  return h;
-}
-const auto& matmul_op() {
-  static const auto h = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fused::matmul");
-  return h;
-}
-const auto& xent_op() {
-  static const auto h = find_op<Tensor2(const at::Tensor&, const at::Tensor&, int64_t, double,
-                                        double, bool, c10::string_view)>("fused::cross_entropy");
-  return h;
-}
-const auto& xent_backward_inplace_op() {
-  static const auto h =
-      find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                   int64_t, double, double, c10::string_view)>("fused::cross_entropy_backward_");
-  return h;
-}
 
 void check_args(const at::Tensor& h, const at::Tensor& w, const at::Tensor& target,
                 const OptT& bias, int64_t chunk_size, const char* op) {
