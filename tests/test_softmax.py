@@ -984,7 +984,10 @@ def test_cuda_wide_rows(length, block16, block32, dtype):
             poison_next_alloc(y.numel() * y.element_size(), y.device)
             dx = bwd(g, y, log=log)
             assert_close(dx, bwd_ref(g, y, log=log), dtype=dtype, msg=msg)
-            for name, call in (("fwd", lambda: fwd(x, log=log)), ("bwd", lambda: bwd(g, y, log=log))):
+            for name, call in (
+                ("fwd", lambda: fwd(x, log=log)),
+                ("bwd", lambda: bwd(g, y, log=log)),
+            ):
                 names = [n for n in cuda_kernel_names(call) if "softmax" in n and "<" in n]
                 shapes = [rows_kernel(n) for n in names]
                 assert shapes == [want], (msg, name, names)

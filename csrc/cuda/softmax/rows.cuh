@@ -33,7 +33,7 @@ namespace {
 // The kWideP shapes: 5 blocks of 128 threads an SM (10 of 64, 2 of 256), registers capped
 // to hold that many (the 16-bit forward's span form wants 105 a thread uncapped, 4 blocks).
 template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL, bool SPAN>
-__global__ void __launch_bounds__(BLOCK, P == kWideP ? 640 / BLOCK
+__global__ void __launch_bounds__(BLOCK, P == kWideP   ? 640 / BLOCK
                                          : BLOCK < 128 ? 1024 / BLOCK
                                                        : 1)
     softmax_kernel(Args<T, typename Op::State> a, Op op) {
