@@ -88,10 +88,9 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   const int64_t nvec = ceil_div(span, vw);
   const int64_t tpr = next_pow2(ceil_div(nvec, pv));
   if (vec && p.causal_q == 0 && tpr >= 128 && tpr <= 512 && nvec <= 3 * tpr) {
-    // A row of (2, 3] x tpr vectors: tpr / 2 threads of kWideP vectors (each thread's 4-6
-    // live, against 2-3 of 4 in tpr threads). The same block count an SM's registers hold,
-    // each with twice the bytes of its row in flight (the 16384x4097 forward: 513 vectors
-    // in 128 threads, not 256).
+    // A row of (2, 3] x tpr vectors: tpr / 2 threads of kWideP vectors, 4-6 live each
+    // against 2-3 of 4 in tpr threads, so an SM holds more of its rows in flight (the bf16
+    // 16384x4097 forward: 5 blocks of 128 threads x 513 vectors, 41 KB, not 2 of 256, 16 KB).
     const int64_t half = tpr / 2;
     const int block = static_cast<int>(std::max<int64_t>(half, o.softmax_min_block));
     plan.add(rows_step(p, vw, kWideP, block, half, is16));
