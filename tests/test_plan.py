@@ -335,6 +335,63 @@ def test_softmax_block_rows(dtype):
     ]
 
 
+# Rows of (2, 3] x tpr 16-byte vectors, tpr = 128..512 the power-of-two group of 4-vector
+# threads: tpr / 2 threads of 6 vectors (4-6 live each) instead of tpr threads with 2-3 live.
+# (cols, dtype, options, tpr of the 6-vector shape, span form)
+WIDE_ROWS = [
+    (4097, BF16, "", 128, 1),  # span 513 vectors
+    (4095, BF16, "", 128, 1),
+    (4095, F16, "unaligned", 128, 1),
+    (5120, BF16, "", 128, 0),  # 640 whole vectors
+    (5121, BF16, "", 128, 1),
+    (3072, BF16, "", 64, 0),  # 384 vectors: 64 threads of 6
+    (4097, F32, "", 256, 1),  # span 1025
+    (4095, F32, "", 256, 1),
+    (5120, F32, "", 256, 0),
+    (5121, F32, "unaligned", 256, 1),
+]
+
+
+@pytest.mark.parametrize("cols,dtype,options,tpr,span_form", WIDE_ROWS)
+def test_softmax_wide_rows(cols, dtype, options, tpr, span_form):
+    for op in ("softmax_fwd", "softmax_bwd"):
+        s = only(plan(op, 6552, cols, dtype, options))
+        assert (s["kernel"], s["p"], s["tpr"], s["block"], s["blocks"], s["span"]) == (
+            "softmax_kernel",
+            6,
+            tpr,
+            tpr,
+            6552,
+            span_form,
+        ), (op, s)
+        # softmax.min_block past the group: that many threads, two rows a block
+        if tpr == 64:
+            s = only(plan(op, 6552, cols, dtype, options, spec="softmax.min_block=128"))
+            assert (s["p"], s["tpr"], s["block"], s["blocks"]) == (6, 64, 128, 3276)
+    # a causal mask keeps the 4-vector shape (its variant skips the masked vectors instead)
+    s = only(
+        plan("softmax_bwd", 6552, cols, dtype, ",".join(filter(None, (options, "causal_q=6552"))))
+    )
+    assert s["p"] == 4 and s["tpr"] == 2 * tpr, s
+
+
+@pytest.mark.parametrize("dtype,per", [(BF16, 32), (F32, 16)])
+def test_softmax_wide_rows_bounds(dtype, per):
+    # 3 x tpr vectors is the last row of the 6-vector shape, one vector more takes 4 x tpr
+    # (75-100% of its vectors); rows that fill their 4-vector block keep it (16384x4096)
+    vec = per // 4
+    for tpr in (128, 256, 512):
+        s = only(plan("softmax_bwd", 100, 3 * tpr * vec, dtype))
+        assert (s["p"], s["tpr"]) == (6, tpr // 2), s
+        s = only(plan("softmax_bwd", 100, (3 * tpr + 1) * vec, dtype))
+        assert (s["p"], s["tpr"]) == (4, tpr), s
+    s = only(plan("softmax_fwd", 16384, 4096, dtype))
+    assert (s["p"], s["tpr"]) == (4, 4096 // per), s
+    # the scalar path keeps 8 elements a thread
+    steps = plan("softmax_fwd", 100, 4097, dtype, "mixed")
+    assert all((s["vec"], s["p"]) == (1, 8) for s in steps), steps
+
+
 def span(cols, vec, whole=False):
     # The 16-byte vectors a row's span covers at most (plan.h span_vectors).
     return cols // vec if whole else (cols + 2 * vec - 2) // vec

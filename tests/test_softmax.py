@@ -883,7 +883,7 @@ def test_functional_matches_torch_signature():
 # Row lengths off the 16-byte grid (public vocabularies among them) and views at an odd
 # offset: every row is read as the 16-byte vectors of its aligned span, the elements of the
 # neighbouring rows masked and never written (docs/design/softmax.md#misaligned-or-odd-rows).
-CLIFF_LENGTHS = [1, 7, 1000, 4095, 4097, 5121, 32001, 50257, 151936]
+CLIFF_LENGTHS = [1, 7, 1000, 4095, 4097, 5120, 5121, 32001, 50257, 151936]
 
 
 def softmax_launches(names):
@@ -955,3 +955,76 @@ def test_cuda_odd_rows_causal(dtype):
     check_forward(x, causal=True, msg="causal 999")
     launched = softmax_launches(cuda_kernel_names(lambda: fused_ops.softmax(x, causal=True)))
     assert launched and all(v == 8 for _, v in launched), launched
+
+
+# Widths whose span is (2, 3] x tpr vectors for the power-of-two group tpr of 4-vector
+# threads (128-512): softmax_kernel at 6 vectors a thread in tpr / 2 threads, forward and
+# backward, at any offset (plan.h kWideP). (length, BLOCK of 16-bit rows, BLOCK of float32)
+WIDE_ROWS = [(4095, 128, 256), (4097, 128, 256), (5120, 128, 256), (5121, 128, 256)]
+
+
+@CUDA
+@pytest.mark.parametrize("length,block16,block32", WIDE_ROWS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_wide_rows(length, block16, block32, dtype):
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    block = block32 if dtype == torch.float32 else block16
+    rows = 37  # a few blocks, one row each
+    for offset in (0, 1, 3):  # elements past a 16-byte-aligned allocation
+        base = (torch.randn(rows * length + offset, device="cuda") * 3).to(dtype)
+        x = base[offset:].view(rows, length)
+        whole = offset == 0 and length % vec == 0
+        want = {"VEC": vec, "P": 6, "BLOCK": block, "CAUSAL": False, "SPAN": not whole}
+        for log in (False, True):
+            msg = f"length={length} offset={offset} log={log}"
+            y = check_forward(x, log=log, msg=msg)
+            check_backward(y, log=log, msg=msg)
+            g = torch.empty(rows * length + offset, device="cuda", dtype=dtype)[offset:]
+            g = g.view(rows, length).copy_(torch.randn_like(y))  # at y's offset: no copy
+            poison_next_alloc(y.numel() * y.element_size(), y.device)
+            dx = bwd(g, y, log=log)
+            assert_close(dx, bwd_ref(g, y, log=log), dtype=dtype, msg=msg)
+            for name, call in (
+                ("fwd", lambda: fwd(x, log=log)),
+                ("bwd", lambda: bwd(g, y, log=log)),
+            ):
+                names = [n for n in cuda_kernel_names(call) if "softmax" in n and "<" in n]
+                shapes = [rows_kernel(n) for n in names]
+                assert shapes == [want], (msg, name, names)
+                op = kernel_template_args(names[0], "softmax_kernel")[1]
+                assert ("Bwd" in op) == (name == "bwd"), (msg, name, names)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_wide_rows_neighbours(dtype):
+    # The 6-vector shape's tail threads (vectors past the row's end, not worked on) leave the
+    # neighbouring rows alone: rows [1, rows - 1) of a softmax equal the whole one's slice.
+    x = (torch.randn(9, 4097, device="cuda") * 3).to(dtype)
+    y = check_forward(x, msg="9x4097")
+    inner = check_forward(x[1:8], msg="9x4097 rows 1..7")
+    torch.testing.assert_close(inner, y[1:8], rtol=0, atol=0)
+    dy = torch.randn_like(y)
+    dx = bwd(dy, y)
+    torch.testing.assert_close(bwd(dy[1:8], y[1:8]), dx[1:8], rtol=0, atol=0)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_vocab_few_rows(dtype):
+    # A vocabulary-wide row, few rows (668 x 50257 in the benchmarks; 5 here), at offsets
+    # 0 / 1 / 3: the forward on softmax_fwd_staged, the backward on the cluster kernel (sm_90)
+    # or softmax_kernel, all on 16-byte vectors, against float64.
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    for offset in (0, 1, 3):
+        base = (torch.randn(5 * 50257 + offset, device="cuda") * 3).to(dtype)
+        x = base[offset:].view(5, 50257)
+        for log in (False, True):
+            msg = f"offset={offset} log={log}"
+            y = check_forward(x, log=log, msg=msg)
+            check_backward(y, log=log, msg=msg)
+            fwd_names = softmax_launches(cuda_kernel_names(lambda: fwd(x, log=log)))
+            assert [k for k, _ in fwd_names] == ["softmax_fwd_staged"], (msg, fwd_names)
+            dy = torch.randn_like(y)
+            bwd_names = softmax_launches(cuda_kernel_names(lambda: bwd(dy, y, log=log)))
+            assert bwd_names and all(v == vec for _, v in bwd_names), (msg, bwd_names)

@@ -87,6 +87,15 @@ Plan plan(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   const int64_t span = vec ? span_vectors(p, v) * v : p.len;  // the columns a row's threads cover
   const int64_t nvec = ceil_div(span, vw);
   const int64_t tpr = next_pow2(ceil_div(nvec, pv));
+  if (vec && p.causal_q == 0 && tpr >= 128 && tpr <= 512 && nvec <= 3 * tpr) {
+    // A row of (2, 3] x tpr vectors: tpr / 2 threads of kWideP vectors, 4-6 live each
+    // against 2-3 of 4 in tpr threads, so an SM holds more of its rows in flight (the bf16
+    // 16384x4097 forward: 5 blocks of 128 threads x 513 vectors, 41 KB, not 2 of 256, 16 KB).
+    const int64_t half = tpr / 2;
+    const int block = static_cast<int>(std::max<int64_t>(half, o.softmax_min_block));
+    plan.add(rows_step(p, vw, kWideP, block, half, is16));
+    return plan;
+  }
   if (tpr <= 128) {
     // Rows of tpr threads in blocks of max(tpr, min_block): a 32-thread row is a 1-warp
     // block by default (its resources freed when its row is done).

@@ -27,7 +27,9 @@
 //             16-byte path, shaped at compile time (softmax.causal=0: off)
 //   kRows     softmax_kernel, a row group of tpr <= 512 threads (blocks of max(tpr,
 //             softmax.min_block) threads for short rows), or one 1024-thread block a row;
-//             float32 forward rows of up to 1024 columns at 8 vectors a thread (a warp a row)
+//             float32 forward rows of up to 1024 columns at 8 vectors a thread (a warp a row);
+//             rows of 16-byte vectors that fill 50-75% of a 128-512-thread block at 4
+//             vectors a thread at kWideP vectors in half the threads (not causal)
 //   kCluster  softmax_cluster_kernel (sm_90): longer rows on a persistent cluster of up to
 //             16 blocks of 512 threads, the row read once; 2P vectors a thread past
 //             softmax.max_cluster blocks on the 16-byte path (softmax.cluster=0: off)
@@ -57,6 +59,11 @@ constexpr int kStagedMinVecs = 2048;  // shorter rows: a block a row (kRows)
 // The vectors a thread in softmax_kernel: 4 x 16 bytes in flight an input, 8 scalar
 // elements on the scalar path.
 constexpr int vectors_per_thread(int vec) { return vec == 1 ? 8 : 4; }
+// ... and for a row of 16-byte vectors that a power-of-two block of 4-vector threads would
+// cover only 50-75% (span vectors in (2, 3] x tpr: 4097 / 5120 16-bit columns): half the
+// threads at 6 vectors, so a thread's loads in flight and a block's share of the SM's
+// registers match those of a row that fills its block (vectors past the row not worked on).
+constexpr int kWideP = 6;
 
 struct Problem {
   int64_t rows = 0;

@@ -30,8 +30,12 @@ namespace {
 // otherwise every vector takes it, as a compile-time constant.
 // SPAN (16-byte path, rows off the grid or not whole vectors: the plan's Step::span): the
 // row's head and the masked, element-wise edges; without it the rows-of-whole-vectors code.
+// The kWideP shapes: 5 blocks of 128 threads an SM (10 of 64, 2 of 256), registers capped
+// to hold that many (the 16-bit forward's span form wants 105 a thread uncapped, 4 blocks).
 template <typename T, typename Op, int VEC, int P, int BLOCK, bool CAUSAL, bool SPAN>
-__global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
+__global__ void __launch_bounds__(BLOCK, P == kWideP   ? 640 / BLOCK
+                                         : BLOCK < 128 ? 1024 / BLOCK
+                                                       : 1)
     softmax_kernel(Args<T, typename Op::State> a, Op op) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   using State = typename Op::State;
@@ -60,7 +64,8 @@ __global__ void __launch_bounds__(BLOCK, BLOCK < 128 ? 1024 / BLOCK : 1)
   Raw<T, VEC> raw[Op::kIn][P];
   load_tile<kPlain>(raw, a.in, a.len, row, c0, stride, limit);
   typename Op::template Regs<T, VEC, P> regs;
-  const int live = CAUSAL ? live_vectors<P>(c0, stride, limit) : P;
+  // kWideP rows fill 67-100% of their vectors: those past the row's end skip the work too.
+  const int live = CAUSAL || P == kWideP ? live_vectors<P>(c0, stride, limit) : P;
   op.template init<SPAN>(regs, raw, Cols{c0, stride, limit, live});
 
   State total, mine;
@@ -94,7 +99,7 @@ void launch(Args<T, typename Op::State> a, const Op& op, const Step& s) {
   if constexpr (VEC > 1) {
     if (s.span) kernel = softmax_kernel<T, Op, VEC, P, BLOCK, false, true>;
   }
-  if constexpr (BLOCK <= 512 && sizeof(T) == 2) {
+  if constexpr (BLOCK <= 512 && sizeof(T) == 2 && P != kWideP) {
     if (s.causal) {
       kernel = softmax_kernel<T, Op, VEC, P, BLOCK, true, false>;
       if constexpr (VEC > 1) {
@@ -131,6 +136,19 @@ void launch_rows(Args<T, typename Op::State> a, const Op& op, const Step& s,
   }
   if constexpr (VEC == 4 && std::is_same_v<Op, Fwd>) {
     if (s.p == 8 && s.block == 32) return launch<T, Op, VEC, 32, 8>(a, op, s);
+  }
+  if constexpr (VEC > 1) {
+    if (s.p == kWideP) {
+      switch (s.block) {
+        case 64:
+          return launch<T, Op, VEC, 64, kWideP>(a, op, s);
+        case 128:
+          return launch<T, Op, VEC, 128, kWideP>(a, op, s);
+        case 256:
+          return launch<T, Op, VEC, 256, kWideP>(a, op, s);
+      }
+      TORCH_INTERNAL_ASSERT(false, "softmax plan: softmax_kernel p=", s.p, " block=", s.block);
+    }
   }
   TORCH_INTERNAL_ASSERT(s.p == P, "softmax plan: softmax_kernel p=", s.p);
   switch (s.block) {
