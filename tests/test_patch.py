@@ -585,3 +585,56 @@ def test_patch_hf_activations():
     for a, w in zip(acts, want):
         torch.testing.assert_close(a(x), w, **F32)
     assert isinstance(acts[0], GELUTanh) and type(acts[1]) is GELUTanh
+
+
+def test_hf_position_ids_given_match(pair):
+    """Position ids the caller gives reach RoPE and the mask as in HF's forward: offset
+    positions, and two sequences packed in each row (HF's mask keeps them apart)."""
+    _, ref, model, _ = pair
+    ref.eval(), model.eval()
+    ids = _ids()
+    packed = torch.cat((torch.arange(7), torch.arange(9))).expand(2, -1)
+    for pos in (torch.arange(16).unsqueeze(0) + 5, packed):
+        with torch.no_grad():
+            want = ref(ids, position_ids=pos, use_cache=False).logits
+            got = model(ids, position_ids=pos, use_cache=False).logits
+        torch.testing.assert_close(got, want, **F32)
+
+
+def test_hf_mask_without_made_positions(pair, monkeypatch):
+    """The fused stacks make the causal mask without the position ids they made themselves
+    (one arange: HF's packed-sequence test on them would read a tensor on the host, a GPU
+    synchronisation every forward); position ids the caller gives are passed on."""
+    from fused_ops.hf import _common
+
+    seen = []
+    real = _common.create_causal_mask
+    monkeypatch.setattr(
+        _common,
+        "create_causal_mask",
+        lambda **kw: seen.append(kw["position_ids"]) or real(**kw),
+    )
+    _, _, model, _ = pair
+    ids = _ids()
+    model.train()(ids, labels=ids)
+    assert seen == [None]
+    pos = torch.arange(16).unsqueeze(0)
+    model(ids, labels=ids, position_ids=pos)
+    assert seen[1] is pos
+
+
+@pytest.mark.cuda
+def test_hf_train_step_does_not_synchronise(pair):
+    """A patched training forward + backward on the GPU never waits for it (a
+    synchronisation in a step stops the host from queueing ahead of the GPU):
+    torch.cuda's sync debug mode raises on any synchronising call."""
+    _, _, model, _ = pair
+    model.cuda().to(torch.bfloat16).train()
+    ids = _ids().cuda()
+    model(ids, labels=ids).loss.backward()  # first call: lazy initialisations
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(ids, labels=ids).loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -170,7 +170,16 @@ def install_head(model, report, head_loss_on: bool) -> None:
 
 def positions_and_mask(stack, inputs_embeds, attention_mask, position_ids):
     """(position ids, the attention mask as the configured attention wants it) for a call
-    without a cache, as Hugging Face's stack forward makes them."""
+    without a cache, as Hugging Face's stack forward makes them.
+
+    Given position ids go to create_causal_mask, which looks in them for packed sequences
+    (a reset of the positions inside a row): that test reads a tensor on the host, a GPU
+    synchronisation. Positions made here are one arange, never packed, so the mask is made
+    without them: the same mask, and no synchronisation. (Hugging Face's own forward skips
+    the test too in training, where use_cache builds a cache.) With the synchronisation at
+    the start of every forward, the host could not queue the next step's forward while the
+    GPU still ran the optimizer step: the forward's host time showed as GPU idle time."""
+    given = position_ids
     if position_ids is None:
         position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
         position_ids = position_ids.unsqueeze(0)
@@ -179,6 +188,6 @@ def positions_and_mask(stack, inputs_embeds, attention_mask, position_ids):
         inputs_embeds=inputs_embeds,
         attention_mask=attention_mask,
         cache=None,
-        position_ids=position_ids,
+        position_ids=given,
     )
     return position_ids, mask
