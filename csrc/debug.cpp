@@ -39,7 +39,7 @@ struct Options {
   bool unaligned = false, mixed = false;
   int64_t grads = 2, causal_q = 0;
   int64_t k = 0, batch = 1;  // matmul
-  bool mn_major = false;      // matmul: an operand is MN-major (no small-M kernel)
+  bool mn_major = false;     // matmul: an operand is MN-major (no small-M kernel)
   double scale = 1.0;
 };
 
@@ -111,7 +111,8 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
                 "fused::_plan: matmul needs k=K >= 1 (and batch=B >= 1), but got k=", o.k,
                 ", batch=", o.batch);
     if (dtype == at::kFloat) return "cublas";
-    if (gpu.major >= 8 && matmul::use_gemv(rows, cols, o.k, o.batch, !o.mn_major, gpu.num_sms, ov)) {
+    if (gpu.major >= 8 &&
+        matmul::use_gemv(rows, cols, o.k, o.batch, !o.mn_major, gpu.num_sms, ov)) {
       return "gemv";
     }
     if (gpu.major != 9 || gpu.minor != 0 || !gpu.sm90_code ||

@@ -68,8 +68,7 @@ bool run_hopper_gemm(const GemmProblem& p, at::ScalarType dtype) {
 // Whether the plan gives p (non-gated) to the small-M kernel.
 bool gemv_applies(const GemmProblem& p) {
   return p.act < matmul::kActSwiglu &&
-         matmul::use_gemv(p.M, p.N, p.K, p.batch, p.a_kmajor && p.b_kmajor, num_sms(),
-                          overrides());
+         matmul::use_gemv(p.M, p.N, p.K, p.batch, p.a_kmajor && p.b_kmajor, num_sms(), overrides());
 }
 
 void run_portable_gemm(const GemmProblem& p, at::ScalarType dtype) {

@@ -31,14 +31,25 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kRows = 16;  // rows of W (output columns) a block
 
+// A 16-byte load that does not allocate in L1: W, read once a call, leaves L1 to A, which
+// every block re-reads. (L2 keeps its normal policy: a weight that fits may stay there between
+// calls, as it does for cuBLAS.)
+__device__ __forceinline__ uint4 load_no_l1(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 // The 16-byte chunk of 8 elements at row[k], zeros for the elements at or past K; none read
-// when !live. STREAM: W, read once (evict-first, kept out of L1 so that A stays there).
+// when !live. STREAM: W (load_no_l1); otherwise A (read-only, through L1).
 template <typename T, bool STREAM>
 __device__ __forceinline__ uint4 load_chunk(const T* row, int k, int K, bool live) {
   if (!live || k >= K) return make_uint4(0, 0, 0, 0);
   if (k + 8 <= K) {
     const uint4* p = reinterpret_cast<const uint4*>(row + k);
-    return STREAM ? __ldcs(p) : __ldg(p);
+    return STREAM ? load_no_l1(p) : __ldg(p);
   }
   union {
     uint4 v;
