@@ -111,8 +111,7 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
                 "fused::_plan: matmul needs k=K >= 1 (and batch=B >= 1), but got k=", o.k,
                 ", batch=", o.batch);
     if (dtype == at::kFloat) return "cublas";
-    if (gpu.major >= 8 &&
-        matmul::use_gemv(rows, cols, o.k, o.batch, !o.mn_major, gpu.num_sms, ov)) {
+    if (matmul::use_gemv(rows, cols, o.k, o.batch, !o.mn_major, gpu.num_sms, ov)) {
       return "gemv";
     }
     if (gpu.major != 9 || gpu.minor != 0 || !gpu.sm90_code ||
