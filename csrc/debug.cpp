@@ -14,7 +14,8 @@
 //       chunks), scale=X, causal_q=N (softmax). overrides: a spec parsed for this call
 //       alone (the overrides in force are not read).
 //       op matmul: the GEMM's schedule (cuda/matmul/plan.h) for rows = M, cols = N and the
-//       options k=K (required), batch=B; unaligned: an output TMA cannot store (no split-K).
+//       options k=K (required), batch=B; unaligned: an output TMA cannot store (no split-K);
+//       mn_major: an operand is MN-major (no small-M kernel). "gemv": the small-M kernel.
 // Plain C++ (the plans are pure host functions), so the CPU build has them too.
 #include <torch/library.h>
 
@@ -38,6 +39,7 @@ struct Options {
   bool unaligned = false, mixed = false;
   int64_t grads = 2, causal_q = 0;
   int64_t k = 0, batch = 1;  // matmul
+  bool mn_major = false;     // matmul: an operand is MN-major (no small-M kernel)
   double scale = 1.0;
 };
 
@@ -75,11 +77,14 @@ Options parse_options(const std::string& spec) {
         o.k = std::stoll(value);
       else if (key == "batch")
         o.batch = std::stoll(value);
+      else if (key == "mn_major")
+        o.mn_major = true;
       else
         TORCH_CHECK(
             false, "fused::_plan: unknown option '", item,
             "' (options: rms, residual, "
-            "dsum, weight_fp32, rows_fp32, unaligned, grads=N, causal_q=N, scale=X, k=N, batch=N)");
+            "dsum, weight_fp32, rows_fp32, unaligned, grads=N, causal_q=N, scale=X, k=N, batch=N, "
+            "mn_major)");
     } catch (const std::logic_error&) {  // stoll / stod: not a number
       TORCH_CHECK(false, "fused::_plan: option ", key, " needs a number, but got '", value, "'");
     }
@@ -106,6 +111,9 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
                 "fused::_plan: matmul needs k=K >= 1 (and batch=B >= 1), but got k=", o.k,
                 ", batch=", o.batch);
     if (dtype == at::kFloat) return "cublas";
+    if (matmul::use_gemv(rows, cols, o.k, o.batch, !o.mn_major, gpu.num_sms, ov)) {
+      return "gemv";
+    }
     if (gpu.major != 9 || gpu.minor != 0 || !gpu.sm90_code ||
         ov.matmul_kernel == Overrides::MatmulKernel::kPortable) {
       return "portable";

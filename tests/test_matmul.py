@@ -842,10 +842,13 @@ def test_linear_split_k_epilogue(act, knobs):
     linear_case((1, 2048), 1000, torch.float16, "cuda", True, act, all_views=False)
 
 
-def gemm_plan(m, n, k, batch=1, num_sms=132, spec="", unaligned=False, sm=90, dtype=None):
+def gemm_plan(
+    m, n, k, batch=1, num_sms=132, spec="", unaligned=False, sm=90, dtype=None, mn_major=False
+):
     """The Hopper kernel's schedule (csrc/cuda/matmul/plan.h) as (BN, splits), or the other
-    path's name ("portable", "cublas")."""
+    path's name ("portable", "cublas", "gemv": the small-M kernel)."""
     opts = f"k={k},batch={batch}" + (",unaligned" if unaligned else "")
+    opts += ",mn_major" if mn_major else ""
     text = torch.ops.fused._plan(
         "matmul", m, n, dtype or torch.bfloat16, opts, sm, num_sms, True, spec
     )
@@ -875,7 +878,9 @@ def gemm_plan(m, n, k, batch=1, num_sms=132, spec="", unaligned=False, sm=90, dt
     ],
 )
 def test_gemm_schedule(mnk, want):
-    assert gemm_plan(*mnk) == want
+    # The Hopper kernel's schedule; under matmul.kernel=auto the decode shapes (M <= 32) take
+    # the small-M kernel instead (test_gemv_plan).
+    assert gemm_plan(*mnk, spec="matmul.kernel=hopper") == want
 
 
 def test_gemm_schedule_edges_and_overrides():
@@ -914,7 +919,11 @@ def test_hopper_launches_its_plan(mnk, knobs):
     m, n, k = mnk
     a, b = layout_operands(None, m, k, n, False, False, torch.bfloat16)
     bn, splits = gemm_plan(
-        m, n, k, num_sms=torch.cuda.get_device_properties(0).multi_processor_count
+        m,
+        n,
+        k,
+        num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
+        spec="matmul.kernel=hopper",
     )
     runs = hopper_launches(lambda: fused_ops.matmul(a, b))
     assert [(r[0], r[4]) for r in runs] == [(bn, splits > 1)], runs
@@ -930,3 +939,182 @@ def test_bad_schedule_overrides(knobs):
     ):
         with pytest.raises(RuntimeError, match=what):
             knobs(spec)
+
+
+# ---------------------------------------------------------------------------------------
+# The small-M kernel (csrc/cuda/matmul_gemv.cu; docs/design/matmul.md, "Small M"): M <= 32
+# rows against a K-major B, under matmul.kernel=auto (a forced kernel, tile width or piece
+# count pins the others), on any GPU.
+def test_gemv_plan():
+    for m, n, k in [(1, 4096, 4096), (16, 14336, 4096), (32, 4096, 4096), (7, 1000, 4095)]:
+        assert gemm_plan(m, n, k) == "gemv", (m, n, k)
+        assert gemm_plan(m, n, k, sm=80) == "gemv", (m, n, k)
+        assert gemm_plan(m, n, k, dtype=torch.float16) == "gemv", (m, n, k)
+    # 33 rows and up: the tensor-core tiles.
+    assert isinstance(gemm_plan(33, 4096, 4096), tuple)
+    assert isinstance(gemm_plan(128, 14336, 4096), tuple)
+    # An MN-major operand, a forced kernel or schedule, float32.
+    assert isinstance(gemm_plan(1, 4096, 4096, mn_major=True), tuple)
+    assert gemm_plan(1, 4096, 4096, mn_major=True, sm=80) == "portable"
+    for spec in ("matmul.kernel=hopper", "matmul.split_k=2", "matmul.tile_n=128"):
+        assert isinstance(gemm_plan(1, 4096, 4096, spec=spec), tuple), spec
+    assert gemm_plan(1, 4096, 4096, spec="matmul.kernel=portable") == "portable"
+    assert gemm_plan(1, 4096, 4096, dtype=torch.float32) == "cublas"
+    # Too few 16-row blocks for the SMs and a long K: split-K spreads K instead.
+    assert isinstance(gemm_plan(1, 64, 65536), tuple)
+    assert gemm_plan(1, 64, 8192) == "gemv"
+    assert gemm_plan(1, 64, 65536, batch=64) == "gemv"
+
+
+def gemv_launches(fn):
+    """How many small-M kernels and other GEMM kernels fn() launches."""
+    names = cuda_kernel_names(fn)
+    gemv = sum("gemv_kernel<" in x for x in names)
+    other = sum(("hopper_gemm_kernel<" in x or "portable_gemm_kernel" in x) for x in names)
+    return gemv, other
+
+
+GEMV_M = [1, 2, 7, 16, 33]
+GEMV_KN = [(4095, 1000), (1000, 4097), (4096, 4096), (64, 24), (5, 3)]
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", GEMV_M)
+@pytest.mark.parametrize("kn", GEMV_KN)
+def test_gemv_matmul(dtype, m, kn, knobs):
+    knobs("matmul.kernel=auto")
+    k, n = kn
+    # x [m, k] and W [n, k] (B = W^T) in every view: contiguous, transposed, gapped, offset.
+    for xn, x in views((m, k), dtype, "cuda", 1.0):
+        for wn, w in views((n, k), dtype, "cuda", 1.0 / math.sqrt(k)):
+            poison([m * n], "cuda", dtype)
+            c = fused_ops.matmul(x, w.t())
+            check(c, x.double() @ w.double().t(), dtype, msg=f"{(m, k, n)} x={xn} w={wn}")
+    # Both K-major: the small-M kernel for m <= 32 (K not a multiple of 8: rows copied to padded
+    # ones), the tensor-core kernels above.
+    x, w = rand((m, k), dtype, "cuda"), rand((n, k), dtype, "cuda", 1.0 / math.sqrt(k))
+    assert gemv_launches(lambda: fused_ops.matmul(x, w.t())) == ((1, 0) if m <= 32 else (0, 1))
+
+
+# Rows read in place past whose K lie other columns, NaN here: the K edge reads element by
+# element and never multiplies past K (NaN * 0 would poison the sum).
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m, k", [(1, 4089), (16, 4085), (32, 1001), (5, 3)])
+def test_gemv_k_edge_reads_in_place(dtype, m, k, knobs):
+    knobs("matmul.kernel=auto")
+    width = (k + 7) // 8 * 8 + 8
+    xs = torch.full((m, width), float("nan"), dtype=dtype, device="cuda")
+    ws = torch.full((1000, width), float("nan"), dtype=dtype, device="cuda")
+    xs[:, :k] = rand((m, k), dtype, "cuda")
+    ws[:, :k] = rand((1000, k), dtype, "cuda", 1.0 / math.sqrt(k))
+    x, w = xs[:, :k], ws[:, :k]
+    poison([m * 1000], "cuda", dtype)
+    c = fused_ops.matmul(x, w.t())
+    check(c, x.double() @ w.double().t(), dtype, msg=f"m={m} k={k}")
+    assert gemv_launches(lambda: fused_ops.matmul(x, w.t())) == (1, 0)
+
+
+# Batches: a batch of B matrices (batch strides, B broadcast), and a 3-D input folded into rows.
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_batched(dtype, knobs):
+    knobs("matmul.kernel=auto")
+    a = rand((5, 3, 1024), dtype, "cuda").transpose(0, 1)  # [3, 5, 1024], batch stride 1024
+    w = rand((3, 1000, 1024), dtype, "cuda", 1 / 32)
+    w2 = rand((1000, 1024), dtype, "cuda", 1 / 32)
+    for b in (w.transpose(-1, -2), w2.t()):
+        poison([3 * 5 * 1000], "cuda", dtype)
+        check(fused_ops.matmul(a, b), torch.matmul(a.double(), b.double()), dtype)
+        assert gemv_launches(lambda: fused_ops.matmul(a, b)) == (1, 0)
+    a = rand((4, 4, 1024), dtype, "cuda")  # contiguous: one GEMM of 16 rows
+    poison([16 * 1000], "cuda", dtype)
+    check(fused_ops.matmul(a, w2.t()), torch.matmul(a.double(), w2.double().t()), dtype)
+
+
+# The linear layer's epilogue on the small-M kernel: bias, both GeLUs, the pre-activation
+# (linear_fwd), every input view; the gated forms (the small-M kernel writes z, the gated
+# kernel pairs it) against their composition; the backward's GEMMs (dX is B MN-major: the
+# tensor-core kernels).
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("case", [((7, 4095), 1000), ((2, 8, 1000), 4097), ((1, 4096), 4096)])
+def test_gemv_linear(dtype, act, case, knobs):
+    knobs("matmul.kernel=auto")
+    for with_bias in (True, False):
+        linear_case(*case, dtype, "cuda", with_bias, act)
+    x_shape, n = case
+    x = rand(x_shape, dtype, "cuda")
+    w = rand((n, x_shape[-1]), dtype, "cuda", x_shape[-1] ** -0.5)
+    b = rand((n,), dtype, "cuda")
+    assert gemv_launches(lambda: fused_ops.linear(x, w, b, act)) == (1, 0)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["swiglu", "geglu", "geglu_tanh"])
+def test_gemv_gated_linear(dtype, act, knobs):
+    from test_gated_linear import gated_linear_case
+
+    knobs("matmul.kernel=auto")
+    for (m, k), n, all_views in [((1, 4096), 1000, False), ((7, 1001), 4097, True)]:
+        gated_linear_case((m, k), n, dtype, "cuda", True, act, all_views=all_views)
+        x = rand((m, k), dtype, "cuda")
+        w = rand((2 * n, k), dtype, "cuda", k**-0.5)
+        assert gemv_launches(lambda: fused_ops.linear(x, w, None, act))[0] == 1
+
+
+# Split-K's workspace (matmul_sm90.cu: split_workspace) is kept per stream and its counters
+# reset by the kernel: a call launches the GEMM alone (no memset or fill), results stay right
+# and bitwise equal over calls, across workspace growth and on a second stream; CUDA graph
+# capture and replay of both small-M paths (split-K records its own zeroed buffers).
+@CUDA
+@HOPPER
+def test_split_k_workspace_and_graphs(knobs):
+    knobs("matmul.kernel=hopper")
+    dtype = torch.bfloat16
+    w = rand((4096, 4096), dtype, "cuda", 1 / 64)
+    x = rand((128, 4096), dtype, "cuda")
+    big_a = rand((1024, 16384), dtype, "cuda")
+    big_b = rand((16384, 1024), dtype, "cuda", 1 / 128)
+    first = fused_ops.matmul(x, w.t())
+    check(first, x.double() @ w.double().t(), dtype)
+    names = cuda_kernel_names(lambda: fused_ops.matmul(x, w.t()))
+    runs = hopper_launches(lambda: fused_ops.matmul(x, w.t()))
+    assert len(runs) == 1 and runs[0][4], runs  # split-K
+    assert not any("Memset" in n or "Fill" in n or "fill" in n for n in names), names
+    for _ in range(3):
+        assert torch.equal(fused_ops.matmul(x, w.t()), first)
+    big = fused_ops.matmul(big_a, big_b)  # more tiles and pieces: the workspace grows
+    check(big, big_a.double() @ big_b.double(), dtype)
+    assert torch.equal(fused_ops.matmul(x, w.t()), first)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = fused_ops.matmul(x, w.t())
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(on_side, first)
+
+    for spec in ("matmul.kernel=hopper", "matmul.kernel=auto"):  # split-K, then small M
+        knobs(spec)
+        xs = rand((16, 4096), dtype, "cuda") if spec.endswith("auto") else x.clone()
+        ref = fused_ops.matmul(xs, w.t())
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fused_ops.matmul(xs, w.t())  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fused_ops.matmul(xs, w.t())
+        for _ in range(3):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, ref), spec
+        xs.copy_(rand(tuple(xs.shape), dtype, "cuda"))
+        graph.replay()
+        check(out, xs.double() @ w.double().t(), dtype, msg=spec)
+        assert torch.equal(fused_ops.matmul(xs, w.t()), out), spec  # eager after capture

@@ -24,7 +24,7 @@ impls:
   native  torch.mm on the same views (cuBLAS).
 
 Variant "decode": the forward of a few tokens (M = 1, 16, 128) against 4096 x 4096 and
-14336 x 4096 weights (memory-bound: the weight is read once). The training variants carry
+14336 x 4096 weights (memory-bound: the weight is read once), bf16 and fp16. The training variants carry
 the field sum="train": benchmarks/run.py adds one summed-time row over them
 (harness.summed_records), the set's total as one training step runs it.
 
@@ -100,13 +100,13 @@ def _bytes(shape, dtype, pass_):
     return (m * k + k * n + m * n) * dtype.itemsize
 
 
-def _case(kind, shapes, quick):
+def _case(kind, shapes, quick, dtypes=(torch.bfloat16,)):
     return Case(
         op="gemm_train",
         variant=kind,
         shapes=shapes,
         quick_shapes=quick,
-        dtypes=[torch.bfloat16],
+        dtypes=list(dtypes),
         passes=("fwd",),
         make_inputs=lambda shape, dtype, device: dict(
             zip(("a", "b"), _operands(kind, shape, dtype, device))
@@ -131,5 +131,6 @@ CASES.append(
         "decode",
         [(m, out, in_) for out, in_ in DECODE_WEIGHTS for m in DECODE_M],
         QUICK_DECODE,
+        dtypes=(torch.bfloat16, torch.float16),
     )
 )

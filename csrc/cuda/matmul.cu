@@ -2,6 +2,9 @@
 // common/matmul.h).
 //
 // bf16/fp16: hand-written tensor-core GEMMs with the bias + GeLU epilogue fused:
+//   - the small-M kernel (matmul_gemv.cu) for up to 32 rows against a K-major B (a linear
+//     layer's forward at decode time), on any GPU, when the plan (matmul/plan.h: use_gemv)
+//     takes it: memory-bound, it streams B once;
 //   - the Hopper kernel (matmul_sm90.cu: wgmma + TMA, warp-specialised, persistent) on
 //     compute capability 9.0 when the build has sm_90a code and the operands suit TMA;
 //   - the portable kernel (matmul_portable.cuh: mma.sync + cp.async) everywhere else,
@@ -38,6 +41,8 @@
 #include "common/matmul.h"
 #include "common/overrides.h"
 #include "common/vec.cuh"
+#include "cuda/matmul/plan.h"
+#include "cuda/matmul_gemv.h"
 #include "cuda/matmul_portable.h"
 #include "cuda/matmul_sm90.h"
 
@@ -58,6 +63,12 @@ bool run_hopper_gemm(const GemmProblem& p, at::ScalarType dtype) {
       "available here (it needs a compute capability 9.0 GPU with room for its shared "
       "memory pipeline and a build with sm_90a, e.g. TORCH_CUDA_ARCH_LIST=\"9.0a\")");
   return r == matmul::Sm90Result::kLaunched;
+}
+
+// Whether the plan gives p (non-gated) to the small-M kernel.
+bool gemv_applies(const GemmProblem& p) {
+  return p.act < matmul::kActSwiglu &&
+         matmul::use_gemv(p.M, p.N, p.K, p.batch, p.a_kmajor && p.b_kmajor, num_sms(), overrides());
 }
 
 void run_portable_gemm(const GemmProblem& p, at::ScalarType dtype) {
@@ -172,6 +183,10 @@ void gemm_16bit(const at::Tensor& a3, const at::Tensor& b3, at::Tensor& out, con
   GemmOperands keep;
   GemmProblem p = problem_16bit(a3, b3, out, bias, z, act, keep);
   if (p.M == 0 || p.N == 0 || p.batch == 0) return;
+  if (gemv_applies(p)) {
+    matmul::launch_gemv(p, a3.scalar_type(), current_stream());
+    return;
+  }
   if (run_hopper_gemm(p, a3.scalar_type())) return;
   if (!p.a_kmajor && p.b_kmajor) {
     // The portable kernel has no MN-major A with K-major B (matmul_portable_launch.cuh):
@@ -199,6 +214,9 @@ bool gated_gemm_hopper(const at::Tensor& x2, const at::Tensor& w, const at::Tens
   GemmOperands keep;
   GemmProblem p = problem_16bit(x2.unsqueeze(0), w.t().unsqueeze(0), y, bias, z, act, keep);
   if (!p.a_kmajor || !p.b_kmajor) return false;
+  // Few rows: the small-M kernel writes z and the gated kernel pairs its halves (both
+  // memory-bound passes; the weight's read dominates).
+  if (matmul::use_gemv(M, N2, K, 1, true, num_sms(), overrides())) return false;
   p.N = static_cast<int>(N2 / 2);  // the output's width; B has 2N rows
   return matmul::launch_sm90_gemm(p, x2.scalar_type(), current_stream()) ==
          matmul::Sm90Result::kLaunched;

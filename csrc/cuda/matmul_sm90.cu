@@ -36,6 +36,9 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "common/launch.cuh"
 #include "common/overrides.h"
@@ -87,7 +90,7 @@ struct HopperConfig {
 // another, so no co-residency is assumed.
 struct SplitK {
   float* partials;  // [units][ACC / 4][256] float4; nullptr without split-K
-  int* counters;    // [tiles], zeroed by the host before the launch
+  int* counters;    // [tiles], zero at the launch; each tile's last piece puts its back to 0
   int splits;       // 1 without split-K
 };
 
@@ -456,6 +459,9 @@ __device__ __forceinline__ bool split_k_reduce(const SplitK& split, float (&acc)
     const int done = atomicAdd(split.counters + tile, 1);
     __threadfence();  // acquire: the pieces counted before this one are visible
     *last_piece = done == splits - 1;
+    // Every piece has counted: the counter is free again, zero for the next launch that
+    // shares the workspace (split_workspace), which needs no memset.
+    if (done == splits - 1) split.counters[tile] = 0;
   }
   consumers_sync();
   // The next unit's write of last_piece comes after its first consumers_sync, which every
@@ -839,6 +845,41 @@ bool has_sm90a_code(Kernel kernel) {
          }) != 0;
 }
 
+// Split-K's fp32 partials and per-tile counters. Outside graph capture: one workspace per
+// (device, stream), kept and grown across calls, whose counters are zeroed once when
+// allocated and are zero between launches (the last piece of each tile resets its own), so a
+// call launches the GEMM alone, no memset. Launches on one stream run in order, so they can
+// share it; another stream gets its own. A grown buffer replaces the old one through the
+// caching allocator, which reuses the old memory only after the stream's earlier work.
+// Under capture (a CUDA graph): buffers of the call itself (partials, counters keep them
+// until the launch is recorded), zeroed by a memset the graph records and replays, since a
+// workspace made or zeroed at capture time would hold nothing real until replay.
+SplitK split_workspace(int64_t partial_floats, int64_t tiles, cudaStream_t stream,
+                       at::Tensor& partials, at::Tensor& counters) {
+  const auto opts = at::TensorOptions().device(at::kCUDA, at::cuda::current_device());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    partials = at::empty({partial_floats}, opts.dtype(at::kFloat));
+    counters = at::zeros({tiles}, opts.dtype(at::kInt));
+    return {partials.mutable_data_ptr<float>(), counters.mutable_data_ptr<int>(), 1};
+  }
+  struct Workspace {
+    at::Tensor partials, counters;
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, Workspace> spaces;
+  std::lock_guard<std::mutex> lock(mutex);
+  Workspace& w = spaces[{at::cuda::current_device(), stream}];
+  if (!w.partials.defined() || w.partials.numel() < partial_floats) {
+    w.partials = at::empty({partial_floats}, opts.dtype(at::kFloat));
+  }
+  if (!w.counters.defined() || w.counters.numel() < tiles) {
+    w.counters = at::zeros({tiles}, opts.dtype(at::kInt));
+  }
+  return {w.partials.mutable_data_ptr<float>(), w.counters.mutable_data_ptr<int>(), 1};
+}
+
 template <typename T, typename Cfg, bool AK, bool BK>
 Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream, int splits) {
   if (!has_sm90a_code(hopper_gemm_kernel<T, Cfg, AK, BK, true>) || encode_fn() == nullptr) {
@@ -863,12 +904,10 @@ Sm90Result launch(const GemmProblem& p, at::ScalarType dtype, cudaStream_t strea
                             : hopper_gemm_kernel<T, Cfg, AK, BK, false>;
   if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
   SplitK split{nullptr, nullptr, 1};
-  at::Tensor partials, counters;  // stream-ordered: freed after the launch, reused after it
+  at::Tensor partials, counters;  // a graph capture's own buffers (split_workspace)
   if (splits > 1) {
-    const auto opts = at::TensorOptions().device(at::kCUDA, at::cuda::current_device());
-    partials = at::empty({tiles * splits * Cfg::BM * Cfg::BN}, opts.dtype(at::kFloat));
-    counters = at::zeros({tiles}, opts.dtype(at::kInt));
-    split = {partials.mutable_data_ptr<float>(), counters.mutable_data_ptr<int>(), splits};
+    split = split_workspace(tiles * splits * Cfg::BM * Cfg::BN, tiles, stream, partials, counters);
+    split.splits = splits;
   }
   const int sms = num_sms();
   const int grid = static_cast<int>(std::min<int64_t>(tiles * splits, sms));

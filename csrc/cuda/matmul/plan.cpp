@@ -54,6 +54,25 @@ Schedule choose_schedule(int64_t M, int64_t N, int64_t K, int64_t batch, int sms
   return best;
 }
 
+// The small-M kernel (docs/design/matmul.md, "Small M"). A GEMM with few rows is
+// memory-bound on the weight: 2 N K bytes against 2 M N K FLOPs, M FLOPs a byte, while an H200
+// streams ~4.3 TB/s and its mma.sync units do ~500 TFLOP/s (~115 FLOPs a byte), so up to
+// M = 32 the tensor-core tiles' 128-row height only adds waste, prologue and (split-K)
+// reduction traffic. The small-M kernel streams each weight row once with 16-byte loads and
+// multiplies it by all M rows of A in mma.sync (A's rows as the MMA's N side). Its blocks each
+// take 16 weight rows and the whole K, so it needs enough of them for the SMs: at least half
+// a block per SM, or a short K (<= 8192: a few microseconds whatever the grid).
+bool use_gemv(int64_t M, int64_t N, int64_t K, int64_t batch, bool both_kmajor, int sms,
+              const Overrides& o) {
+  if (o.matmul_kernel != Overrides::MatmulKernel::kAuto || o.matmul_tile_n != Overrides::kAuto ||
+      o.matmul_split_k != Overrides::kAuto) {
+    return false;
+  }
+  if (!both_kmajor || M < 1 || M > kGemvMaxM || K < 1 || batch > 65535) return false;
+  const int64_t blocks = (N + 15) / 16 * batch;
+  return blocks * 2 >= sms || K <= 8192;
+}
+
 std::string describe(const Schedule& s) {
   std::ostringstream out;
   out << "hopper bn=" << s.bn << " splits=" << s.splits;

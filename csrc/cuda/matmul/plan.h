@@ -21,6 +21,14 @@ struct Schedule {
 Schedule choose_schedule(int64_t M, int64_t N, int64_t K, int64_t batch, int sms, bool split_ok,
                          const Overrides& o);
 
+// The small-M kernel (matmul_gemv.cu): out = act(A B + bias) for M <= kGemvMaxM rows, both
+// operands K-major (a linear layer's forward: x [M, K], W [N, K]). Taken under
+// matmul.kernel=auto without a forced tile width or piece count (those pin the Hopper
+// kernel); plan.cpp says why these bounds.
+constexpr int kGemvMaxM = 32;
+bool use_gemv(int64_t M, int64_t N, int64_t K, int64_t batch, bool both_kmajor, int sms,
+              const Overrides& o);
+
 // "hopper bn=256 splits=1": the form torch.ops.fused._plan returns.
 std::string describe(const Schedule& s);
 
