@@ -126,9 +126,18 @@ MatView prepare_operand(const at::Tensor& t, bool allow_col_major = true) {
       return {t, t.const_data_ptr(), ld, sb, false};
     }
   }
-  // Copy to row-major rows padded to a multiple of 8 elements. The padding is zeroed: the
-  // portable kernel copies a 16-byte chunk that straddles the end of an MN-major row whole
-  // (what lies past N only feeds outputs that are never stored, but it should be defined).
+  // Copy to rows padded to a multiple of 8 elements, keeping the source's contiguous dimension
+  // (a column-major source stays column-major: a linear's weight with an odd K stays K-major,
+  // which the small-M kernel needs). The padding is zeroed: the portable kernel copies a
+  // 16-byte chunk that straddles the end of an MN-major row whole (what lies past N only
+  // feeds outputs that are never stored, but it should be defined).
+  if (allow_col_major && t.stride(1) == 1 && t.stride(2) != 1 && R > 1) {
+    const int64_t Rp = round_up8(R);
+    at::Tensor buf = at::empty({t.size(0), C, Rp}, t.options());
+    buf.narrow(2, 0, R).copy_(t.transpose(1, 2));
+    if (Rp > R) buf.narrow(2, R, Rp - R).zero_();
+    return {buf, buf.const_data_ptr(), Rp, t.size(0) == 1 ? 0 : C * Rp, false};
+  }
   const int64_t Cp = round_up8(C);
   at::Tensor buf = at::empty({t.size(0), R, Cp}, t.options());
   buf.narrow(2, 0, C).copy_(t);
