@@ -48,8 +48,7 @@ __device__ __forceinline__ int bwd_nvec(int cols, int head) {
 }
 
 // PIN: loads kept where they are issued (load_pinned), for the cluster kernel's prefetch.
-template <bool PIN = false, bool SPAN = false, typename T, typename W, typename R, int VEC,
-          int VPT>
+template <bool PIN = false, bool SPAN = false, typename T, typename W, typename R, int VEC, int VPT>
 __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t row, bool valid,
                                          int lane, int tpr, BwdTile<T, R, VEC, VPT>& t,
                                          int head = 0) {
@@ -282,8 +281,7 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
 // rows then share their head).
 template <typename Kernel, typename T, typename W, typename R, typename... Args>
 void launch_with_partials(Kernel kernel, int64_t units, int per_sm, int threads, size_t smem,
-                          BwdParams<T, W, R> p, NormBackward& nb, int grid_multiple,
-                          Args... args) {
+                          BwdParams<T, W, R> p, NormBackward& nb, int grid_multiple, Args... args) {
   int64_t blocks = std::min<int64_t>(units, per_sm * int64_t{num_sms()});
   if (blocks < units && blocks > grid_multiple) blocks -= blocks % grid_multiple;
   at::Tensor part = alloc_partials(nb, blocks);

@@ -205,7 +205,8 @@ bool bwd_regs_at(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s) {
   // The span path: a grid row step (blocks x groups) whose rows start at one offset in their
   // 16-byte chunk, a multiple of VEC / gcd(groups x cols, VEC) blocks.
   int multiple = 1;
-  if constexpr (SPAN) multiple = VEC / std::gcd(static_cast<int>(int64_t{groups} * p.cols % VEC), VEC);
+  if constexpr (SPAN)
+    multiple = VEC / std::gcd(static_cast<int>(int64_t{groups} * p.cols % VEC), VEC);
   launch_with_partials(kernel, s.blocks, per_sm, s.threads, smem, p, nb, multiple, s.tpr);
   return true;
 }
