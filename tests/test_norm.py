@@ -684,6 +684,21 @@ def _offset_view(t, offset):
     return buf[offset:].view(t.shape).copy_(t)
 
 
+def _span_inputs(dtype, op, cols, offset):
+    """(kind, add, x, residual, weight, bias, eps) for the span tests: x and the residual
+    `offset` elements past an aligned start, the parameters (when offset) at offsets of their
+    own."""
+    kind = op.removeprefix("add_")
+    rows = 11 if cols < 32000 else 5
+    x = _offset_view((torch.randn(rows, cols, device="cuda") * 2 + 0.5).to(dtype), offset)
+    r = _offset_view(torch.randn(rows, cols, device="cuda").to(dtype), offset)
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    if offset:
+        w = _offset_view(w, offset + 2)
+        b = None if b is None else _offset_view(b, offset + 1)
+    return kind, op.startswith("add_"), x, r, w, b, _eps(kind, dtype)
+
+
 def _span_expected(cols, dtype):
     vw = 16 // dtype.itemsize
     return -(-((cols + 2 * vw - 2) // vw) // 8) <= 1024
@@ -695,16 +710,7 @@ def _span_expected(cols, dtype):
 @pytest.mark.parametrize("cols", SPAN_COLS)
 @pytest.mark.parametrize("offset", [0, 1, 3])
 def test_cuda_span_forward(dtype, op, cols, offset):
-    kind = op.removeprefix("add_")
-    rows = 11 if cols < 32000 else 5
-    x = _offset_view((torch.randn(rows, cols, device="cuda") * 2 + 0.5).to(dtype), offset)
-    r = _offset_view(torch.randn(rows, cols, device="cuda").to(dtype), offset)
-    w, b = _params(kind, (cols,), dtype, "cuda", "same")
-    if offset:  # the parameters at an offset of their own
-        w = _offset_view(w, offset + 2)
-        b = None if b is None else _offset_view(b, offset + 1)
-    eps = _eps(kind, dtype)
-    add = op.startswith("add_")
+    kind, add, x, r, w, b, eps = _span_inputs(dtype, op, cols, offset)
 
     def run():
         if not add:
@@ -751,16 +757,7 @@ def test_cuda_span_backward(dtype, op, cols, offset):
     # The backward of the same rows: norm_bwd_regs' span variant where its prefetching form
     # holds the span (16-bit rows up to ~8K columns, float32 up to ~4K), dy and d_sum copied
     # to x's offset where they sit elsewhere, dx allocated there; else the scalar path.
-    kind = op.removeprefix("add_")
-    add = op.startswith("add_")
-    rows = 11 if cols < 32000 else 5
-    x = _offset_view((torch.randn(rows, cols, device="cuda") * 2 + 0.5).to(dtype), offset)
-    r = _offset_view(torch.randn(rows, cols, device="cuda").to(dtype), offset)
-    w, b = _params(kind, (cols,), dtype, "cuda", "same")
-    if offset:
-        w = _offset_view(w, offset + 2)
-        b = None if b is None else _offset_view(b, offset + 1)
-    eps = _eps(kind, dtype)
+    kind, add, x, r, w, b, eps = _span_inputs(dtype, op, cols, offset)
     xa = x.detach().requires_grad_()  # a leaf at x's offset
     wa = w.detach().requires_grad_()
     ba = None if b is None else b.detach().requires_grad_()

@@ -104,6 +104,14 @@ def test_norm_fwd_scalar_path(cols):
     assert only(plan("norm_fwd", 10, 4096, F16, "unaligned,mixed"))["vec"] == 1
 
 
+def _span_plan(op, dtype, cols, opts):
+    """(steps, vector width, span vectors) of rows off the grid: odd widths as they are,
+    whole-vector widths through a misaligned pointer."""
+    vw = 16 // dtype.itemsize
+    s = plan(op, 1000, cols, dtype, opts + (",unaligned" if cols % vw == 0 else ""))
+    return s, vw, (cols + 2 * vw - 2) // vw
+
+
 # Rows off the 16-byte grid (odd widths, views at odd offsets) whose row tensors share an
 # offset: norm_fwd_regs' span variant, the row plus up to two partial vectors, 4 vectors a
 # thread up to 1024 threads, then 8 (the add forms: the residual staged); past that the
@@ -114,10 +122,7 @@ def test_norm_fwd_scalar_path(cols):
 def test_norm_fwd_span(dtype, cols, opts):
     if dtype == F32 and "weight_fp32" in opts:
         return
-    vw = 16 // dtype.itemsize
-    unaligned = cols % vw == 0
-    s = plan("norm_fwd", 1000, cols, dtype, opts + (",unaligned" if unaligned else ""))
-    nvec = (cols + 2 * vw - 2) // vw
+    s, vw, nvec = _span_plan("norm_fwd", dtype, cols, opts)
     need, need_wide = -(-nvec // 4), -(-nvec // 8)
     if need_wide > 1024:
         assert all(st["vec"] == 1 and "span" not in st for st in s), s
@@ -152,10 +157,7 @@ def test_norm_fwd_span(dtype, cols, opts):
 def test_norm_bwd_span(dtype, cols, opts):
     if dtype == F32 and "weight_fp32" in opts:
         return
-    vw = 16 // dtype.itemsize
-    unaligned = cols % vw == 0
-    s = plan("norm_bwd", 1000, cols, dtype, opts + (",unaligned" if unaligned else ""))
-    nvec = (cols + 2 * vw - 2) // vw
+    s, vw, nvec = _span_plan("norm_bwd", dtype, cols, opts)
     pf_vpt = 32 // (vw * dtype.itemsize)
     need = -(-nvec // pf_vpt)
     if need > 512:
