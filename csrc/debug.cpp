@@ -10,9 +10,9 @@
 //       options, comma-separated: rms (else layer norm), residual (the add forms' forward),
 //       dsum (their backward's grad_sum), weight_fp32, rows_fp32 (residual_in_fp32),
 //       grads=N (backward parameter gradients, default 2), unaligned (a pointer off the
-//       16-byte grid), mixed (softmax: pointers at different offsets in their 16-byte
-//       chunks), scale=X, causal_q=N (softmax). overrides: a spec parsed for this call
-//       alone (the overrides in force are not read).
+//       16-byte grid), mixed (softmax, norm forward: pointers at different offsets in
+//       their 16-byte chunks), scale=X, causal_q=N (softmax). overrides: a spec parsed for this
+//       call alone (the overrides in force are not read).
 //       op matmul: the GEMM's schedule (cuda/matmul/plan.h) for rows = M, cols = N and the
 //       options k=K (required), batch=B; unaligned: an output TMA cannot store (no split-K);
 //       mn_major: an operand is MN-major (no small-M kernel). "gemv": the small-M kernel.
@@ -134,6 +134,7 @@ std::string plan_op(std::string op, int64_t rows, int64_t cols, at::ScalarType d
     p.dsum = o.dsum;
     p.grads = static_cast<int>(o.grads);
     p.aligned = !o.unaligned;
+    p.same_phase = !o.mixed;
     return norm::describe(op == "norm_fwd" ? norm::plan_forward(p, gpu, ov)
                                            : norm::plan_backward(p, gpu, ov));
   }

@@ -34,7 +34,7 @@ from utils import (
 ops = torch.ops.fused
 KINDS = ["layer", "rms"]
 # norm_fwd_regs' template parameters after its types, in order.
-FWD_REGS_PARAMS = ("VEC", "VPT", "LAYER", "RES", "FIXED_TPR", "DROP")
+FWD_REGS_PARAMS = ("VEC", "VPT", "LAYER", "RES", "FIXED_TPR", "DROP", "SPAN")
 
 
 def _fwd_regs(name):
@@ -299,7 +299,8 @@ def test_weight_only_and_bias_only(device, dtype, kind):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_misaligned_parameters(device, dtype, kind):
-    # weight / bias views one element into their storage: the scalar path.
+    # weight / bias views one element into their storage: the span path forward (parameters
+    # loaded at a shift), the scalar backward.
     n = 96
     buf = (1 + torch.randn(2 * n + 2, device=device)).to(dtype)
     w, b = buf[1 : n + 1], (buf[n + 2 :] if kind == "layer" else None)
@@ -593,8 +594,8 @@ def test_cuda_device_mismatch():
 
 
 # ---- GPU: every kernel strategy, both sides of each threshold ------------------------------
-# Forward (bf16/fp16 vectors of 8, fp32 vectors of 4, scalar path when cols is not a
-# multiple or a pointer is misaligned): 16-bit rows of FIXED_COLS with parameters in x's
+# Forward (bf16/fp16 vectors of 8, fp32 vectors of 4; the span variant, or the scalar
+# path, when cols is not a multiple or a pointer is misaligned: test_cuda_span_forward): 16-bit rows of FIXED_COLS with parameters in x's
 # dtype take the fixed-length kernel (the "same" weight config below; tested on its own
 # further down); otherwise 4 vectors per thread (2 for a float32 residual stream with
 # 16-bit x, 8 elements on the scalar path), sub-warp groups up to 32 threads (1024 / 512 /
@@ -661,11 +662,159 @@ def test_cuda_strategies(dtype, kind, cols):
         w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
         check_forward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
         check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
-    # The scalar path for the same length: x one element off an aligned allocation.
+    # x one element off an aligned allocation: the span path forward, the scalar backward.
     xo = offset_copy(x)
     w, b = _params(kind, (cols,), dtype, "cuda", "same")
     check_forward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
     check_backward(kind, xo, [cols], w, b, msg=f"cols={cols} misaligned")
+
+
+# Rows off the 16-byte grid (odd widths; views at an odd offset, x, residual and the
+# parameters each their own): the forward reads each row as the 16-byte vectors of its
+# aligned span (norm_fwd_regs' SPAN variant), y and the sum allocated at x's offset; rows
+# the span variant cannot hold (float32 50257) take the scalar path. Few rows, so that every
+# head (a row's offset in its 16-byte chunk) comes up; outputs poisoned (a block the size of
+# the outputs' padded allocation too).
+SPAN_COLS = [4095, 4097, 5121, 32001, 50257]
+
+
+def _offset_view(t, offset):
+    """t's values in a fresh buffer, `offset` elements past its (aligned) start."""
+    buf = torch.empty(t.numel() + offset, device=t.device, dtype=t.dtype)
+    return buf[offset:].view(t.shape).copy_(t)
+
+
+def _span_inputs(dtype, op, cols, offset):
+    """(kind, add, x, residual, weight, bias, eps) for the span tests: x and the residual
+    `offset` elements past an aligned start, the parameters (when offset) at offsets of their
+    own."""
+    kind = op.removeprefix("add_")
+    rows = 11 if cols < 32000 else 5
+    x = _offset_view((torch.randn(rows, cols, device="cuda") * 2 + 0.5).to(dtype), offset)
+    r = _offset_view(torch.randn(rows, cols, device="cuda").to(dtype), offset)
+    w, b = _params(kind, (cols,), dtype, "cuda", "same")
+    if offset:
+        w = _offset_view(w, offset + 2)
+        b = None if b is None else _offset_view(b, offset + 1)
+    return kind, op.startswith("add_"), x, r, w, b, _eps(kind, dtype)
+
+
+def _span_expected(cols, dtype):
+    vw = 16 // dtype.itemsize
+    return -(-((cols + 2 * vw - 2) // vw) // 8) <= 1024
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("op", ["layer", "rms", "add_layer", "add_rms"])
+@pytest.mark.parametrize("cols", SPAN_COLS)
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_cuda_span_forward(dtype, op, cols, offset):
+    kind, add, x, r, w, b, eps = _span_inputs(dtype, op, cols, offset)
+
+    def run():
+        if not add:
+            return fused_forward(kind, x, [cols], w, b, eps)
+        if kind == "layer":
+            return ops.add_layer_norm(x, r, [cols], w, b, eps, False)
+        return ops.add_rms_norm(x, r, [cols], w, eps, False)
+
+    names = [a for n in cuda_kernel_names(run) if (a := _fwd_regs(n)) is not None]
+    vw = 16 // dtype.itemsize
+    if _span_expected(cols, dtype):
+        assert names and all(a["SPAN"] == 1 and a["VEC"] == vw for a in names), names
+        assert all(a["RES"] == (2 if a["VPT"] == 8 and add else int(add)) for a in names), names
+    else:
+        assert all(a["SPAN"] == 0 and a["VEC"] == 1 for a in names), names
+    msg = f"op={op} cols={cols} offset={offset}"
+    poison_next_alloc((x.numel() + 16) * x.element_size(), x.device)
+    if not add:
+        y, _, _ = check_forward(kind, x, [cols], w, b, eps, msg=msg)
+        if offset:  # y at x's offset in its 16-byte chunk (the span path's outputs)
+            assert y.data_ptr() % 16 == x.data_ptr() % 16
+    else:
+        poison_next_alloc((x.numel() + 16) * x.element_size(), x.device)
+        check_add(kind, x, r, [cols], w, b, False, eps, msg=msg)
+
+
+def _bwd_regs_span(name):
+    """(VEC, SPAN) of a norm_bwd_regs kernel name, or None for another kernel."""
+    args = kernel_template_args(name, "norm_bwd_regs")
+    return None if args is None else (int(args[3]), args[7] == "true")
+
+
+def _span_bwd_expected(cols, dtype):
+    vw = 16 // dtype.itemsize
+    return -(-((cols + 2 * vw - 2) // vw) // (32 // (vw * dtype.itemsize))) <= 512
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("op", ["layer", "rms", "add_layer", "add_rms"])
+@pytest.mark.parametrize("cols", SPAN_COLS)
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_cuda_span_backward(dtype, op, cols, offset):
+    # The backward of the same rows: norm_bwd_regs' span variant where its prefetching form
+    # holds the span (16-bit rows up to ~8K columns, float32 up to ~4K), dy and d_sum copied
+    # to x's offset where they sit elsewhere, dx allocated there; else the scalar path.
+    kind, add, x, r, w, b, eps = _span_inputs(dtype, op, cols, offset)
+    xa = x.detach().requires_grad_()  # a leaf at x's offset
+    wa = w.detach().requires_grad_()
+    ba = None if b is None else b.detach().requires_grad_()
+    if add:
+        ra = r.detach().requires_grad_()
+        if kind == "layer":
+            outs = fused_ops.add_layer_norm(xa, ra, [cols], wa, ba, eps, False)
+        else:
+            outs = fused_ops.add_rms_norm(xa, ra, [cols], wa, eps, False)
+    elif kind == "layer":
+        outs = (fused_ops.layer_norm(xa, [cols], wa, ba, eps),)
+    else:
+        outs = (fused_ops.rms_norm(xa, [cols], wa, eps),)
+    grads = [torch.randn_like(o) for o in outs]
+    names = cuda_kernel_names(lambda: torch.autograd.backward(outs, grads))
+    got = [a for n in names if (a := _bwd_regs_span(n)) is not None]
+    vw = 16 // dtype.itemsize
+    if _span_bwd_expected(cols, dtype):
+        assert got and all(a == (vw, True) for a in got), names
+    else:
+        assert all(not a[1] for a in got), names
+    msg = f"op={op} cols={cols} offset={offset}"
+    poison_next_alloc((x.numel() + 16) * x.element_size(), x.device)
+    if add:
+        check_add(kind, x, r, [cols], w, b, False, eps, msg=msg)
+    else:
+        check_backward(kind, x, [cols], w, b, eps, msg=msg)
+
+
+@CUDA
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", [1, 3, 7, 9, 15, 17, 100, 1001])
+def test_cuda_span_forward_short_rows(kind, cols):
+    # Rows shorter than a vector or a few: spans of one or two vectors, both edges in one,
+    # several rows a row group (forward and backward; the backward's groups combine their
+    # dweight / dbias, each at its own head); float32 parameters and residual_in_fp32 (no
+    # span for the sum in float32: the scalar path) too.
+    for dtype in (torch.bfloat16, torch.float32):
+        x = _offset_view((torch.randn(37, cols, device="cuda") + 0.5).to(dtype), 3)
+        r = _offset_view(torch.randn(37, cols, device="cuda").to(dtype), 3)
+        for wcfg in ["same", "fp32"]:
+            w, b = _params(kind, (cols,), dtype, "cuda", wcfg)
+            names = [
+                a
+                for n in cuda_kernel_names(
+                    lambda: fused_forward(kind, x, [cols], w, b, _eps(kind, dtype))
+                )
+                if (a := _fwd_regs(n)) is not None
+            ]
+            assert names and all(a["SPAN"] == 1 for a in names), names
+            poison_next_alloc((x.numel() + 16) * x.element_size(), x.device)
+            check_forward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
+            poison_next_alloc((x.numel() + 16) * x.element_size(), x.device)
+            check_backward(kind, x, [cols], w, b, msg=f"cols={cols} weight={wcfg}")
+            for fp32 in [False, True]:
+                poison_next_alloc((x.numel() + 16) * x.element_size(), x.device)
+                check_add(kind, x, r, [cols], w, b, fp32, msg=f"cols={cols} fp32={fp32}")
 
 
 # The cluster backward (rows of 8K-64K columns on sm_90) walks many rows per cluster, the

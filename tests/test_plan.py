@@ -52,12 +52,15 @@ def test_norm_fwd_fixed_lengths(dtype, cols, tpr):
         assert (s["fixed"], s["threads"], s["blocks"], s["vec"], s["vpt"]) == (tpr, tpr, 1000, 8, 4)
         assert s["layer"] == ("rms" not in opts) and s["res"] == ("residual" in opts)
     # The override, float32 parameters, a float32 residual stream, a length off the list:
-    # the run-time-shaped kernel; a misaligned pointer: the scalar path (8 elements a thread,
-    # past 8K columns norm_fwd_long).
+    # the run-time-shaped kernel; a misaligned pointer: the span path (4 vectors a thread);
+    # pointers at different offsets: the scalar path (8 elements a thread, past 8K columns
+    # norm_fwd_long).
     for opts, spec in (("", "norm.fixed=0"), ("weight_fp32", ""), ("residual,rows_fp32", "")):
         assert kernels(plan("norm_fwd", 1000, cols, dtype, opts, spec=spec)) == ["norm_fwd_regs"]
     assert kernels(plan("norm_fwd", 1000, cols + 8, dtype)) == ["norm_fwd_regs"]
     s = only(plan("norm_fwd", 1000, cols, dtype, "unaligned"))
+    assert (s["kernel"], s["vec"], s["vpt"], s["span"]) == ("norm_fwd_regs", 8, 4, 1)
+    s = only(plan("norm_fwd", 1000, cols, dtype, "unaligned,mixed"))
     assert s["vec"] == 1
     assert s["kernel"] == ("norm_fwd_regs" if cols <= 8192 else "norm_fwd_long")
     assert kernels(plan("norm_fwd", 1000, cols, F32)) != ["norm_fwd_fixed"]
@@ -85,8 +88,9 @@ def test_norm_fwd_regs_groups(cols, tpr, threads):
 
 @pytest.mark.parametrize("cols", [4100, 1001, 7])
 def test_norm_fwd_scalar_path(cols):
-    # odd widths: elements, 8 a thread, the flags read at run time (-1)
-    s = only(plan("norm_fwd", 10, cols, F16, "residual"))
+    # odd widths whose pointers sit at different offsets: elements, 8 a thread, the flags
+    # read at run time (-1)
+    s = only(plan("norm_fwd", 10, cols, F16, "residual,mixed"))
     need = -(-cols // 8)
     want = 1 << (need - 1).bit_length() if need <= 32 else -(-need // 32) * 32
     assert (s["kernel"], s["vec"], s["vpt"], s["layer"], s["res"], s["tpr"]) == (
@@ -97,7 +101,83 @@ def test_norm_fwd_scalar_path(cols):
         -1,
         want,
     )
-    assert only(plan("norm_fwd", 10, 4096, F16, "unaligned"))["vec"] == 1
+    assert only(plan("norm_fwd", 10, 4096, F16, "unaligned,mixed"))["vec"] == 1
+
+
+def _span_plan(op, dtype, cols, opts):
+    """(steps, vector width, span vectors) of rows off the grid: odd widths as they are,
+    whole-vector widths through a misaligned pointer."""
+    vw = 16 // dtype.itemsize
+    s = plan(op, 1000, cols, dtype, opts + (",unaligned" if cols % vw == 0 else ""))
+    return s, vw, (cols + 2 * vw - 2) // vw
+
+
+# Rows off the 16-byte grid (odd widths, views at odd offsets) whose row tensors share an
+# offset: norm_fwd_regs' span variant, the row plus up to two partial vectors, 4 vectors a
+# thread up to 1024 threads, then 8 (the add forms: the residual staged); past that the
+# scalar path.
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("cols", [1, 7, 1001, 4095, 4096, 4097, 5121, 8190, 32001, 50257])
+@pytest.mark.parametrize("opts", ["", "rms", "residual", "rms,residual", "weight_fp32"])
+def test_norm_fwd_span(dtype, cols, opts):
+    if dtype == F32 and "weight_fp32" in opts:
+        return
+    s, vw, nvec = _span_plan("norm_fwd", dtype, cols, opts)
+    need, need_wide = -(-nvec // 4), -(-nvec // 8)
+    if need_wide > 1024:
+        assert all(st["vec"] == 1 and "span" not in st for st in s), s
+        return
+    st = s[0]
+    assert (st["kernel"], st["vec"], st["span"]) == ("norm_fwd_regs", vw, 1), s
+    assert st["layer"] == ("rms" not in opts) and st["fixed"] == 0
+    if need <= 1024:
+        assert st["vpt"] == 4 and st["res"] == ("residual" in opts)
+        assert st["tpr"] == (1 << (need - 1).bit_length() if need <= 32 else -(-need // 32) * 32)
+        assert len(s) == 1
+    else:
+        assert st["vpt"] == 8 and st["tpr"] == -(-need_wide // 32) * 32
+        if "residual" in opts:  # refused where the staged residual does not fit: scalar
+            assert st["res"] == 2 and st["smem"] == 8 * st["tpr"] * 16
+            assert [(x["kernel"], x["vec"]) for x in s[1:]] == [("norm_fwd_long", 1)]
+        else:
+            assert len(s) == 1 and st["res"] == 0
+    # a float32 residual stream with 16-bit x, pointers at different offsets: no span
+    if dtype != F32:
+        r = plan("norm_fwd", 1000, cols, dtype, opts + ",residual,rows_fp32,unaligned")
+        assert all(x.get("span", 0) == 0 for x in r)
+    m = plan("norm_fwd", 1000, cols, dtype, opts + ",unaligned,mixed")
+    assert all(x["vec"] == 1 and x.get("span", 0) == 0 for x in m)
+
+
+# The backward's span path: norm_bwd_regs' prefetching variant (32 bytes of row a thread) while
+# the span fits 512 threads, never staged; else the scalar path.
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("cols", [1, 7, 1001, 4095, 4096, 4097, 5121, 8190, 8192, 32001])
+@pytest.mark.parametrize("opts", ["", "rms", "dsum", "rms,dsum,grads=0", "weight_fp32"])
+def test_norm_bwd_span(dtype, cols, opts):
+    if dtype == F32 and "weight_fp32" in opts:
+        return
+    s, vw, nvec = _span_plan("norm_bwd", dtype, cols, opts)
+    pf_vpt = 32 // (vw * dtype.itemsize)
+    need = -(-nvec // pf_vpt)
+    if need > 512:
+        assert all(st["vec"] == 1 and "span" not in st for st in s), s
+        return
+    st = only(s)
+    assert (st["kernel"], st["vec"], st["span"], st["pf"], st["stages"]) == (
+        "norm_bwd_regs",
+        vw,
+        1,
+        1,
+        0,
+    )
+    assert st["vpt"] == pf_vpt and st["res"] == ("dsum" in opts)
+    assert st["tpr"] == (1 << (need - 1).bit_length() if need <= 32 else -(-need // 32) * 32)
+    if dtype != F32:
+        r = plan("norm_bwd", 1000, cols, dtype, opts + ",rows_fp32,unaligned")
+        assert all(x.get("span", 0) == 0 for x in r)
+    m = plan("norm_bwd", 1000, cols, dtype, opts + ",unaligned,mixed")
+    assert all(x["vec"] == 1 and x.get("span", 0) == 0 for x in m)
 
 
 def test_norm_fwd_wide_boundary():
@@ -293,7 +373,7 @@ def test_norm_bwd_regs_and_beyond():
 
 @pytest.mark.parametrize("cols", [1001, 4097, 8190])
 def test_norm_bwd_scalar_path(cols):
-    steps = plan("norm_bwd", 100, cols, F16)
+    steps = plan("norm_bwd", 100, cols, F16, "mixed")
     s = steps[0]
     assert s["vec"] == 1
     if -(-cols // 16) <= 512:

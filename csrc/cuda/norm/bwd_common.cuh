@@ -39,18 +39,27 @@ struct StagedBwdTile {
   __device__ __forceinline__ const Raw<R, VEC>& sv(int i) const { return s[i * stride]; }
 };
 
+// SPAN: rows off the 16-byte grid read as the vectors of their aligned span (common.cuh),
+// `head` the row's offset in its chunk (the same in every row a thread visits: the launcher's
+// grid makes it so); vector i then holds columns (i * tpr + lane) * VEC - head ...
+template <int VEC, bool SPAN>
+__device__ __forceinline__ int bwd_nvec(int cols, int head) {
+  return SPAN ? (head + cols + VEC - 1) / VEC : cols / VEC;
+}
+
 // PIN: loads kept where they are issued (load_pinned), for the cluster kernel's prefetch.
-template <bool PIN = false, typename T, typename W, typename R, int VEC, int VPT>
+template <bool PIN = false, bool SPAN = false, typename T, typename W, typename R, int VEC, int VPT>
 __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t row, bool valid,
-                                         int lane, int tpr, BwdTile<T, R, VEC, VPT>& t) {
+                                         int lane, int tpr, BwdTile<T, R, VEC, VPT>& t,
+                                         int head = 0) {
   auto load = [](const auto* q) {
     if constexpr (PIN)
       return load_pinned(q);
     else
       return *q;
   };
-  const int nvec = p.cols / VEC;
-  const int64_t off = row * p.cols;
+  const int nvec = bwd_nvec<VEC, SPAN>(p.cols, head);
+  const int64_t off = row * p.cols - head;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = i * tpr + lane;
@@ -69,36 +78,42 @@ __device__ __forceinline__ void bwd_load(const BwdParams<T, W, R>& p, int64_t ro
 // bwd_sums_to hands this thread's dweight / dbias terms of vector i to terms(i, dy, xhat)
 // and returns its shares of the two row sums; bwd_sums adds the terms to dw / db in
 // registers. bwd_dx writes dx from the reduced sums. weight(i): w's vector i as floats.
-template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight,
-          typename Terms>
+// (SPAN: the neighbours' elements of a span vector are left out of the row sums; their
+// dweight / dbias terms go to accumulators that are never stored.)
+template <int VEC, int VPT, bool SPAN = false, typename T, typename W, typename R, typename Tile,
+          typename Weight, typename Terms>
 __device__ __forceinline__ void bwd_sums_to(const BwdParams<T, W, R>& p, const Tile& t, bool valid,
                                             int lane, int tpr, Weight&& weight, Terms&& terms,
-                                            float (&s)[2]) {
-  const int nvec = p.cols / VEC;
+                                            float (&s)[2], int head = 0) {
+  const int nvec = bwd_nvec<VEC, SPAN>(p.cols, head);
   s[0] = s[1] = 0.f;  // sum of g, sum of g * xhat
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (valid && i * tpr + lane < nvec) {
       const FVec<VEC> w = weight(i);
       const FVec<VEC> xf = to_float(t.xv(i)), df = to_float(t.gv(i));
+      const int c0 = (i * tpr + lane) * VEC - head;
+      const bool whole = !SPAN || span_whole<VEC>(c0, p.cols);
       FVec<VEC> xhat;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         xhat.v[j] = (xf.v[j] - t.mean) * t.rstd;
-        const float gw = df.v[j] * w.v[j];
+        const bool in = whole || span_in(c0 + j, p.cols);
+        const float gw = in ? df.v[j] * w.v[j] : 0.f;
         s[0] += gw;
-        s[1] += gw * xhat.v[j];
+        s[1] += in ? gw * xhat.v[j] : 0.f;
       }
       terms(i, df, xhat);
     }
   }
 }
 
-template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
+template <int VEC, int VPT, bool SPAN = false, typename T, typename W, typename R, typename Tile,
+          typename Weight>
 __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile& t, bool valid,
                                          int lane, int tpr, Weight&& weight, float (&dw)[VPT][VEC],
-                                         float (&db)[VPT][VEC], float (&s)[2]) {
-  bwd_sums_to<VEC, VPT>(
+                                         float (&db)[VPT][VEC], float (&s)[2], int head = 0) {
+  bwd_sums_to<VEC, VPT, SPAN>(
       p, t, valid, lane, tpr, weight,
       [&](int i, const FVec<VEC>& d, const FVec<VEC>& xhat) {
 #pragma unroll
@@ -107,17 +122,18 @@ __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile
           db[i][j] += d.v[j];
         }
       },
-      s);
+      s, head);
 }
 
-template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
+template <int VEC, int VPT, bool SPAN = false, typename T, typename W, typename R, typename Tile,
+          typename Weight>
 __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& t, int64_t row,
                                        bool valid, int lane, int tpr, Weight&& weight,
-                                       const float (&s)[2]) {
-  const int nvec = p.cols / VEC;
+                                       const float (&s)[2], int head = 0) {
+  const int nvec = bwd_nvec<VEC, SPAN>(p.cols, head);
   const float inv_n = 1.f / static_cast<float>(p.cols);
   const float c1 = p.mean ? s[0] * inv_n : 0.f, c2 = s[1] * inv_n;
-  const int64_t off = row * p.cols;
+  const int64_t off = row * p.cols - head;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (valid && i * tpr + lane < nvec) {
@@ -135,7 +151,11 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& 
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
       const int64_t e = off + static_cast<int64_t>(i * tpr + lane) * VEC;
-      store_raw<R, VEC>(p.dx + e, from_float<R, VEC>(o));
+      if constexpr (SPAN) {
+        store_span<R, VEC>(p.dx + e, from_float<R, VEC>(o), (i * tpr + lane) * VEC - head, p.cols);
+      } else {
+        store_raw<R, VEC>(p.dx + e, from_float<R, VEC>(o));
+      }
     }
   }
 }
@@ -160,18 +180,29 @@ __device__ __forceinline__ void store_floats(float* q, const float (&v)[VEC]) {
 
 // Writes a thread's dweight / dbias accumulators into partial row `part` when every column
 // has exactly one owner thread (lane of tpr) in the block or cluster.
-template <int VEC, int VPT>
+// (SPAN: the accumulators' columns shifted by the thread's head, stored element by element.)
+template <int VEC, int VPT, bool SPAN = false>
 __device__ __forceinline__ void store_partials(float* dw_part, float* db_part, int64_t part,
                                                int cols, int lane, int tpr,
                                                const float (&dw)[VPT][VEC],
-                                               const float (&db)[VPT][VEC]) {
+                                               const float (&db)[VPT][VEC], int head = 0) {
   float* dwp = dw_part ? dw_part + part * cols : nullptr;
   float* dbp = db_part ? db_part + part * cols : nullptr;
-  const int nvec = cols / VEC;
+  const int nvec = bwd_nvec<VEC, SPAN>(cols, head);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = i * tpr + lane;
-    if (c < nvec) {
+    if constexpr (SPAN) {
+      if (c < nvec) {
+        const int c0 = c * VEC - head;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if (!span_in(c0 + j, cols)) continue;
+          if (dwp) dwp[c0 + j] = dw[i][j];
+          if (dbp) dbp[c0 + j] = db[i][j];
+        }
+      }
+    } else if (c < nvec) {
       if (dwp) store_floats<VEC>(dwp + c * VEC, dw[i]);
       if (dbp) store_floats<VEC>(dbp + c * VEC, db[i]);
     }
@@ -246,10 +277,13 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
 // but no more than `units` (the least a block takes: a row, a row group, a tile), each
 // writing one partial row of dweight / dbias; then column_sum over the partial rows. args:
 // the kernel's parameters after p.
+// grid_multiple: a grid smaller than `units` is a multiple of it (the span path: a thread's
+// rows then share their head).
 template <typename Kernel, typename T, typename W, typename R, typename... Args>
 void launch_with_partials(Kernel kernel, int64_t units, int per_sm, int threads, size_t smem,
-                          BwdParams<T, W, R> p, NormBackward& nb, Args... args) {
-  const int64_t blocks = std::min<int64_t>(units, per_sm * int64_t{num_sms()});
+                          BwdParams<T, W, R> p, NormBackward& nb, int grid_multiple, Args... args) {
+  int64_t blocks = std::min<int64_t>(units, per_sm * int64_t{num_sms()});
+  if (blocks < units && blocks > grid_multiple) blocks -= blocks % grid_multiple;
   at::Tensor part = alloc_partials(nb, blocks);
   point_partials(p, part, blocks, nb);
   launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p, args...);
@@ -263,7 +297,7 @@ bool launch_resident_with_partials(Kernel kernel, int64_t units, int threads, si
                                    BwdParams<T, W, R> p, NormBackward& nb) {
   const int per_sm = resident_blocks(kernel, threads, smem);
   if (per_sm < 1) return false;
-  launch_with_partials(kernel, units, per_sm, threads, smem, p, nb);
+  launch_with_partials(kernel, units, per_sm, threads, smem, p, nb, 1);
   return true;
 }
 

@@ -8,15 +8,23 @@
 #include "cuda/norm/bwd_common.cuh"
 #include "cuda/norm/families.h"
 
+#include <numeric>
+
 namespace fused {
 namespace norm {
 namespace {
 
-template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES>
+// SPAN: rows off the 16-byte grid, each read as the 16-byte vectors of its aligned span
+// (bwd_common.cuh); the grid's row step keeps a thread's head the same in all its rows
+// (bwd_regs_at), so its w and dweight / dbias accumulators stay in one column order, w
+// loaded at that shift (param_span) and the partials stored at it.
+template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES,
+          bool SPAN = false>
 __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
     norm_bwd_regs(BwdParams<T, W, R> p, int tpr) {
   static_assert(STAGES == 0 || (PF && STAGES >= 2 && bwd_regs_staged<R>()),
                 "staging is a deeper prefetch, for float32 rows");
+  static_assert(!SPAN || (STAGES == 0 && VEC > 1), "span: the 16-byte path, in registers");
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   using Stage = BwdStage<T, W, R, VEC, VPT, STAGES>;
@@ -27,7 +35,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
   __shared__ float scratch[2][2][32];
   int slot = 0;
   const RowGroup g(tpr);
-  const int nvec = p.cols / VEC;
+  const int64_t first0 = static_cast<int64_t>(blockIdx.x) * g.groups;
+  const int head = SPAN ? span_head<VEC>(p.phase, (first0 + g.group) * p.cols) : 0;
+  const int nvec = bwd_nvec<VEC, SPAN>(p.cols, head);
   // A thread owns the same columns in every row it visits: w is loaded once.
   // Staged: in the thread's own shared-memory slots (no registers; read back by the thread).
   Raw<W, VEC> wv[STAGES > 0 ? 1 : VPT];
@@ -37,7 +47,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
   for (int i = 0; i < VPT; ++i) {
     const int c = i * tpr + g.lane;
     if (p.weight && c < nvec) {
-      const Raw<W, VEC> v = load_raw<W, VEC>(p.weight + c * VEC);
+      Raw<W, VEC> v;
+      if constexpr (SPAN) {
+        v = from_float<W, VEC>(param_span<W, VEC>(p.weight, p.wphase, c * VEC - head, p.cols, 1.f));
+      } else {
+        v = load_raw<W, VEC>(p.weight + c * VEC);
+      }
       if constexpr (STAGES > 0)
         ws[i * blockDim.x + threadIdx.x] = v;
       else
@@ -64,14 +79,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
   using Tile = BwdTile<T, R, VEC, VPT>;
   auto finish = [&](const auto& t, int64_t row) {
     float s[2];
-    bwd_sums<VEC, VPT>(p, t, row < p.rows, g.lane, tpr, weight, dw, db, s);
+    bwd_sums<VEC, VPT, SPAN>(p, t, row < p.rows, g.lane, tpr, weight, dw, db, s, head);
     group_sum<2>(s, tpr, scratch[slot], false);
     slot ^= 1;
-    bwd_dx<VEC, VPT>(p, t, row, row < p.rows, g.lane, tpr, weight, s);
+    bwd_dx<VEC, VPT, SPAN>(p, t, row, row < p.rows, g.lane, tpr, weight, s, head);
   };
   // The groups of a block walk rows in step (first is uniform): barriers stay uniform.
   const int64_t step = static_cast<int64_t>(gridDim.x) * g.groups;
-  const int64_t first0 = static_cast<int64_t>(blockIdx.x) * g.groups;
   if constexpr (STAGES > 0) {
     const int threads = blockDim.x, t = threadIdx.x;
     auto* xs = reinterpret_cast<Raw<R, VEC>*>(dyn_smem);
@@ -118,23 +132,26 @@ __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
     }
   } else {
     Tile cur;
-    if constexpr (PF) bwd_load(p, first0 + g.group, first0 + g.group < p.rows, g.lane, tpr, cur);
+    if constexpr (PF) {
+      bwd_load<false, SPAN>(p, first0 + g.group, first0 + g.group < p.rows, g.lane, tpr, cur, head);
+    }
     for (int64_t first = first0; first < p.rows; first += step) {
       const int64_t row = first + g.group;
       if constexpr (PF) {
         Tile next;
-        bwd_load(p, row + step, row + step < p.rows, g.lane, tpr, next);
+        bwd_load<false, SPAN>(p, row + step, row + step < p.rows, g.lane, tpr, next, head);
         finish(cur, row);
         cur = next;
       } else {
-        bwd_load(p, row, row < p.rows, g.lane, tpr, cur);
+        bwd_load<false, SPAN>(p, row, row < p.rows, g.lane, tpr, cur, head);
         finish(cur, row);
       }
     }
   }
   if (!p.dw_part && !p.db_part) return;  // uniform across the grid
   if (g.groups == 1) {                   // each column has one owner in the block
-    store_partials(p.dw_part, p.db_part, blockIdx.x, p.cols, g.lane, tpr, dw, db);
+    store_partials<VEC, VPT, SPAN>(p.dw_part, p.db_part, blockIdx.x, p.cols, g.lane, tpr, dw, db,
+                                   head);
     return;
   }
   // Several groups own the same columns: add their partials in group order.
@@ -146,10 +163,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
       for (int i = 0; i < VPT; ++i) {
         const int c = i * tpr + g.lane;
         if (c < nvec) {
+          const int c0 = c * VEC - head;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            combine[c * VEC + j] += dw[i][j];
-            combine[p.cols + c * VEC + j] += db[i][j];
+            if (SPAN && !span_in(c0 + j, p.cols)) continue;
+            combine[c0 + j] += dw[i][j];
+            combine[p.cols + c0 + j] += db[i][j];
           }
         }
       }
@@ -170,7 +189,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, STAGES > 0 ? 2 : 1)
 // row group, or several of under kBwdBlock threads; a persistent grid of up to
 // kBwdBlocksPerSm blocks an SM (the sweep's best: 128 x 4, 256 x 2, 512 x 1 an SM). The
 // staged variant (stages > 0) is refused where its ring does not fit a block's shared memory.
-template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES>
+template <typename T, typename W, typename R, int VEC, int VPT, bool PF, int STAGES,
+          bool SPAN = false>
 bool bwd_regs_at(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s) {
   // Groups share a block only for rows of under kBwdBlock threads (at most 2K columns), so
   // their combine buffer is a few KB; allow_dynamic_smem opts in past 48 KB in any case.
@@ -178,11 +198,16 @@ bool bwd_regs_at(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s) {
   const size_t combine_bytes = 2 * sizeof(float) * p.cols;
   const size_t smem = BwdStage<T, W, R, VEC, VPT, STAGES>::bytes(s.threads, p.dsum != nullptr) +
                       (groups > 1 ? combine_bytes : 0);
-  auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF, STAGES>;
+  auto kernel = norm_bwd_regs<T, W, R, VEC, VPT, PF, STAGES, SPAN>;
   int per_sm = resident_blocks(kernel, s.threads, smem);
   if (STAGES > 0 && per_sm < 1) return false;
   per_sm = std::clamp(per_sm, 1, kBwdBlocksPerSm);
-  launch_with_partials(kernel, s.blocks, per_sm, s.threads, smem, p, nb, s.tpr);
+  // The span path: a grid row step (blocks x groups) whose rows start at one offset in their
+  // 16-byte chunk, a multiple of VEC / gcd(groups x cols, VEC) blocks.
+  int multiple = 1;
+  if constexpr (SPAN)
+    multiple = VEC / std::gcd(static_cast<int>(int64_t{groups} * p.cols % VEC), VEC);
+  launch_with_partials(kernel, s.blocks, per_sm, s.threads, smem, p, nb, multiple, s.tpr);
   return true;
 }
 
@@ -194,6 +219,11 @@ bool bwd_regs(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s) {
   constexpr int VPT = kBwdElems / VEC;
   if constexpr (VEC > 1) {
     constexpr int kPfVpt = bwd_pf_vpt<R, VEC>();
+    if constexpr (std::is_same_v<T, R>) {
+      if (s.span && s.pf && s.vpt == kPfVpt && s.stages == 0) {
+        return bwd_regs_at<T, W, R, VEC, kPfVpt, true, 0, true>(p, nb, s);
+      }
+    }
     if (s.pf && s.vpt == kPfVpt) {
       if constexpr (bwd_regs_staged<R>()) {
         if (s.stages == kBwdStages)

@@ -77,6 +77,9 @@ struct FwdParams {
   bool layer;        // subtract the mean (layer norm) or not (rms norm)
   const T* in_bias;  // the dropout forms: [cols], added to x before the mask; or nullptr
   FwdDropout drop;   // the dropout forms' stage (drop.on), else off
+  // The span path (SPAN): x's offset in its 16-byte chunk in elements (residual, y and sum
+  // share it), and weight's and bias' (their own: they are indexed by column).
+  int phase, wphase, bphase;
 };
 
 template <typename T, typename W, typename R>
@@ -92,6 +95,9 @@ struct BwdParams {
   float* db_part;  // [parts, cols] partial sums of dy, or nullptr
   int64_t rows;
   int cols;
+  // The span path (SPAN): x's offset in its 16-byte chunk in elements (dy, d_sum and dx share
+  // it), and weight's.
+  int phase, wphase;
 };
 
 // Register-resident vectors are kept as raw 32-bit words (Raw<T, N>: the bits of N
@@ -182,6 +188,87 @@ __device__ __forceinline__ FVec<VEC> param_or(const W* p, int c, float dflt) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) f.v[j] = dflt;
   return f;
+}
+
+// ---- rows read as the 16-byte vectors of their aligned span ---------------------------------
+// A row that starts `head` elements past the 16-byte grid (an odd width, or a view at an odd
+// offset) is read as the vectors of its span: the row's start rounded down to the grid, its
+// end up. Tensors indexed like the row (x, residual, y, sum, dy, dx) share its offset, so the
+// span is the same vectors in each; span vector k holds columns k * VEC - head ... + VEC - 1,
+// some of them the neighbours' (masked in sums, never stored).
+
+// The head of the row at flat element `off` of a tensor `phase` elements past the grid.
+template <int VEC>
+__device__ __forceinline__ int span_head(int phase, int64_t off) {
+  return static_cast<int>((phase + off) & (VEC - 1));
+}
+
+// Whether span vector column c0 .. c0 + VEC - 1 lies inside the row, and element j of it.
+template <int VEC>
+__device__ __forceinline__ bool span_whole(int c0, int cols) {
+  return c0 >= 0 && c0 + VEC <= cols;
+}
+__device__ __forceinline__ bool span_in(int c, int cols) {
+  return static_cast<unsigned>(c) < static_cast<unsigned>(cols);
+}
+
+// Stores the vector of columns c0 .. c0 + VEC - 1 at p (on the grid): one 16-byte store where
+// it lies inside the row, else its row's elements one by one.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_span(T* p, const Raw<T, VEC>& r, int c0, int cols) {
+  if (span_whole<VEC>(c0, cols)) {
+    store_raw<T, VEC>(p, r);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if (!span_in(c0 + j, cols)) continue;
+    if constexpr (sizeof(T) == 4) {
+      reinterpret_cast<uint32_t*>(p)[j] = r.w[j];
+    } else {
+      reinterpret_cast<uint16_t*>(p)[j] = static_cast<uint16_t>(r.w[j / 2] >> (16 * (j % 2)));
+    }
+  }
+}
+
+// Parameters c0 .. c0 + VEC - 1 as floats (dflt where absent) for a span vector: any c0 (the
+// span's shift against the parameters' own grid, `ph` elements, varies by row), built from
+// the 16-byte chunks that hold them, two or three aligned loads and a funnel shift (the
+// parameters are small and L1-resident; a chunk with none of the row's columns is not read).
+template <typename W, int VEC>
+__device__ __forceinline__ FVec<VEC> param_span(const W* p, int ph, int c0, int cols, float dflt) {
+  FVec<VEC> f;
+  if (!p) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f.v[j] = dflt;
+    return f;
+  }
+  constexpr int kEpc = 16 / static_cast<int>(sizeof(W));       // elements a chunk
+  constexpr int kNc = VEC * static_cast<int>(sizeof(W)) / 16;  // chunks a vector: 1 or 2
+  constexpr int kN = 4 * (kNc + 1);                            // words loaded
+  const uint4* base = reinterpret_cast<const uint4*>(p - ph);  // on the grid
+  const int e = c0 + ph;                                       // >= -(VEC - 1)
+  const int s = e & (kEpc - 1);
+  const int k = (e - s) / kEpc;
+  uint32_t w[kN];
+#pragma unroll
+  for (int c = 0; c <= kNc; ++c) {
+    const int kk = k + c;
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if (kk >= 0 && kk * kEpc < ph + cols) u = __ldg(base + kk);
+    w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
+  }
+  const int sb = s * static_cast<int>(sizeof(W));  // the byte shift: words q, then bytes
+  const int q = sb >> 2, rbits = (sb & 3) * 8;
+  uint32_t t[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) t[j] = (q & 2) ? (j + 2 < kN ? w[j + 2] : 0u) : w[j];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) w[j] = (q & 1) ? (j + 1 < kN ? t[j + 1] : 0u) : t[j];
+  Raw<W, VEC> r;
+#pragma unroll
+  for (int m = 0; m < 4 * kNc; ++m) r.w[m] = __funnelshift_r(w[m], w[m + 1], rbits);
+  return to_float(r);
 }
 
 // The seed and offset a dropout-form kernel draws with (nothing drawn without a mask).

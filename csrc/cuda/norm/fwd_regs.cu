@@ -53,8 +53,12 @@ constexpr int fwd_vpt() {
 // (kStagedRes in plan.h.)
 // DROP: the dropout forms' input stage (drop_input) on x before the residual add (1, or
 // kRuntime: p.drop.on); built only for the add forms.
+// SPAN: rows off the 16-byte grid (odd widths, views at odd offsets; x, residual, y and sum at
+// one offset): each row read as the 16-byte vectors of its aligned span (common.cuh), the
+// neighbours' elements left out of the sums, the edge vectors stored element by element, the
+// parameters loaded at the row's shift (param_span).
 template <typename T, typename W, typename R, int VEC, int VPT, int LAYER, int RES,
-          int FIXED_TPR = 0, int DROP = 0>
+          int FIXED_TPR = 0, int DROP = 0, int SPAN = 0>
 __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, W, R> p, int tpr) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr bool kFixed = FIXED_TPR > 0;
@@ -71,6 +75,9 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
   const DropSeed dseed = drop ? drop_seed(p) : DropSeed{};
   constexpr bool kStaged = RES == kStagedRes;
   static_assert(!kStaged || (std::is_same_v<T, R> && VEC > 1), "staged: rows in x's dtype");
+  constexpr bool kSpan = SPAN == 1;
+  static_assert(!kSpan || (std::is_same_v<T, R> && VEC > 1 && !kFixed && DROP == 0),
+                "span: rows in x's dtype, the 16-byte path, shaped at run time, no dropout");
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   auto* rstage = reinterpret_cast<Raw<R, VEC>*>(dyn_smem);  // [VPT][tpr] when kStaged
   const RowGroup g(tpr);
@@ -82,9 +89,19 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
     const int64_t row = first + g.group;
     const bool valid = row < p.rows;
     const int64_t off = row * cols;
-    // Vector i of the row, if this thread holds it, sits at off + col(i) * VEC.
+    // Vector i of the row, if this thread holds it, sits at vbase + col(i) * VEC; it holds
+    // columns c0(i) .. c0(i) + VEC - 1 (the span's head shifts them: kSpan).
+    const int head = kSpan ? span_head<VEC>(p.phase, off) : 0;
+    const int64_t vbase = off - head;
+    const int rvec = kSpan ? (head + static_cast<int>(cols) + VEC - 1) / VEC : nvec;
     auto col = [&](int i) { return i * tpr + g.lane; };
-    auto live = [&](int i) { return valid && (kFixed || col(i) < nvec); };
+    auto c0 = [&](int i) { return col(i) * VEC - head; };
+    auto live = [&](int i) { return valid && (kFixed || col(i) < rvec); };
+    // Element j of vector i is one of the row's (always, off the span path).
+    auto in = [&](int i, int j) {
+      return !kSpan || span_whole<VEC>(c0(i), static_cast<int>(cols)) ||
+             span_in(c0(i) + j, static_cast<int>(cols));
+    };
     // All loads first (no store in between): VPT 16-byte loads per input in flight.
     const float shift = layer && valid ? row_first(p, off, res, drop, dseed) : 0.f;
     // v: the row in the sum's dtype (exactly what the unfused x + residual holds), kept as
@@ -110,8 +127,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
-        xv(i) = load_raw<T, VEC>(p.x + off + col(i) * VEC);
-        const R* r = p.residual + off + col(i) * VEC;
+        xv(i) = load_raw<T, VEC>(p.x + vbase + col(i) * VEC);
+        const R* r = p.residual + vbase + col(i) * VEC;
         if constexpr (kStaged) {
           stage_vec(&resv(i), reinterpret_cast<const Raw<R, VEC>*>(r));
         } else if (res) {
@@ -139,7 +156,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
           f = to_float(v[i]);
         }
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += f.v[j] - shift;
+        for (int j = 0; j < VEC; ++j) sum += in(i, j) ? f.v[j] - shift : 0.f;
       }
     }
     float mean = 0.f;
@@ -156,7 +173,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
         const FVec<VEC> f = to_float(v[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float d = f.v[j] - mean;
+          const float d = in(i, j) ? f.v[j] - mean : 0.f;
           t[0] += d * d;
         }
       }
@@ -167,19 +184,37 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1) norm_fwd_regs(FwdParams<T, 
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (live(i)) {
-        const int64_t e = off + col(i) * VEC;
-        if (res) store_raw<R, VEC>(p.sum + e, v[i]);
-        const FVec<VEC> w = param_or<W, VEC>(p.weight, col(i), 1.f);
+        const int64_t e = vbase + col(i) * VEC;
+        const int cl = static_cast<int>(cols);
+        if (res) {
+          if constexpr (kSpan) {
+            store_span<R, VEC>(p.sum + e, v[i], c0(i), cl);
+          } else {
+            store_raw<R, VEC>(p.sum + e, v[i]);
+          }
+        }
+        auto param = [&](const W* q, int ph, float dflt) {
+          if constexpr (kSpan) {
+            return param_span<W, VEC>(q, ph, c0(i), cl, dflt);
+          } else {
+            return param_or<W, VEC>(q, col(i), dflt);
+          }
+        };
+        const FVec<VEC> w = param(p.weight, p.wphase, 1.f);
         FVec<VEC> o = to_float(v[i]);
         if (layer) {
-          const FVec<VEC> b = param_or<W, VEC>(p.bias, col(i), 0.f);
+          const FVec<VEC> b = param(p.bias, p.bphase, 0.f);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) o.v[j] = (o.v[j] - mean) * rstd * w.v[j] + b.v[j];
         } else {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) o.v[j] = o.v[j] * rstd * w.v[j];
         }
-        store_raw<T, VEC>(p.y + e, from_float<T, VEC>(o));
+        if constexpr (kSpan) {
+          store_span<T, VEC>(p.y + e, from_float<T, VEC>(o), c0(i), cl);
+        } else {
+          store_raw<T, VEC>(p.y + e, from_float<T, VEC>(o));
+        }
       }
     }
     if (valid && g.lane == 0) {
@@ -238,6 +273,23 @@ bool fwd_regs(const FwdParams<T, W, R>& p, const Step& s) {
   if constexpr (VEC == 1) {
     kernel = s.drop ? norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime, 0, 1>
                     : norm_fwd_regs<T, W, R, VEC, VPT, kRuntime, kRuntime>;
+  } else if (s.span) {
+    // Rows off the 16-byte grid.
+    if constexpr (kSame) {
+      auto span = [&](auto vpt, auto rs) {
+        constexpr int V = decltype(vpt)::value, RS = decltype(rs)::value;
+        if (s.vpt == V && s.res == RS) {
+          kernel = layer ? norm_fwd_regs<T, W, R, VEC, V, 1, RS, 0, 0, 1>
+                         : norm_fwd_regs<T, W, R, VEC, V, 0, RS, 0, 0, 1>;
+        }
+      };
+      using I = std::integral_constant<int, VPT>;
+      using I8 = std::integral_constant<int, kFwdWideVpt>;
+      span(I{}, std::integral_constant<int, 0>{});
+      span(I{}, std::integral_constant<int, 1>{});
+      span(I8{}, std::integral_constant<int, 0>{});
+      span(I8{}, std::integral_constant<int, kStagedRes>{});
+    }
   } else {
     if (s.drop) {
       add_forms(std::integral_constant<int, 1>{});

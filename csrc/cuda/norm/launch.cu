@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "common/dispatch.h"
+#include "common/layout.h"
 #include "cuda/norm/bwd_common.cuh"
 #include "cuda/norm/families.h"
 
@@ -81,7 +82,7 @@ bool backward_step(const BwdParams<T, W, R>& p, NormBackward& nb, const Step& s)
 }
 
 // The plan's steps in order until one launches (each but the last may be refused by the
-// device); every step of a plan has the same vector width.
+// device); each step at its own vector width.
 template <typename T, typename W, typename R, typename Run>
 void walk(const Plan& plan, Run&& run) {
   constexpr int V = kVecElems<T>;
@@ -117,8 +118,25 @@ const P* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<P>() : nullptr;
 }
 
+// A pointer's offset in its 16-byte chunk in elements of P, or -1 off the element grid.
+template <typename P>
+int phase_elems(const P* p) {
+  const int b = phase16(p);
+  return b % static_cast<int>(sizeof(P)) == 0 ? b / static_cast<int>(sizeof(P)) : -1;
+}
+
 void forward_cuda(NormForward& nf) {
   c10::cuda::CUDAGuard guard(nf.x.device());
+  // x at an odd offset: y (and the sum the kernel writes) at x's offset in its 16-byte chunk,
+  // so that a row's span is the same vectors in each (plan.h: the span path).
+  const int px = phase16(nf.x.const_data_ptr());
+  if (px != 0 && !nf.dropout) {
+    if (phase16(nf.y.const_data_ptr()) != px) nf.y = empty_at_phase(nf.y, nf.x);
+    if (nf.residual.defined() && nf.sum.scalar_type() == nf.x.scalar_type() &&
+        phase16(nf.sum.const_data_ptr()) != px) {
+      nf.sum = empty_at_phase(nf.sum, nf.x);
+    }
+  }
   const at::ScalarType wt = nf.weight.defined() ? nf.weight.scalar_type()
                             : nf.bias.defined() ? nf.bias.scalar_type()
                                                 : nf.x.scalar_type();
@@ -141,6 +159,9 @@ void forward_cuda(NormForward& nf) {
     p.eps = static_cast<float>(nf.eps);
     p.layer = nf.layer;
     p.in_bias = ptr_or_null<T>(nf.in_bias);
+    p.phase = std::max(phase_elems(p.x), 0);
+    p.wphase = p.weight ? phase_elems(p.weight) : 0;
+    p.bphase = p.bias ? phase_elems(p.bias) : 0;
     p.drop = FwdDropout{};
     if (nf.dropout) {  // the generator state is drawn here, once a call
       p.drop.on = true;
@@ -162,6 +183,10 @@ void forward_cuda(NormForward& nf) {
     constexpr int V = kVecElems<T>;
     pr.aligned = vec_ok<V>(p.x) && vec_ok<V>(p.residual) && vec_ok<V>(p.weight) &&
                  vec_ok<V>(p.bias) && vec_ok<V>(p.y) && vec_ok<V>(p.sum) && vec_ok<V>(p.in_bias);
+    const int ph = phase16(p.x);
+    const auto at_ph = [&](const void* q) { return q == nullptr || phase16(q) == ph; };
+    pr.same_phase = std::is_same_v<T, R> && phase_elems(p.x) >= 0 && at_ph(p.residual) &&
+                    at_ph(p.y) && at_ph(p.sum) && p.wphase >= 0 && p.bphase >= 0;
     walk<T, W, R>(plan_forward(pr, gpu_props(), overrides()), [&](auto vec, const Step& s) {
       return forward_step<T, W, R, decltype(vec)::value>(p, s);
     });
@@ -175,6 +200,42 @@ void backward_cuda(NormBackward& nb) {
     using T = typename decltype(tt)::type;
     using W = typename decltype(tw)::type;
     using R = typename decltype(tr)::type;
+    Problem pr;
+    pr.rows = nb.rows;
+    pr.cols = nb.cols;
+    pr.x = nb.dy.scalar_type();
+    pr.w = wt;
+    pr.r = nb.x.scalar_type();
+    pr.layer = nb.layer;
+    pr.dsum = nb.dsum.defined();
+    pr.grads = param_grads(nb);
+    constexpr int V = kVecElems<T>;
+    const auto aligned = [&] {
+      return vec_ok<V>(nb.dy.const_data_ptr<T>()) && vec_ok<V>(nb.x.const_data_ptr<R>()) &&
+             vec_ok<V>(ptr_or_null<R>(nb.dsum)) && vec_ok<V>(ptr_or_null<W>(nb.weight)) &&
+             vec_ok<V>(nb.dx.const_data_ptr<R>());
+    };
+    pr.aligned = aligned();
+    Plan plan = plan_backward(pr, gpu_props(), overrides());
+    // Rows off the grid: the span path where dx (allocated here), dy and d_sum can sit at x's
+    // offset in its 16-byte chunk; dy / d_sum are copied there where they are elsewhere (one
+    // pass over them, where the scalar path would cost more).
+    const int px = phase16(nb.x.const_data_ptr());
+    if (std::is_same_v<T, R> && px % static_cast<int>(sizeof(R)) == 0) {
+      pr.same_phase = true;
+      const Plan span = plan_backward(pr, gpu_props(), overrides());
+      if (span.steps[0].span) {
+        plan = span;
+        const auto at_x = [&](at::Tensor& t, bool copy) {
+          if (t.defined() && phase16(t.const_data_ptr()) != px) {
+            t = copy ? empty_at_phase(t, nb.x).copy_(t) : empty_at_phase(t, nb.x);
+          }
+        };
+        at_x(nb.dx, false);
+        at_x(nb.dy, true);
+        at_x(nb.dsum, true);
+      }
+    }
     BwdParams<T, W, R> p;
     p.dy = nb.dy.const_data_ptr<T>();
     p.x = nb.x.const_data_ptr<R>();
@@ -186,19 +247,9 @@ void backward_cuda(NormBackward& nb) {
     p.dw_part = p.db_part = nullptr;
     p.rows = nb.rows;
     p.cols = static_cast<int>(nb.cols);
-    Problem pr;
-    pr.rows = nb.rows;
-    pr.cols = nb.cols;
-    pr.x = nb.dy.scalar_type();
-    pr.w = wt;
-    pr.r = nb.x.scalar_type();
-    pr.layer = nb.layer;
-    pr.dsum = p.dsum != nullptr;
-    pr.grads = param_grads(nb);
-    constexpr int V = kVecElems<T>;
-    pr.aligned = vec_ok<V>(p.dy) && vec_ok<V>(p.x) && vec_ok<V>(p.dsum) && vec_ok<V>(p.weight) &&
-                 vec_ok<V>(p.dx);
-    walk<T, W, R>(plan_backward(pr, gpu_props(), overrides()), [&](auto vec, const Step& s) {
+    p.phase = std::max(phase_elems(p.x), 0);
+    p.wphase = p.weight ? std::max(phase_elems(p.weight), 0) : 0;
+    walk<T, W, R>(plan, [&](auto vec, const Step& s) {
       return backward_step<T, W, R, decltype(vec)::value>(p, nb, s);
     });
   });

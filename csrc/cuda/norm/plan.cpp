@@ -40,22 +40,35 @@ struct Shape {
   bool fixed_wide;  // ... and parameters in x's dtype too
   bool fixed_bwd;   // norm_bwd_fixed's types: 16-bit or float32, everything in x's dtype
   int drop;         // the dropout forms' input stage (forward steps' DROP)
+  bool span;        // rows off the grid on the vector path (norm_fwd_regs' SPAN)
 
-  explicit Shape(const Problem& p) {
+  // allow_span: a forward whose rows are off the grid may take the span path.
+  Shape(const Problem& p, bool allow_span) {
     const int sx = elem_size(p.x);
     const int vw = 16 / sx;
-    vec = p.aligned && p.cols % vw == 0 ? vw : 1;
-    nvec = p.cols / vec;
+    const bool on_grid = p.aligned && p.cols % vw == 0;
+    span = !on_grid && allow_span && p.same_phase && p.r == p.x && !p.dropout;
+    vec = on_grid || span ? vw : 1;
+    // A span: the row's vectors plus the head's and the tail's partial ones, at most.
+    nvec = span ? (p.cols + 2 * vw - 2) / vw : p.cols / vec;
     sr = elem_size(p.r);
     is16 = sx == 2;
     const bool same = p.w == p.x && p.r == p.x;
-    fixed = vec > 1 && is16 && same;
+    fixed = vec > 1 && is16 && same && !span;
     has_wide = vec > 1 && p.r == p.x;
-    fixed_wide = has_wide && p.w == p.x;
-    fixed_bwd = vec > 1 && same;  // x is 16-bit or float32
+    fixed_wide = has_wide && p.w == p.x && !span;
+    fixed_bwd = vec > 1 && same && !span;  // x is 16-bit or float32
     drop = p.dropout ? 1 : 0;
   }
 };
+
+// The forward's shape: the span path where norm_fwd_regs holds the row (the wide variant's
+// 8 vectors a thread, 1024 threads), else the scalar path for rows off the grid.
+Shape forward_shape(const Problem& p) {
+  const Shape s(p, true);
+  if (s.span && ceil_div(s.nvec, kFwdWideVpt) > kFwdMaxThreads) return Shape(p, false);
+  return s;
+}
 
 Step fwd_step(Kernel k, const Shape& s, int vpt, int layer, int res, int fixed, int tpr,
               int threads, int64_t blocks, int smem = 0) {
@@ -71,6 +84,7 @@ Step fwd_step(Kernel k, const Shape& s, int vpt, int layer, int res, int fixed, 
   st.blocks = blocks;
   st.smem = smem;
   st.drop = s.drop;
+  st.span = s.span ? 1 : 0;
   return st;
 }
 
@@ -84,6 +98,7 @@ Step bwd_regs_step(const Problem& p, const Shape& s, int vpt, int pf, int stages
   st.pf = pf;
   st.stages = stages;
   st.res = p.dsum;
+  st.span = s.span ? 1 : 0;
   st.tpr = need <= 32 ? next_pow2(need) : round_up(need, 32);
   const int groups = std::max(1, kBwdBlock / st.tpr);
   st.threads = st.tpr * groups;
@@ -95,7 +110,7 @@ Step bwd_regs_step(const Problem& p, const Shape& s, int vpt, int pf, int stages
 
 Plan plan_forward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   Plan plan;
-  const Shape s(p);
+  const Shape s = forward_shape(p);
   const bool fixed_on = o.norm_fixed;
   const int layer = p.layer ? 1 : 0, res = p.residual ? 1 : 0;
   const int64_t rows_grid = grid_for(p.rows);
@@ -116,7 +131,10 @@ Plan plan_forward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   const int vpt = s.vec == 1 ? 8 : 64 / (s.vec * s.sr);
   const int64_t need = ceil_div(s.nvec, vpt);  // threads a row
   const int64_t need_wide = ceil_div(s.nvec, kFwdWideVpt);
-  if (s.has_wide && !p.residual && need > kFwdWideThreads && need_wide <= kFwdMaxThreads) {
+  // (Span rows keep 4 vectors a thread up to 1024 threads: the wide variant's 8 vectors and
+  // the shifted parameter loads do not fit its 64 registers without spills.)
+  const int64_t wide_from = s.span ? kFwdMaxThreads : kFwdWideThreads;
+  if (s.has_wide && !p.residual && need > wide_from && need_wide <= kFwdMaxThreads) {
     // Plain rows past 512 threads at 4 vectors: the wide variant, a row a block; shaped at
     // compile time where every thread's 8 vectors are whole.
     if (s.fixed_wide && fixed_on) {
@@ -160,14 +178,25 @@ Plan plan_forward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
                       grid_for(ceil_div(p.rows, groups))));
     return plan;
   }
-  plan.add(fwd_step(Kernel::kFwdLong, s, 0, layer, res, 0, kLongThreads, kLongThreads,
-                    grid_for(std::min<int64_t>(p.rows, 4 * int64_t{gpu.num_sms}))));
+  Step st = fwd_step(Kernel::kFwdLong, s, 0, layer, res, 0, kLongThreads, kLongThreads,
+                     grid_for(std::min<int64_t>(p.rows, 4 * int64_t{gpu.num_sms})));
+  if (s.span) st.vec = 1, st.span = 0;  // the staged span step refused: the scalar long rows
+  plan.add(st);
   return plan;
+}
+
+// The backward's shape: the span path where norm_bwd_regs' prefetching variant holds the row
+// (up to 512 threads), else the scalar path for rows off the grid.
+Shape backward_shape(const Problem& p) {
+  const Shape s(p, true);
+  const int pf_vpt = 32 / (s.vec * s.sr);
+  if (s.span && ceil_div(s.nvec, pf_vpt) > kBwdMaxThreads) return Shape(p, false);
+  return s;
 }
 
 Plan plan_backward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   Plan plan;
-  const Shape s(p);
+  const Shape s = backward_shape(p);
   const int dsum = p.dsum ? 1 : 0, layer = p.layer ? 1 : 0;
   // norm_bwd_warp: 16-bit rows of 32-64 vectors, a warp a row.
   if (s.fixed && s.nvec >= 32 && s.nvec <= 64 && o.norm_bwd_warp) {
@@ -262,7 +291,9 @@ Plan plan_backward(const Problem& p, const GpuProps& gpu, const Overrides& o) {
   if (s.vec > 1) {
     const int64_t need_pf = ceil_div(s.nvec, pf_vpt);
     if (need_pf <= kBwdMaxThreads) {
-      if (s.sr == 4 && o.norm_stage) plan.add(bwd_regs_step(p, s, pf_vpt, 1, kBwdStages, need_pf));
+      if (s.sr == 4 && o.norm_stage && !s.span) {
+        plan.add(bwd_regs_step(p, s, pf_vpt, 1, kBwdStages, need_pf));
+      }
       plan.add(bwd_regs_step(p, s, pf_vpt, 1, 0, need_pf));
       return plan;
     }
@@ -341,6 +372,7 @@ std::string describe(const Plan& plan) {
         << " tpr=" << s.tpr << " threads=" << s.threads << " blocks=" << s.blocks
         << " smem=" << s.smem;
     if (s.drop) out << " drop=" << s.drop;
+    if (s.span) out << " span=" << s.span;
   }
   return out.str();
 }

@@ -23,6 +23,10 @@
 //                  the add forms' rows past 4 vectors a thread with the residual staged in
 //                  shared memory (RES = kStagedRes; refused where that memory does not fit)
 //   kFwdLong       norm_fwd_long: longer rows, a block per row, two reads
+//   Rows off the 16-byte grid (a width not a multiple of the vector, or x at an odd offset)
+//   whose tensors share that offset (Problem::same_phase) and that norm_fwd_regs holds: its
+//   span variant (Step::span; the vector path, each row as the 16-byte vectors of its aligned
+//   span, one more vector a row); else the scalar path.
 // Backward (dx, and the dweight / dbias partial rows summed by column_sum):
 //   kBwdWarp       norm_bwd_warp: 16-bit rows of 256..512 columns, parameters and rows in
 //                  x's dtype (norm.bwd_warp, norm.bwd_pf, norm.bwd_warps)
@@ -34,6 +38,8 @@
 //                  row fits 512 threads; float32 rows staged in shared memory, norm.stage)
 //   kBwdCluster    norm_bwd_cluster (sm_90): rows too long for one block, up to 16 blocks
 //   kBwdTwoPass    norm_bwd_row_sums then norm_bwd_tiles: everything else
+//   Rows off the 16-byte grid whose dy, x, d_sum and dx share their offset (same_phase) and
+//   that the prefetching norm_bwd_regs holds: its span variant (Step::span); else scalar.
 #pragma once
 #include <c10/core/ScalarType.h>
 
@@ -85,6 +91,10 @@ struct Problem {
   bool aligned = true;                         // every pointer aligned to VEC elements of its type
   int grads = 0;         // backward: parameter gradients asked for (dweight, dbias: 0-2)
   bool dropout = false;  // forward: the dropout forms' input stage (with residual)
+  // x, residual, y and sum (forward), or dy, x, d_sum and dx (backward) at one offset in their
+  // 16-byte chunks, a whole number of elements (the parameters at any): rows off the grid
+  // then take the span path (Step::span)
+  bool same_phase = false;
 };
 
 enum class Kernel {
@@ -118,6 +128,8 @@ struct Step {
   int64_t blocks = 0;  // the grid (backward persistent kernels: the most, before occupancy)
   int smem = 0;        // dynamic shared memory bytes (where the plan knows it)
   int drop = 0;        // forward: the dropout forms' input stage (DROP)
+  int span = 0;        // norm_fwd_regs' / norm_bwd_regs' SPAN: rows as the 16-byte vectors of
+                       // their aligned span
 };
 
 struct Plan {
