@@ -815,3 +815,44 @@ def test_cuda_bias_dropout_add_odd_width_vectorised(dtype, cols):
     # 1000: whole vectors, the bias as vectors too
     want = ("true", "1") if cols % vec == 0 else ("false", "0")
     assert shapes and all(v == vec and bvec in want for v, bvec in shapes), names
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [1, 7, 1000, 4095, 4097, 5121, 50257])
+@pytest.mark.parametrize("p", [0.2, 0.001])  # 16-bit and 32-bit draws
+def test_cuda_bias_grad_any_width_vectorised(dtype, cols, p):
+    # Rows of any width start at every phase against the 16-byte grid: the bias-gradient
+    # kernel still takes 16-byte vectors (its V template argument), each thread's slot at its
+    # rows' phase; dx is the forward's mask bit for bit, dbias the float64 column sums. A dy
+    # off the 16-byte grid (offset view) takes the one-column path (V = 1) with the same mask.
+    from utils import cuda_kernel_names, kernel_template_args, offset_copy
+
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    rows = max(40, min(3000, (1 << 21) // cols))
+    shape = (rows, cols)
+    _, so = ops.bias_dropout_add(
+        torch.randn(shape, device="cuda").to(dtype),
+        torch.randn(cols, device="cuda").to(dtype),
+        torch.randn(shape, device="cuda").to(dtype),
+        p,
+        True,
+    )
+    mask = mask_from_seed(so, shape, p, "cuda")
+    for name, g, want_vec in [
+        ("contiguous", torch.randn(shape, device="cuda").to(dtype), vec),
+        ("offset", offset_copy(torch.randn(shape, device="cuda").to(dtype)), 1),
+    ]:
+        poison_next_alloc(g.numel() * g.element_size(), "cuda")
+        dx, db = ops.bias_dropout_add_backward(g, so, p)
+        assert torch.equal(dx, torch.where(mask, scaled(g, p, dtype), torch.zeros_like(g))), name
+        terms = mask.double() * g.double() / (1 - p)
+        atol = 1e-6 * terms.abs().sum(0).max().item() + TOL[dtype][1]
+        torch.testing.assert_close(
+            db.double(), terms.sum(0), rtol=TOL[dtype][0], atol=atol, msg=f"dbias {name}"
+        )
+        dx2, db2 = ops.bias_dropout_add_backward(g, so, p)
+        assert torch.equal(dx, dx2) and torch.equal(db, db2), f"deterministic {name}"
+        names = cuda_kernel_names(lambda: ops.bias_dropout_add_backward(g, so, p))
+        widths = [int(kernel_template_args(n, "bias_grad_kernel")[1]) for n in names if "bias_grad_kernel<" in n]
+        assert widths and all(w == want_vec for w in widths), (name, names)

@@ -414,25 +414,45 @@ constexpr int kGradTY = kGradThreads / kGradTX;  // warps along rows
 constexpr int kGradRows = 4;                     // rows each thread loads before computing
 constexpr int kGradMinBlocks = 3;  // resident blocks per SM the register budget allows
 
-// kGradRows rows r, r + kGradTY, ... of one thread's V columns from c0: loads first, then
+// Any width takes 16-byte vectors: a thread's rows are kGradTY apart, and kGradTY is a
+// multiple of V, so every one of its rows starts at the same phase ph = (row * cols) % V
+// against the vector grid. Its vector slot c0 of a row is the aligned vector at
+// row * cols + c0 - ph: columns [c0 - ph, c0 - ph + V), the same columns in every one of its
+// rows, so the column sums stay in registers. The lanes of a row tile the row by these
+// slots (one more slot than ceil(cols / V) when ph > 0); a slot that reaches into the
+// previous or the next row (the row's first and last) handles only its own columns
+// [jlo, jhi), element by element.
+static_assert(kGradTY % 8 == 0, "a thread's rows must share their phase for every V <= 8");
+
+// The slot of one thread in its rows: where its vector starts relative to the row and which
+// of its V elements are in the row.
+struct GradSlot {
+  int64_t c;  // column of element 0 (c0 - ph, may be negative)
+  int jlo;    // elements [jlo, jhi) are in the row
+  int jhi;
+};
+
+// kGradRows rows r, r + kGradTY, ... of one thread's slot: loads first, then
 // dx = mask * scale * dy stored and added to acc. FULL: all rows exist (unconditional
-// loads); otherwise rows from r_end on are skipped. VEC: 16-byte loads (cols % V == 0);
-// otherwise V == 1.
-template <typename T, int V, bool VEC, bool DROP, bool B16, bool FULL>
+// loads); otherwise rows from r_end on are skipped. WHOLE: the slot lies inside the row (one
+// 16-byte load and store); otherwise its elements [jlo, jhi) one by one.
+template <typename T, int V, bool WHOLE, bool DROP, bool B16, bool FULL>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t cols, int64_t c0, const PhiloxKey& key,
-                                               uint64_t offset, uint32_t threshold, float scale) {
+                                               int64_t cols, const GradSlot& s,
+                                               const PhiloxKey& key, uint64_t offset,
+                                               uint32_t threshold, float scale) {
   Vec<T, V> g[kGradRows];
 #pragma unroll
   for (int rr = 0; rr < kGradRows; ++rr) {
     const int64_t row = r + rr * kGradTY;
     if (FULL || row < r_end) {
-      const T* p = dy + row * cols + c0;
-      if constexpr (VEC) {
+      const T* p = dy + row * cols + s.c;
+      if constexpr (WHOLE) {
         g[rr] = load_vec<T, V>(p);
       } else {
-        g[rr].v[0] = *p;
+#pragma unroll
+        for (int j = 0; j < V; ++j) g[rr].v[j] = j >= s.jlo && j < s.jhi ? p[j] : T(0);
       }
     }
   }
@@ -442,57 +462,96 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
     if (!FULL && row >= r_end) break;
     float k[V];
     to_float<false>(k, g[rr]);
-    if constexpr (DROP) apply_mask<V, B16>(k, row * cols + c0, key, offset, threshold, scale);
+    if constexpr (DROP) apply_mask<V, B16>(k, row * cols + s.c, key, offset, threshold, scale);
 #pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] += k[j];
+    for (int j = 0; j < V; ++j) acc[j] += k[j];  // 0 outside [jlo, jhi): loaded as 0
     const Vec<T, V> o = round_vec<T, V>(k);
-    T* q = dx + row * cols + c0;
-    if constexpr (VEC) {
+    T* q = dx + row * cols + s.c;
+    if constexpr (WHOLE) {
       store_vec<T, V>(q, o);
     } else {
-      *q = o.v[0];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (j >= s.jlo && j < s.jhi) q[j] = o.v[j];
+      }
     }
   }
 }
 
 // One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time.
-template <typename T, int V, bool VEC, bool DROP, bool B16>
+template <typename T, int V, bool WHOLE, bool DROP, bool B16>
 __device__ __forceinline__ void bias_grad_walk(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t cols, int64_t c0, const PhiloxKey& key,
-                                               uint64_t offset, uint32_t threshold, float scale) {
+                                               int64_t cols, const GradSlot& s,
+                                               const PhiloxKey& key, uint64_t offset,
+                                               uint32_t threshold, float scale) {
   for (; r < r_end; r += kGradTY * kGradRows) {
     if (r + (kGradRows - 1) * kGradTY < r_end) {
-      bias_grad_rows<T, V, VEC, DROP, B16, true>(dy, dx, acc, r, r_end, cols, c0, key, offset,
-                                                 threshold, scale);
+      bias_grad_rows<T, V, WHOLE, DROP, B16, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                                   threshold, scale);
     } else {
-      bias_grad_rows<T, V, VEC, DROP, B16, false>(dy, dx, acc, r, r_end, cols, c0, key, offset,
-                                                  threshold, scale);
+      bias_grad_rows<T, V, WHOLE, DROP, B16, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                                    threshold, scale);
     }
   }
 }
 
-// Block (blockIdx.x, blockIdx.y) covers columns [blockIdx.x * 32 * V, +32 * V) of rows
-// [blockIdx.y * rows_per_chunk, +rows_per_chunk). Each thread owns V columns and walks its
-// rows (a warp reads 32 * V contiguous columns of a row), writing dx and summing dx in
-// float; the block's 8 row-lanes are combined in shared memory in a fixed order and written
-// to partial[blockIdx.y][column].
+template <typename T, int V, bool DROP>
+__device__ __forceinline__ void bias_grad_slot(const T* __restrict__ dy, T* __restrict__ dx,
+                                               float (&acc)[V], int64_t r, int64_t r_end,
+                                               int64_t cols, const GradSlot& s,
+                                               const PhiloxKey& key, uint64_t offset,
+                                               uint32_t threshold, float scale, bool bits16) {
+  if (s.jlo == 0 && s.jhi == V) {
+    if (DROP && bits16) {
+      bias_grad_walk<T, V, true, DROP, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                             threshold, scale);
+    } else {
+      bias_grad_walk<T, V, true, DROP, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                              threshold, scale);
+    }
+  } else if (s.jlo < s.jhi) {
+    if (DROP && bits16) {
+      bias_grad_walk<T, V, false, DROP, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                              threshold, scale);
+    } else {
+      bias_grad_walk<T, V, false, DROP, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                               threshold, scale);
+    }
+  }
+}
+
+// Partial sums a block writes: kGradTX * V + V columns, from column blockIdx.x * kGradTX * V
+// - V (its slots' columns start up to V - 1 before the tile).
+template <int V>
+constexpr int kGradSpan = kGradTX * V + V;
+
+// Block (blockIdx.x, blockIdx.y) covers slots [blockIdx.x * 32, +32) of rows
+// [blockIdx.y * rows_per_chunk, +rows_per_chunk). Each thread owns one slot and walks its
+// rows (a warp reads 32 * V contiguous elements of a row), writing dx and summing dx in
+// float; the block's 8 row-lanes (each at its own phase) are combined in shared memory in a
+// fixed order and written to partial[blockIdx.y][blockIdx.x][kGradSpan].
 // At most 80 registers (3 blocks of 256 per SM, no spills on sm_90a): 1.5x the loads in
 // flight per SM of the unbounded version (116 registers in bf16, 2 blocks); a 64-register
 // bound (4 blocks) spilled.
-template <typename T, int V, bool VEC, bool DROP>
+template <typename T, int V, bool DROP>
 __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
     bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partial,
                      const int64_t* __restrict__ saved, int64_t rows, int64_t cols,
                      int64_t rows_per_chunk, uint32_t threshold, float scale, bool bits16) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
-  static_assert(VEC || V == 1, "the scalar path takes one column per thread");
-  __shared__ float smem[kGradTY][kGradTX * V];
+  constexpr int kSpan = kGradSpan<V>;
+  __shared__ float smem[kGradTY][kSpan];
   const int tx = threadIdx.x % kGradTX;
   const int ty = threadIdx.x / kGradTX;
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kGradTX + tx) * V;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r_end = r_begin + rows_per_chunk < rows ? r_begin + rows_per_chunk : rows;
+  // r_begin is a multiple of kGradTY, so the phase of every row of this thread is ty's.
+  const int ph = static_cast<int>((static_cast<int64_t>(ty) * (cols % V)) % V);
+  GradSlot s;
+  s.c = (static_cast<int64_t>(blockIdx.x) * kGradTX + tx) * V - ph;
+  s.jlo = s.c < 0 ? static_cast<int>(-s.c) : 0;
+  s.jhi = cols - s.c < V ? static_cast<int>(max(cols - s.c, static_cast<int64_t>(0))) : V;
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) {
     seed = static_cast<uint64_t>(saved[0]);
@@ -500,63 +559,75 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
   }
   const PhiloxKey key = philox_key(seed);
 
+  for (int c = threadIdx.x; c < kGradTY * kSpan; c += kGradThreads) (&smem[0][0])[c] = 0.0f;
+
   float acc[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.0f;
+  bias_grad_slot<T, V, DROP>(dy, dx, acc, r_begin + ty, r_end, cols, s, key, offset, threshold,
+                             scale, bits16);
 
-  if (c0 < cols) {  // VEC: cols % V == 0, so the whole group is inside the row
-    if (DROP && bits16) {
-      bias_grad_walk<T, V, VEC, DROP, true>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key, offset,
-                                            threshold, scale);
-    } else {
-      bias_grad_walk<T, V, VEC, DROP, false>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key,
-                                             offset, threshold, scale);
-    }
-  }
-
+  __syncthreads();  // the zeros are written
 #pragma unroll
-  for (int j = 0; j < V; ++j) smem[ty][tx * V + j] = acc[j];
+  for (int j = 0; j < V; ++j) smem[ty][tx * V + V - ph + j] = acc[j];
   __syncthreads();
-  for (int c = threadIdx.x; c < kGradTX * V; c += kGradThreads) {
-    float s = 0.0f;
+  float* out = partial + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kSpan;
+  for (int c = threadIdx.x; c < kSpan; c += kGradThreads) {
+    float sum = 0.0f;
 #pragma unroll
-    for (int y = 0; y < kGradTY; ++y) s += smem[y][c];
-    const int64_t col = static_cast<int64_t>(blockIdx.x) * kGradTX * V + c;
-    if (col < cols) partial[static_cast<int64_t>(blockIdx.y) * cols + col] = s;
+    for (int y = 0; y < kGradTY; ++y) sum += smem[y][c];
+    out[c] = sum;
   }
 }
 
-// Stage 2: dbias[c] = sum over chunks of partial[chunk][c], in chunk order.
-template <typename T>
+// Stage 2: dbias[c] = sum over chunks of the partials of column c, in chunk order: column c
+// is in tile b = c / (32 V) at span position c - 32 V b + V, and, in its last V - 1
+// positions' reach, also in tile b + 1 at position c - 32 V (b + 1) + V.
+template <typename T, int V>
 __global__ void __launch_bounds__(kGradThreads)
     bias_grad_finish(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks,
-                     int64_t cols) {
+                     int64_t tiles, int64_t cols) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
+  constexpr int kSpan = kGradSpan<V>;
+  constexpr int kTile = kGradTX * V;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x;
   if (c >= cols) return;
-  // Eight loads in flight at a time (the chunks' partials are independent), added in order.
+  const int64_t b = c / kTile;
+  const int64_t pos = c - b * kTile + V;
+  const int64_t pos_next = pos - kTile;  // in tile b + 1, when >= 0
+  const bool two = pos_next >= 0 && b + 1 < tiles;
+  const int64_t chunk_stride = tiles * kSpan;
+  const float* p = partial + b * kSpan + pos;
+  const float* q = partial + (b + 1) * kSpan + pos_next;
+  // Eight chunks in flight at a time (independent loads), added in order.
   float s = 0.0f;
   int64_t k = 0;
   for (; k + 8 <= chunks; k += 8) {
-    float v[8];
+    float v[8], w[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = partial[(k + j) * cols + c];
+    for (int j = 0; j < 8; ++j) {
+      v[j] = p[(k + j) * chunk_stride];
+      w[j] = two ? q[(k + j) * chunk_stride] : 0.0f;
+    }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s += v[j];
+    for (int j = 0; j < 8; ++j) s += v[j] + w[j];
   }
-  for (; k < chunks; ++k) s += partial[k * cols + c];
+  for (; k < chunks; ++k) s += p[k * chunk_stride] + (two ? q[k * chunk_stride] : 0.0f);
   dbias[c] = static_cast<T>(s);
 }
 
-template <typename T, int V, bool VEC, bool DROP>
+template <typename T, int V, bool DROP>
 void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tensor& dbias,
                       const int64_t* saved, const DropoutParams& d) {
   const int64_t cols = g.size(-1);
   const int64_t rows = g.numel() / cols;
-  const int64_t col_blocks = ceil_div(cols, static_cast<int64_t>(kGradTX) * V);
+  // Slots: ceil(cols / V), one more when rows start off the vector grid (the last slot of a
+  // row at phase ph > 0 starts ph elements early).
+  const int64_t slots = ceil_div(cols, static_cast<int64_t>(V)) + (cols % V != 0 ? 1 : 0);
+  const int64_t col_blocks = ceil_div(slots, static_cast<int64_t>(kGradTX));
   // Row chunks so that the grid is about one full wave of resident blocks (a ragged last
   // wave would idle SMs); each chunk a whole number of row steps.
-  auto kernel = bias_grad_kernel<T, V, VEC, DROP>;
+  auto kernel = bias_grad_kernel<T, V, DROP>;
   const int blocks_per_sm = std::max(resident_blocks(kernel, kGradThreads, 0), 1);
   const int64_t row_step = static_cast<int64_t>(kGradTY) * kGradRows;
   const int64_t want_chunks =
@@ -564,14 +635,15 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   int64_t rows_per_chunk = ceil_div(rows, std::min(want_chunks, ceil_div(rows, row_step)));
   rows_per_chunk = ceil_div(rows_per_chunk, row_step) * row_step;
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
-  at::Tensor partial = at::empty({chunks, cols}, g.options().dtype(at::kFloat));
+  at::Tensor partial =
+      at::empty({chunks, col_blocks, kGradSpan<V>}, g.options().dtype(at::kFloat));
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
   launch_early(kernel, grid, dim3(kGradThreads), 0, g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
                partial.mutable_data_ptr<float>(), saved, rows, cols, rows_per_chunk, d.threshold,
                static_cast<float>(d.scale), d.bits16);
-  launch_early(bias_grad_finish<T>, dim3(static_cast<unsigned>(ceil_div(cols, kGradThreads))),
+  launch_early(bias_grad_finish<T, V>, dim3(static_cast<unsigned>(ceil_div(cols, kGradThreads))),
                dim3(kGradThreads), 0, partial.const_data_ptr<float>(), dbias.mutable_data_ptr<T>(),
-               chunks, cols);
+               chunks, col_blocks, cols);
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tensor& grad_out,
@@ -593,13 +665,15 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tens
   const int64_t* saved = d.random() ? so.const_data_ptr<int64_t>() : nullptr;
   FUSED_DISPATCH_CUDA(g.scalar_type(), "fused::bias_dropout_add_backward", [&] {
     constexpr int kVec = kVecElems<scalar_t>;
+    // Any width as 16-byte vectors (rows at any phase); a dy off the 16-byte grid (a view
+    // at an odd element) one column a thread.
     const bool vec = is_aligned(g.const_data_ptr<scalar_t>()) &&
-                     is_aligned(dx.const_data_ptr<scalar_t>()) && cols % kVec == 0;
+                     is_aligned(dx.const_data_ptr<scalar_t>());
     auto launch = [&](auto drop) {
       if (vec) {
-        launch_bias_grad<scalar_t, kVec, true, decltype(drop)::value>(g, dx, dbias, saved, d);
+        launch_bias_grad<scalar_t, kVec, decltype(drop)::value>(g, dx, dbias, saved, d);
       } else {
-        launch_bias_grad<scalar_t, 1, false, decltype(drop)::value>(g, dx, dbias, saved, d);
+        launch_bias_grad<scalar_t, 1, decltype(drop)::value>(g, dx, dbias, saved, d);
       }
     };
     if (d.random()) {
