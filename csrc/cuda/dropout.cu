@@ -130,6 +130,33 @@ __device__ __forceinline__ void store_group(T* p, int64_t e0, int64_t n, const V
   }
 }
 
+// The V elements at p + e0 when p lies `shift_bytes` (a multiple of sizeof(T), 1-15) past
+// the 16-byte grid: the two aligned vectors that cover them (lo at p - shift, hi 16 bytes on;
+// both hold an element of the tensor, so neither leaves its allocation's 16-byte granules),
+// shifted down by shift_bytes through 32-bit words: two select stages (the word shift) and
+// a funnel shift (the 2-byte rest of 16-bit types). The shift is the same for every thread.
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_shifted(const T* p, int64_t e0, int shift_bytes) {
+  static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
+  const char* base = reinterpret_cast<const char*>(p + e0) - shift_bytes;
+  const uint4 lo = *reinterpret_cast<const uint4*>(base);
+  const uint4 hi = *reinterpret_cast<const uint4*>(base + 16);
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const int q = shift_bytes >> 2;
+  const uint32_t bits = static_cast<uint32_t>(shift_bytes & 3) * 8;
+  uint32_t a[7], b[5];
+#pragma unroll
+  for (int i = 0; i < 7; ++i) a[i] = (q & 1) ? w[i + 1] : w[i];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) b[i] = (q & 2) ? a[i + 2] : a[i];
+  uint32_t o[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) o[k] = __funnelshift_r(b[k], b[k + 1], bits);
+  Vec<T, V> v;
+  std::memcpy(&v, o, sizeof(v));
+  return v;
+}
+
 template <typename T>
 struct DropoutArgs {
   const T* x;          // input (grad_out in backward)
@@ -139,6 +166,7 @@ struct DropoutArgs {
   int64_t n;           // elements
   int64_t cols;        // x.size(-1): bias index = i % cols
   int64_t col_step;    // (kThreads * V) % cols: column advance between a thread's groups
+  int x_shift;         // XSHIFT: bytes x lies past the 16-byte grid (1-15)
   uint32_t threshold;  // keep iff the element's draw < threshold
   float scale;         // 1 / (1 - p)
   bool bits16;         // 16-bit draws (DropoutParams::bits16)
@@ -148,7 +176,8 @@ struct DropoutArgs {
 // One thread's U groups of V elements, spaced kThreads groups apart: all loads first (U
 // loads in flight per input), then the mask and the stores. FULL: every group is whole and
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
-template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC>
+template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC,
+          bool XSHIFT>
 __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first, int64_t col,
                                                const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
@@ -157,7 +186,11 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
   for (int u = 0; u < U; ++u) {
     const int64_t e0 = (first + static_cast<int64_t>(u) * kThreads) * V;
     if (FULL || e0 < a.n) {
-      xv[u] = load_group<T, V, FULL>(a.x, e0, a.n);
+      if constexpr (FULL && XSHIFT) {
+        xv[u] = load_shifted<T, V>(a.x, e0, a.x_shift);
+      } else {
+        xv[u] = load_group<T, V, FULL>(a.x, e0, a.n);
+      }
       if constexpr (RES) rv[u] = load_group<T, V, FULL>(a.res, e0, a.n);
       if constexpr (BIAS) {
         if constexpr (FULL && BVEC) {
@@ -193,18 +226,19 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
 
 // A thread's work: the straight-line vector path when all its groups are whole, else the
 // guarded one.
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC>
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC,
+          bool XSHIFT>
 __device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t first, int64_t col,
                                              const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
   if constexpr (VEC) {
     const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
     if (last_end <= a.n) {
-      dropout_thread<T, V, true, BIAS, RES, DROP, B16, BVEC>(a, first, col, key, offset);
+      dropout_thread<T, V, true, BIAS, RES, DROP, B16, BVEC, XSHIFT>(a, first, col, key, offset);
       return;
     }
   }
-  dropout_thread<T, V, false, BIAS, RES, DROP, B16, BVEC>(a, first, col, key, offset);
+  dropout_thread<T, V, false, BIAS, RES, DROP, B16, BVEC, XSHIFT>(a, first, col, key, offset);
 }
 
 // out = [res +] mask * scale * (x [+ bias]) over n elements, in groups of V consecutive
@@ -213,8 +247,9 @@ __device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t fi
 // vectors too (aligned, cols % V == 0); otherwise element by element, its columns wrapping
 // inside a group (any width: x, res and out keep their vectors). !VEC: V = 4 scalars per
 // group. DROP = false: no mask (bias_dropout_add in eval),
-// no randomness drawn.
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC>
+// no randomness drawn. XSHIFT: x (only) lies off the 16-byte grid by a.x_shift bytes; its
+// whole groups are read as two aligned vectors each, shifted in registers (load_shifted).
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC, bool XSHIFT>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr int U = kGroupsPerThread;
@@ -232,19 +267,20 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
         ((e | c) >> 32) == 0 ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c) : e % c);
   }
   if (DROP && a.bits16) {
-    dropout_body<T, V, VEC, BIAS, RES, DROP, true, BVEC>(a, first, col, key, offset);
+    dropout_body<T, V, VEC, BIAS, RES, DROP, true, BVEC, XSHIFT>(a, first, col, key, offset);
   } else {
-    dropout_body<T, V, VEC, BIAS, RES, DROP, false, BVEC>(a, first, col, key, offset);
+    dropout_body<T, V, VEC, BIAS, RES, DROP, false, BVEC, XSHIFT>(a, first, col, key, offset);
   }
 }
 
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC = true>
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC = true,
+          bool XSHIFT = false>
 void launch_dropout_kernel(DropoutArgs<T> a) {
   a.col_step = BIAS ? (static_cast<int64_t>(kThreads) * V) % a.cols : 0;
   constexpr int U = kGroupsPerThread;
   const int64_t groups = ceil_div(a.n, V);
   const int64_t blocks = ceil_div(groups, static_cast<int64_t>(kThreads) * U);
-  launch_early(dropout_kernel<T, V, VEC, BIAS, RES, DROP, BVEC>,
+  launch_early(dropout_kernel<T, V, VEC, BIAS, RES, DROP, BVEC, XSHIFT>,
                dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, a);
 }
 
@@ -253,7 +289,14 @@ void launch_dropout_layout(const DropoutArgs<T>& a) {
   constexpr int kVec = kVecElems<T>;
   bool vec = is_aligned(a.x) && is_aligned(a.out);
   if (RES) vec = vec && is_aligned(a.res);
-  if (vec && BIAS && !(is_aligned(a.bias) && a.cols % kVec == 0)) {
+  const int x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(a.x) & 15);
+  if (!vec && !BIAS && !RES && x_shift % sizeof(T) == 0 && is_aligned(a.out)) {
+    // dropout (forward or backward) of a view off the 16-byte grid into an aligned output:
+    // x read as shifted pairs of aligned vectors, the output stored as vectors
+    DropoutArgs<T> b = a;
+    b.x_shift = x_shift;
+    launch_dropout_kernel<T, kVec, true, BIAS, RES, DROP, true, true>(b);
+  } else if (vec && BIAS && !(is_aligned(a.bias) && a.cols % kVec == 0)) {
     // a width off the vector grid: x, res and out as vectors, the bias gathered
     launch_dropout_kernel<T, kVec, true, BIAS, RES, DROP, false>(a);
   } else if (vec) {
@@ -427,47 +470,52 @@ static_assert(kGradTY % 8 == 0, "a thread's rows must share their phase for ever
 // The slot of one thread in its rows: where its vector starts relative to the row and which
 // of its V elements are in the row.
 struct GradSlot {
-  int64_t c;  // column of element 0 (c0 - ph, may be negative)
-  int jlo;    // elements [jlo, jhi) are in the row
+  int64_t c;   // column of element 0 (c0 - ph, may be negative)
+  int jlo;     // elements [jlo, jhi) are in the row
   int jhi;
+  bool whole;  // jlo == 0 && jhi == V
 };
 
-// kGradRows rows r, r + kGradTY, ... of one thread's slot: loads first, then
-// dx = mask * scale * dy stored and added to acc. FULL: all rows exist (unconditional
-// loads); otherwise rows from r_end on are skipped. WHOLE: the slot lies inside the row (one
-// 16-byte load and store); otherwise its elements [jlo, jhi) one by one.
-template <typename T, int V, bool WHOLE, bool DROP, bool B16, bool FULL>
+// R rows r, r + kGradTY, ... of one thread's slot: loads first, then dx = mask * scale * dy
+// stored and added to acc. FULL: all rows exist (unconditional loads); otherwise rows from
+// r_end on are skipped. Loads are whole aligned vectors, an edge slot's too (the vector lies
+// in the tensor: its other elements are the neighbouring row's, summed into acc entries
+// that are never used), except GUARDED (the tensor's last row, where an edge slot's vector
+// passes the end): its elements [jlo, jhi) one by one. Stores: a whole slot one vector, an
+// edge slot its own elements (a branch around the stores only: a warp with an edge lane does
+// not run the rows twice).
+template <typename T, int V, int R, bool DROP, bool B16, bool FULL, bool GUARDED = false>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
                                                int64_t cols, const GradSlot& s,
                                                const PhiloxKey& key, uint64_t offset,
                                                uint32_t threshold, float scale) {
-  Vec<T, V> g[kGradRows];
+  Vec<T, V> g[R];
 #pragma unroll
-  for (int rr = 0; rr < kGradRows; ++rr) {
+  for (int rr = 0; rr < R; ++rr) {
     const int64_t row = r + rr * kGradTY;
     if (FULL || row < r_end) {
       const T* p = dy + row * cols + s.c;
-      if constexpr (WHOLE) {
-        g[rr] = load_vec<T, V>(p);
-      } else {
+      if constexpr (GUARDED) {
 #pragma unroll
         for (int j = 0; j < V; ++j) g[rr].v[j] = j >= s.jlo && j < s.jhi ? p[j] : T(0);
+      } else {
+        g[rr] = load_vec<T, V>(p);
       }
     }
   }
 #pragma unroll
-  for (int rr = 0; rr < kGradRows; ++rr) {
+  for (int rr = 0; rr < R; ++rr) {
     const int64_t row = r + rr * kGradTY;
     if (!FULL && row >= r_end) break;
     float k[V];
     to_float<false>(k, g[rr]);
     if constexpr (DROP) apply_mask<V, B16>(k, row * cols + s.c, key, offset, threshold, scale);
 #pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] += k[j];  // 0 outside [jlo, jhi): loaded as 0
+    for (int j = 0; j < V; ++j) acc[j] += k[j];
     const Vec<T, V> o = round_vec<T, V>(k);
     T* q = dx + row * cols + s.c;
-    if constexpr (WHOLE) {
+    if (s.whole) {
       store_vec<T, V>(q, o);
     } else {
 #pragma unroll
@@ -478,45 +526,28 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
   }
 }
 
-// One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time.
-template <typename T, int V, bool WHOLE, bool DROP, bool B16>
+// One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time; the
+// tensor's last row (rows - 1) guarded where the slot's vector passes the row's end.
+template <typename T, int V, bool DROP, bool B16>
 __device__ __forceinline__ void bias_grad_walk(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t cols, const GradSlot& s,
+                                               int64_t rows, int64_t cols, const GradSlot& s,
                                                const PhiloxKey& key, uint64_t offset,
                                                uint32_t threshold, float scale) {
-  for (; r < r_end; r += kGradTY * kGradRows) {
-    if (r + (kGradRows - 1) * kGradTY < r_end) {
-      bias_grad_rows<T, V, WHOLE, DROP, B16, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                                   threshold, scale);
-    } else {
-      bias_grad_rows<T, V, WHOLE, DROP, B16, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                                    threshold, scale);
+  if (r_end == rows && s.c + V > cols) {
+    r_end = rows - 1;
+    if (r <= r_end && (r_end - r) % kGradTY == 0) {
+      bias_grad_rows<T, V, 1, DROP, B16, true, true>(dy, dx, acc, r_end, rows, cols, s, key,
+                                                     offset, threshold, scale);
     }
   }
-}
-
-template <typename T, int V, bool DROP>
-__device__ __forceinline__ void bias_grad_slot(const T* __restrict__ dy, T* __restrict__ dx,
-                                               float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t cols, const GradSlot& s,
-                                               const PhiloxKey& key, uint64_t offset,
-                                               uint32_t threshold, float scale, bool bits16) {
-  if (s.jlo == 0 && s.jhi == V) {
-    if (DROP && bits16) {
-      bias_grad_walk<T, V, true, DROP, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                             threshold, scale);
+  for (; r < r_end; r += kGradTY * kGradRows) {
+    if (r + (kGradRows - 1) * kGradTY < r_end) {
+      bias_grad_rows<T, V, kGradRows, DROP, B16, true>(dy, dx, acc, r, r_end, cols, s, key,
+                                                       offset, threshold, scale);
     } else {
-      bias_grad_walk<T, V, true, DROP, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                              threshold, scale);
-    }
-  } else if (s.jlo < s.jhi) {
-    if (DROP && bits16) {
-      bias_grad_walk<T, V, false, DROP, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                              threshold, scale);
-    } else {
-      bias_grad_walk<T, V, false, DROP, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                               threshold, scale);
+      bias_grad_rows<T, V, kGradRows, DROP, B16, false>(dy, dx, acc, r, r_end, cols, s, key,
+                                                        offset, threshold, scale);
     }
   }
 }
@@ -552,6 +583,7 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
   s.c = (static_cast<int64_t>(blockIdx.x) * kGradTX + tx) * V - ph;
   s.jlo = s.c < 0 ? static_cast<int>(-s.c) : 0;
   s.jhi = cols - s.c < V ? static_cast<int>(max(cols - s.c, static_cast<int64_t>(0))) : V;
+  s.whole = s.jlo == 0 && s.jhi == V;
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) {
     seed = static_cast<uint64_t>(saved[0]);
@@ -564,12 +596,21 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
   float acc[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.0f;
-  bias_grad_slot<T, V, DROP>(dy, dx, acc, r_begin + ty, r_end, cols, s, key, offset, threshold,
-                             scale, bits16);
+  if (s.jlo < s.jhi) {  // a slot with columns of this row
+    if (DROP && bits16) {
+      bias_grad_walk<T, V, DROP, true>(dy, dx, acc, r_begin + ty, r_end, rows, cols, s, key,
+                                       offset, threshold, scale);
+    } else {
+      bias_grad_walk<T, V, DROP, false>(dy, dx, acc, r_begin + ty, r_end, rows, cols, s, key,
+                                        offset, threshold, scale);
+    }
+  }
 
   __syncthreads();  // the zeros are written
 #pragma unroll
-  for (int j = 0; j < V; ++j) smem[ty][tx * V + V - ph + j] = acc[j];
+  for (int j = 0; j < V; ++j) {
+    if (j >= s.jlo && j < s.jhi) smem[ty][tx * V + V - ph + j] = acc[j];  // its own columns
+  }
   __syncthreads();
   float* out = partial + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kSpan;
   for (int c = threadIdx.x; c < kSpan; c += kGradThreads) {
@@ -665,10 +706,11 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tens
   const int64_t* saved = d.random() ? so.const_data_ptr<int64_t>() : nullptr;
   FUSED_DISPATCH_CUDA(g.scalar_type(), "fused::bias_dropout_add_backward", [&] {
     constexpr int kVec = kVecElems<scalar_t>;
-    // Any width as 16-byte vectors (rows at any phase); a dy off the 16-byte grid (a view
-    // at an odd element) one column a thread.
+    // Any width from one vector on as 16-byte vectors (rows at any phase: a slot's vector
+    // then passes the tensor's end only in its last row); narrower rows and a dy off the
+    // 16-byte grid (a view at an odd element) one column a thread.
     const bool vec = is_aligned(g.const_data_ptr<scalar_t>()) &&
-                     is_aligned(dx.const_data_ptr<scalar_t>());
+                     is_aligned(dx.const_data_ptr<scalar_t>()) && cols >= kVec;
     auto launch = [&](auto drop) {
       if (vec) {
         launch_bias_grad<scalar_t, kVec, decltype(drop)::value>(g, dx, dbias, saved, d);
