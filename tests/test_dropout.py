@@ -810,6 +810,8 @@ def test_cuda_bias_dropout_add_odd_width_vectorised(dtype, cols):
         for a in (kernel_template_args(n, "dropout_kernel") for n in names)
         if a and a[2] in ("true", "1")
     ]
+    # 1000: whole vectors, the bias as vectors too
+    want = ("true", "1") if cols % vec == 0 else ("false", "0")
     assert shapes and all(v == vec and bvec in want for v, bvec in shapes), names
 
 
@@ -851,7 +853,11 @@ def test_cuda_bias_grad_any_width_vectorised(dtype, cols, p):
         dx2, db2 = ops.bias_dropout_add_backward(g, so, p)
         assert torch.equal(dx, dx2) and torch.equal(db, db2), f"deterministic {name}"
         names = cuda_kernel_names(lambda: ops.bias_dropout_add_backward(g, so, p))
-        widths = [int(kernel_template_args(n, "bias_grad_kernel")[1]) for n in names if "bias_grad_kernel<" in n]
+        widths = [
+            int(kernel_template_args(n, "bias_grad_kernel")[1])
+            for n in names
+            if "bias_grad_kernel<" in n
+        ]
         assert widths and all(w == want_vec for w in widths), (name, names)
 
 

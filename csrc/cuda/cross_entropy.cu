@@ -1,13 +1,14 @@
 // cross_entropy on CUDA, forward and backward, for any vocabulary width.
 //
-// One block per row (rows taken in a grid-stride loop). A row of V logits in their own dtype
-// is walked as: a scalar head up to the first 16-byte boundary, 16-byte vectors (U of them
-// in flight per thread), a scalar tail; so every row of an odd vocabulary (50257: rows
-// alternate between aligned and 2-byte-offset starts in bf16) reads at vector speed.
+// A warp per row up to 16 KB rows (kWarpRowBytes), else one block per row (rows taken in a
+// grid-stride loop). A row of V logits in their own dtype is walked as: a scalar head up to
+// the first 16-byte boundary, 16-byte vectors (U of them in flight per thread), a scalar
+// tail; so every row of an odd vocabulary (50257: rows alternate between aligned and
+// 2-byte-offset starts in bf16) reads at vector speed.
 //
 // Forward: one pass, online max and sum of exp in float32 (each thread keeps (m, s, sum x),
-// rescaling s when m grows, once per group of U vectors), one block reduction of the triples
-// (CUB), then thread 0 reads x[target] and writes
+// rescaling s when m grows, once per group of U vectors), one block (CUB) or warp (shuffle)
+// reduction of the triples, then thread 0 reads x[target] and writes
 //     lse  = m + log s
 //     loss = (1 - eps) (lse - x_t) + eps (lse - sum x / V) + z lse^2
 // (F.cross_entropy's label smoothing and PaLM's z-loss). Rows whose target is ignore_index
@@ -476,8 +477,8 @@ __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
                     Rows ld, const int64_t* __restrict__ target, const float* __restrict__ lse,
                     int64_t ignore_index, float eps, float z) {
   for (int64_t b = blockIdx.x; b < lx.rows; b += gridDim.x) {
-    bwd_row<T, BLOCK>(lx.rows - 1 - b, grad, grad_stride, x, lx, dx, ld, target, lse,
-                      ignore_index, eps, z);
+    bwd_row<T, BLOCK>(lx.rows - 1 - b, grad, grad_stride, x, lx, dx, ld, target, lse, ignore_index,
+                      eps, z);
   }
 }
 
@@ -678,11 +679,11 @@ void backward_into(const at::Tensor& grad_loss, const XentInput& in, at::Tensor&
     FUSED_DISPATCH_CUDA(in.x.scalar_type(), "fused::cross_entropy_backward", [&] {
       auto kernel = xent_bwd_warp_kernel<scalar_t>;
       kernel<<<static_cast<unsigned>(warp_rows_grid(kernel, lx.rows)), kWarpBlock, 0,
-               current_stream()>>>(g.const_data_ptr<float>(), g_stride,
-                                   in.x.const_data_ptr<scalar_t>(), lx,
-                                   out.mutable_data_ptr<scalar_t>(), ld, t.const_data_ptr<int64_t>(),
-                                   s.const_data_ptr<float>(), ignore_index,
-                                   static_cast<float>(label_smoothing), static_cast<float>(z_loss));
+               current_stream()>>>(
+          g.const_data_ptr<float>(), g_stride, in.x.const_data_ptr<scalar_t>(), lx,
+          out.mutable_data_ptr<scalar_t>(), ld, t.const_data_ptr<int64_t>(),
+          s.const_data_ptr<float>(), ignore_index, static_cast<float>(label_smoothing),
+          static_cast<float>(z_loss));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     return;

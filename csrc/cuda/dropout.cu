@@ -463,17 +463,18 @@ constexpr int kGradMinBlocks = 3;  // resident blocks per SM the register budget
 // row * cols + c0 - ph: columns [c0 - ph, c0 - ph + V), the same columns in every one of its
 // rows, so the column sums stay in registers. The lanes of a row tile the row by these
 // slots (one more slot than ceil(cols / V) when ph > 0); a slot that reaches into the
-// previous or the next row (the row's first and last) handles only its own columns
-// [jlo, jhi), element by element.
+// previous or the next row (the row's first and last) sums and stores only its own columns.
 static_assert(kGradTY % 8 == 0, "a thread's rows must share their phase for every V <= 8");
 
 // The slot of one thread in its rows: where its vector starts relative to the row and which
 // of its V elements are in the row.
 struct GradSlot {
-  int64_t c;   // column of element 0 (c0 - ph, may be negative)
-  int jlo;     // elements [jlo, jhi) are in the row
-  int jhi;
-  bool whole;  // jlo == 0 && jhi == V
+  int64_t c;     // column of element 0 (c0 - ph, may be negative)
+  uint32_t own;  // bit j: element j is in the row (one register: the loop runs at the bound)
+  template <int V>
+  __device__ __forceinline__ bool whole() const {
+    return own == (1u << V) - 1;
+  }
 };
 
 // R rows r, r + kGradTY, ... of one thread's slot: loads first, then dx = mask * scale * dy
@@ -481,7 +482,7 @@ struct GradSlot {
 // r_end on are skipped. Loads are whole aligned vectors, an edge slot's too (the vector lies
 // in the tensor: its other elements are the neighbouring row's, summed into acc entries
 // that are never used), except GUARDED (the tensor's last row, where an edge slot's vector
-// passes the end): its elements [jlo, jhi) one by one. Stores: a whole slot one vector, an
+// passes the end): its own elements one by one. Stores: a whole slot one vector, an
 // edge slot its own elements (a branch around the stores only: a warp with an edge lane does
 // not run the rows twice).
 template <typename T, int V, int R, bool DROP, bool B16, bool FULL, bool GUARDED = false>
@@ -498,7 +499,7 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
       const T* p = dy + row * cols + s.c;
       if constexpr (GUARDED) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) g[rr].v[j] = j >= s.jlo && j < s.jhi ? p[j] : T(0);
+        for (int j = 0; j < V; ++j) g[rr].v[j] = (s.own >> j) & 1 ? p[j] : T(0);
       } else {
         g[rr] = load_vec<T, V>(p);
       }
@@ -515,39 +516,37 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
     for (int j = 0; j < V; ++j) acc[j] += k[j];
     const Vec<T, V> o = round_vec<T, V>(k);
     T* q = dx + row * cols + s.c;
-    if (s.whole) {
+    if (s.template whole<V>()) {
       store_vec<T, V>(q, o);
     } else {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        if (j >= s.jlo && j < s.jhi) q[j] = o.v[j];
+        if ((s.own >> j) & 1) q[j] = o.v[j];
       }
     }
   }
 }
 
-// One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time; the
-// tensor's last row (rows - 1) guarded where the slot's vector passes the row's end.
+// One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time; first,
+// where `last` >= 0, that one row guarded (the tensor's last row, where the slot's vector
+// passes the row's end).
 template <typename T, int V, bool DROP, bool B16>
 __device__ __forceinline__ void bias_grad_walk(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t rows, int64_t cols, const GradSlot& s,
+                                               int64_t last, int64_t cols, const GradSlot& s,
                                                const PhiloxKey& key, uint64_t offset,
                                                uint32_t threshold, float scale) {
-  if (r_end == rows && s.c + V > cols) {
-    r_end = rows - 1;
-    if (r <= r_end && (r_end - r) % kGradTY == 0) {
-      bias_grad_rows<T, V, 1, DROP, B16, true, true>(dy, dx, acc, r_end, rows, cols, s, key,
-                                                     offset, threshold, scale);
-    }
+  if (last >= 0) {
+    bias_grad_rows<T, V, 1, DROP, B16, true, true>(dy, dx, acc, last, last + 1, cols, s, key,
+                                                   offset, threshold, scale);
   }
   for (; r < r_end; r += kGradTY * kGradRows) {
     if (r + (kGradRows - 1) * kGradTY < r_end) {
-      bias_grad_rows<T, V, kGradRows, DROP, B16, true>(dy, dx, acc, r, r_end, cols, s, key,
-                                                       offset, threshold, scale);
+      bias_grad_rows<T, V, kGradRows, DROP, B16, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                                       threshold, scale);
     } else {
-      bias_grad_rows<T, V, kGradRows, DROP, B16, false>(dy, dx, acc, r, r_end, cols, s, key,
-                                                        offset, threshold, scale);
+      bias_grad_rows<T, V, kGradRows, DROP, B16, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
+                                                        threshold, scale);
     }
   }
 }
@@ -555,7 +554,7 @@ __device__ __forceinline__ void bias_grad_walk(const T* __restrict__ dy, T* __re
 // Partial sums a block writes: kGradTX * V + V columns, from column blockIdx.x * kGradTX * V
 // - V (its slots' columns start up to V - 1 before the tile).
 template <int V>
-constexpr int kGradSpan = kGradTX * V + V;
+constexpr int kGradSpan = kGradTX* V + V;
 
 // Block (blockIdx.x, blockIdx.y) covers slots [blockIdx.x * 32, +32) of rows
 // [blockIdx.y * rows_per_chunk, +rows_per_chunk). Each thread owns one slot and walks its
@@ -581,9 +580,16 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
   const int ph = static_cast<int>((static_cast<int64_t>(ty) * (cols % V)) % V);
   GradSlot s;
   s.c = (static_cast<int64_t>(blockIdx.x) * kGradTX + tx) * V - ph;
-  s.jlo = s.c < 0 ? static_cast<int>(-s.c) : 0;
-  s.jhi = cols - s.c < V ? static_cast<int>(max(cols - s.c, static_cast<int64_t>(0))) : V;
-  s.whole = s.jlo == 0 && s.jhi == V;
+  const int jlo = s.c < 0 ? static_cast<int>(-s.c) : 0;
+  const int jhi = cols - s.c < V ? static_cast<int>(max(cols - s.c, static_cast<int64_t>(0))) : V;
+  s.own = jlo < jhi ? ((1u << jhi) - 1) & ~((1u << jlo) - 1) : 0u;
+  // The tensor's last row, where this slot's vector passes the end: guarded, out of the walk.
+  const int64_t r0 = r_begin + ty;
+  int64_t walk_end = r_end, last = -1;
+  if (r_end == rows && s.c + V > cols) {
+    walk_end = rows - 1;
+    if (r0 <= walk_end && (walk_end - r0) % kGradTY == 0) last = walk_end;
+  }
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) {
     seed = static_cast<uint64_t>(saved[0]);
@@ -596,20 +602,20 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
   float acc[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.0f;
-  if (s.jlo < s.jhi) {  // a slot with columns of this row
+  if (s.own != 0) {  // a slot with columns of this row
     if (DROP && bits16) {
-      bias_grad_walk<T, V, DROP, true>(dy, dx, acc, r_begin + ty, r_end, rows, cols, s, key,
-                                       offset, threshold, scale);
+      bias_grad_walk<T, V, DROP, true>(dy, dx, acc, r0, walk_end, last, cols, s, key, offset,
+                                       threshold, scale);
     } else {
-      bias_grad_walk<T, V, DROP, false>(dy, dx, acc, r_begin + ty, r_end, rows, cols, s, key,
-                                        offset, threshold, scale);
+      bias_grad_walk<T, V, DROP, false>(dy, dx, acc, r0, walk_end, last, cols, s, key, offset,
+                                        threshold, scale);
     }
   }
 
   __syncthreads();  // the zeros are written
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    if (j >= s.jlo && j < s.jhi) smem[ty][tx * V + V - ph + j] = acc[j];  // its own columns
+    if ((s.own >> j) & 1) smem[ty][tx * V + V - ph + j] = acc[j];  // its own columns
   }
   __syncthreads();
   float* out = partial + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kSpan;
@@ -676,8 +682,7 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   int64_t rows_per_chunk = ceil_div(rows, std::min(want_chunks, ceil_div(rows, row_step)));
   rows_per_chunk = ceil_div(rows_per_chunk, row_step) * row_step;
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
-  at::Tensor partial =
-      at::empty({chunks, col_blocks, kGradSpan<V>}, g.options().dtype(at::kFloat));
+  at::Tensor partial = at::empty({chunks, col_blocks, kGradSpan<V>}, g.options().dtype(at::kFloat));
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
   launch_early(kernel, grid, dim3(kGradThreads), 0, g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
                partial.mutable_data_ptr<float>(), saved, rows, cols, rows_per_chunk, d.threshold,
