@@ -470,21 +470,19 @@ static_assert(kGradTY % 8 == 0, "a thread's rows must share their phase for ever
 // of its V elements are in the row.
 struct GradSlot {
   int64_t c;     // column of element 0 (c0 - ph, may be negative)
-  uint32_t own;  // bit j: element j is in the row (one register: the loop runs at the bound)
-  template <int V>
-  __device__ __forceinline__ bool whole() const {
-    return own == (1u << V) - 1;
-  }
+  uint32_t own;  // bit j: element j is in the row
 };
 
 // R rows r, r + kGradTY, ... of one thread's slot: loads first, then dx = mask * scale * dy
 // stored and added to acc. FULL: all rows exist (unconditional loads); otherwise rows from
-// r_end on are skipped. Loads are whole aligned vectors, an edge slot's too (the vector lies
-// in the tensor: its other elements are the neighbouring row's, summed into acc entries
-// that are never used), except GUARDED (the tensor's last row, where an edge slot's vector
-// passes the end): its own elements one by one. Stores: a whole slot one vector, an
-// edge slot its own elements (a branch around the stores only: a warp with an edge lane does
-// not run the rows twice).
+// r_end on are skipped. An edge slot (the first or last of a row) loads and stores its whole
+// aligned vector like the others: the vector lies in the tensor, its other elements are the
+// neighbouring row's, summed into acc entries that are never used and stored with the very
+// bits the neighbouring row's slot stores there (dx of element i is a function of i and
+// dy[i] alone). So no lane branches, and the loop holds no more registers than at aligned
+// widths (per-element edge stores or loads spilled at the 80-register bound). GUARDED (the
+// tensor's last row, where an edge slot's vector passes the end): its own elements one by
+// one.
 template <typename T, int V, int R, bool DROP, bool B16, bool FULL, bool GUARDED = false>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
@@ -516,13 +514,13 @@ __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __re
     for (int j = 0; j < V; ++j) acc[j] += k[j];
     const Vec<T, V> o = round_vec<T, V>(k);
     T* q = dx + row * cols + s.c;
-    if (s.template whole<V>()) {
-      store_vec<T, V>(q, o);
-    } else {
+    if constexpr (GUARDED) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         if ((s.own >> j) & 1) q[j] = o.v[j];
       }
+    } else {
+      store_vec<T, V>(q, o);
     }
   }
 }
@@ -561,7 +559,8 @@ constexpr int kGradSpan = kGradTX* V + V;
 // rows (a warp reads 32 * V contiguous elements of a row), writing dx and summing dx in
 // float; the block's 8 row-lanes (each at its own phase) are combined in shared memory in a
 // fixed order and written to partial[blockIdx.y][blockIdx.x][kGradSpan].
-// At most 80 registers (3 blocks of 256 per SM, no spills on sm_90a): 1.5x the loads in
+// At most 80 registers (3 blocks of 256 per SM; sm_90a: no spills in bf16 and fp32, 8 bytes
+// in fp16): 1.5x the loads in
 // flight per SM of the unbounded version (116 registers in bf16, 2 blocks); a 64-register
 // bound (4 blocks) spilled.
 template <typename T, int V, bool DROP>
@@ -615,7 +614,11 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
   __syncthreads();  // the zeros are written
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    if ((s.own >> j) & 1) smem[ty][tx * V + V - ph + j] = acc[j];  // its own columns
+    // its own columns, at span position s.c - (the tile's first column) + V + j (from s.c,
+    // live through the walk anyway: ph need not be)
+    if (s.c + j >= 0 && s.c + j < cols) {
+      smem[ty][s.c - static_cast<int64_t>(blockIdx.x) * kGradTX * V + V + j] = acc[j];
+    }
   }
   __syncthreads();
   float* out = partial + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kSpan;
