@@ -730,3 +730,41 @@ def test_cuda_linear_cross_entropy_peak_memory():
     # grad_W (64 MB) + one 1024-token chunk of logits (64 MB) + grad_h, against eager's
     # bf16 logits, float32 copy, log-softmax and their gradients (~1.3 GB).
     assert fused * 4 <= eager, (fused, eager)
+
+
+@CUDA
+@pytest.mark.parametrize("V", [1, 7, 1000, 4095, 4097, 5121, 8192, 50257])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_forward_kernel_plan_and_reductions(V, dtype):
+    # Rows up to 16 KB: a warp a row (xent_fwd_warp_kernel) and the 'mean' / 'sum' from its
+    # per-block partials; longer rows: a block a row (xent_fwd_kernel). More rows than one
+    # wave of warps, so warps take several rows; every view (offset: rows at every phase).
+    n = 5000 if V <= 8192 else 64
+    warp = V * torch.empty((), dtype=dtype).element_size() <= 16 * 1024
+    for name, x in input_views((n, V), dtype, "cuda", scale=3.0):
+        t = make_target(n, V, "cuda")
+        for reduction in ["mean", "sum", "none"]:
+            got = fused_ops.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1)
+            want = reference(x, t, reduction, label_smoothing=0.1)
+            assert_close(
+                got, want, dtype=torch.float32, rtol=2e-5, atol=2e-5, msg=f"{name} {reduction}"
+            )
+        # Deterministic: the same bits on a second call.
+        a = ops.cross_entropy(x, t, IGNORE, 0.0, 0.0, False, "sum")[0]
+        assert torch.equal(a, ops.cross_entropy(x, t, IGNORE, 0.0, 0.0, False, "sum")[0])
+    names = cuda_kernel_names(lambda: ops.cross_entropy(x, t, IGNORE, 0.0, 0.0, False, "mean"))
+    assert sum("xent_fwd_warp_kernel" in n for n in names) == (1 if warp else 0), names
+    assert sum("xent_fwd_kernel" in n for n in names) == (0 if warp else 1), names
+
+
+@CUDA
+def test_cuda_forward_warp_kernel_ignored_and_invalid_rows():
+    # All rows ignored: 'mean' is 0 / 0 (NaN), 'sum' 0; one invalid target: NaN, not a read.
+    x = torch.randn(3000, 1000, device="cuda", dtype=torch.bfloat16)
+    t = torch.full((3000,), IGNORE, device="cuda")
+    assert torch.isnan(fused_ops.cross_entropy(x, t))
+    assert fused_ops.cross_entropy(x, t, reduction="sum").item() == 0
+    t[1234] = 1000
+    loss = fused_ops.cross_entropy(x, t, reduction="none")
+    assert torch.isnan(loss[1234]) and torch.all(loss[t == IGNORE] == 0)
+    assert torch.isnan(fused_ops.cross_entropy(x, t, reduction="sum"))
