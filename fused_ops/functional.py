@@ -505,4 +505,3 @@ def mlp(
         return op(input, w1, b1, w2, b2, activation, recompute)
     except RuntimeError as e:
         raise _type_error(e, "mlp") from None
-

@@ -328,11 +328,10 @@ class MLP(torch.nn.Module):
         self.recompute = recompute
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        args = (input, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+        w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
         if torch.jit.is_scripting():
-            return torch.ops.fused.mlp(*args, self.activation, self.recompute)
-        return functional.mlp(*args, self.activation, recompute=self.recompute)
+            return torch.ops.fused.mlp(input, w1, b1, w2, b2, self.activation, self.recompute)
+        return functional.mlp(input, w1, b1, w2, b2, self.activation, recompute=self.recompute)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}, recompute={self.recompute}"
-

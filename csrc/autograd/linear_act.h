@@ -37,7 +37,7 @@ inline at::Tensor act_composite(const at::Tensor& z, const std::string& act) {
 
 // dZ = dY act'(Z) in differentiable ATen ops (create_graph); gated: [dgate, dup].
 inline at::Tensor act_backward_composite(const at::Tensor& dy, const at::Tensor& z,
-                                  const std::string& act) {
+                                         const std::string& act) {
   if (!gated(act)) return at::gelu_backward(dy, z, gelu_approximate(act));
   const auto h = z.chunk(2, -1);
   const at::Tensor dyu = dy * h[1];

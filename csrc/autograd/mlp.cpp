@@ -42,13 +42,13 @@ struct Mlp : torch::autograd::Function<Mlp> {
     ctx->saved_data["b2_edge"] = e.take(b2.has_value() && b2->defined());
     ctx->saved_data["activation"] = std::string(activation);
     ctx->save_for_backward({x, w1, value_or_undefined(b1), w2});
-    auto [h, z] = linear_fwd_op().call(x, w1, b1, activation);
-    at::Tensor y = linear_op().call(h, w2, b2, std::nullopt);
-    if (!recompute) {
-      ctx->saved_data["h"] = h;
-      ctx->saved_data["z"] = z;
+    if (recompute) {  // nothing kept: the inference op, which does not write Z
+      return linear_op().call(linear_op().call(x, w1, b1, activation), w2, b2, std::nullopt);
     }
-    return y;
+    auto [h, z] = linear_fwd_op().call(x, w1, b1, activation);
+    ctx->saved_data["h"] = h;
+    ctx->saved_data["z"] = z;
+    return linear_op().call(h, w2, b2, std::nullopt);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

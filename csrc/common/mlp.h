@@ -52,14 +52,13 @@ namespace mlp_detail {
 
 using OptT = std::optional<at::Tensor>;
 
-inline const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&,
-                                                 const OptT&, std::optional<c10::string_view>)>&
+inline const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&,
+                                                 std::optional<c10::string_view>)>&
 linear_handle() {
-  static const auto h =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fused::linear", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&,
-                            std::optional<c10::string_view>)>();
+  static const auto h = c10::Dispatcher::singleton()
+                            .findSchemaOrThrow("fused::linear", "")
+                            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&,
+                                              std::optional<c10::string_view>)>();
   return h;
 }
 
@@ -82,12 +81,18 @@ inline const c10::TypedOperatorHandle<ActBackwardSig>& act_backward_handle() {
 
 inline c10::string_view activation_name(LinearAct act) {
   switch (act) {
-    case LinearAct::kGelu: return "gelu";
-    case LinearAct::kGeluTanh: return "gelu_tanh";
-    case LinearAct::kSwiglu: return "swiglu";
-    case LinearAct::kGeglu: return "geglu";
-    case LinearAct::kGegluTanh: return "geglu_tanh";
-    default: return "";
+    case LinearAct::kGelu:
+      return "gelu";
+    case LinearAct::kGeluTanh:
+      return "gelu_tanh";
+    case LinearAct::kSwiglu:
+      return "swiglu";
+    case LinearAct::kGeglu:
+      return "geglu";
+    case LinearAct::kGegluTanh:
+      return "geglu_tanh";
+    default:
+      return "";
   }
 }
 
@@ -154,10 +159,10 @@ std::tuple<at::Tensor, at::Tensor> linear_dact_entry(const at::Tensor& grad_out,
   return {dz.view(preact.sizes()), db};
 }
 
-#define FUSED_REGISTER_MLP_OPS(m, RUN_DACT)                          \
-  do {                                                               \
-    m.impl("mlp", &::fused::mlp_entry);                              \
-    m.impl("linear_dact", &::fused::linear_dact_entry<RUN_DACT>);    \
+#define FUSED_REGISTER_MLP_OPS(m, RUN_DACT)                       \
+  do {                                                            \
+    m.impl("mlp", &::fused::mlp_entry);                           \
+    m.impl("linear_dact", &::fused::linear_dact_entry<RUN_DACT>); \
   } while (0)
 
 }  // namespace fused

@@ -610,18 +610,34 @@ __device__ __forceinline__ uint32_t pack_bits(float x, float y) {
   return bits;
 }
 
+// The Z pairs of piece jc of a tile (Z's columns of output columns [col0, col0 + 64)): plain,
+// top / bottom rows in z[0..1]; gated, the gate pairs in z[0..1] and the up pairs (N columns
+// further) in z[2..3].
+__device__ __forceinline__ void load_dact_piece(const GemmProblem& p, bool gated, int row, int col0,
+                                                int lane, uint32_t (&z)[4][8]) {
+  const int64_t ld = gated ? 2 * static_cast<int64_t>(p.N) : p.N;
+  load_z_pairs(p.z, ld, p, row, col0, lane, z[0], z[1]);
+  if (gated) {
+    const uint16_t* up = static_cast<const uint16_t*>(p.z) + p.N;
+    load_z_pairs(up, ld, p, row, col0, lane, z[2], z[3]);
+  }
+}
+
 // The plain dact epilogue of one tile: dZ [M, N] through map (TMA), column sums into partials
-// (when given: [ceil(M / 16), N] floats).
+// (when given: [ceil(M / 16), N] floats). zbuf[0] holds piece 0's Z (loaded before the
+// mainloop's last MMAs completed); each piece's loads are issued before the previous piece
+// is computed and stored, so their latency hides behind it.
 template <typename T, int ACT, typename Cfg, int NACC>
 __device__ __forceinline__ void dact_tile(T* warp_epi, int& n_stores, const CUtensorMap* map,
                                           const GemmProblem& p, const float (&acc)[NACC],
-                                          float* partials, int tn, int row0, int lane) {
+                                          uint32_t (&zbuf)[2][4][8], float* partials, int tn,
+                                          int row0, int lane) {
   const int row = row0 + lane / 4;
 #pragma unroll
   for (int jc = 0; jc < Cfg::BN / 64; ++jc) {
     const int col0 = tn * Cfg::BN + 64 * jc;
-    uint32_t zt[8], zb[8];
-    load_z_pairs(p.z, p.N, p, row, col0, lane, zt, zb);
+    if (jc + 1 < Cfg::BN / 64) load_dact_piece(p, false, row, col0 + 64, lane, zbuf[(jc + 1) & 1]);
+    uint32_t(&z)[4][8] = zbuf[jc & 1];
     tma_store_piece<Cfg>(
         warp_epi, n_stores, map,
         [&](T* piece) {
@@ -629,8 +645,8 @@ __device__ __forceinline__ void dact_tile(T* warp_epi, int& n_stores, const CUte
           for (int jj = 0; jj < 8; ++jj) {
             const int j = jc * 8 + jj;
             float a0, a1, b0, b1;
-            unpack_bits<T>(zt[jj], a0, a1);
-            unpack_bits<T>(zb[jj], b0, b1);
+            unpack_bits<T>(z[0][jj], a0, a1);
+            unpack_bits<T>(z[1][jj], b0, b1);
             a0 = acc[4 * j] * dact_grad<T, ACT>(a0);
             a1 = acc[4 * j + 1] * dact_grad<T, ACT>(a1);
             b0 = acc[4 * j + 2] * dact_grad<T, ACT>(b0);
@@ -649,11 +665,13 @@ __device__ __forceinline__ void dact_tile(T* warp_epi, int& n_stores, const CUte
 
 // The gated dact epilogue of one tile: dZ [M, 2N] through map (make_gated_z_map: the gate
 // half at batch coordinate 0, the up half at 1), column sums into partials ([ceil(M / 16),
-// 2N] floats) when given. dup is packed to 16-bit pairs while dgate is stored, then stored.
+// 2N] floats) when given; Z prefetched as in dact_tile. dup is packed to 16-bit pairs (over
+// the up pairs, used by then) while dgate is stored, then stored.
 template <typename T, int ACT, typename Cfg, int NACC>
 __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, const CUtensorMap* map,
                                                 const GemmProblem& p, const float (&acc)[NACC],
-                                                float* partials, int tn, int row0, int lane) {
+                                                uint32_t (&zbuf)[2][4][8], float* partials, int tn,
+                                                int row0, int lane) {
   constexpr GatedKind K = ACT == kActSwiglu  ? GatedKind::kSilu
                           : ACT == kActGeglu ? GatedKind::kGelu
                                              : GatedKind::kGeluTanh;
@@ -662,9 +680,8 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
 #pragma unroll
   for (int jc = 0; jc < Cfg::BN / 64; ++jc) {
     const int col0 = tn * Cfg::BN + 64 * jc;
-    uint32_t gt[8], gb[8], ut[8], ub[8];
-    load_z_pairs(p.z, ld, p, row, col0, lane, gt, gb);
-    load_z_pairs(static_cast<const T*>(p.z) + p.N, ld, p, row, col0, lane, ut, ub);
+    if (jc + 1 < Cfg::BN / 64) load_dact_piece(p, true, row, col0 + 64, lane, zbuf[(jc + 1) & 1]);
+    uint32_t(&z)[4][8] = zbuf[jc & 1];
     tma_store_piece<Cfg>(
         warp_epi, n_stores, map,
         [&](T* piece) {
@@ -672,10 +689,10 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
           for (int jj = 0; jj < 8; ++jj) {
             const int j = jc * 8 + jj;
             float g[4], u[4], dg[4], du[4];
-            unpack_bits<T>(gt[jj], g[0], g[1]);
-            unpack_bits<T>(gb[jj], g[2], g[3]);
-            unpack_bits<T>(ut[jj], u[0], u[1]);
-            unpack_bits<T>(ub[jj], u[2], u[3]);
+            unpack_bits<T>(z[0][jj], g[0], g[1]);
+            unpack_bits<T>(z[1][jj], g[2], g[3]);
+            unpack_bits<T>(z[2][jj], u[0], u[1]);
+            unpack_bits<T>(z[3][jj], u[2], u[3]);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float a, da;
@@ -685,15 +702,15 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
             }
             scratch_pairs<T>(piece, jj, lane, pack_bits<T>(dg[0], dg[1]),
                              pack_bits<T>(dg[2], dg[3]));
-            ut[jj] = pack_bits<T>(du[0], du[1]);  // the loaded up pairs are used: reuse them
-            ub[jj] = pack_bits<T>(du[2], du[3]);
+            z[2][jj] = pack_bits<T>(du[0], du[1]);
+            z[3][jj] = pack_bits<T>(du[2], du[3]);
             if (partials != nullptr) {
               const int col = col0 + 8 * jj + 2 * (lane % 4);
               const bool store = row0 < p.M && col < p.N;
               store_col_sums(partials, ld, row0 / 16, col, dg[0] + dg[2], dg[1] + dg[3], lane,
                              store);
-              store_col_sums(partials, ld, row0 / 16, p.N + col, du[0] + du[2], du[1] + du[3],
-                             lane, store);
+              store_col_sums(partials, ld, row0 / 16, p.N + col, du[0] + du[2], du[1] + du[3], lane,
+                             store);
             }
           }
         },
@@ -702,7 +719,7 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
         warp_epi, n_stores, map,
         [&](T* piece) {
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) scratch_pairs<T>(piece, jj, lane, ut[jj], ub[jj]);
+          for (int jj = 0; jj < 8; ++jj) scratch_pairs<T>(piece, jj, lane, z[2][jj], z[3][jj]);
         },
         col0, row0, 1, lane);
   }
@@ -872,10 +889,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
+      const int row0 = tm * BM + c * 64 + warp * 16;
+      // The dact epilogue's first Z piece, loaded while the last MMAs run.
+      uint32_t zbuf[EPI::kDact ? 2 : 1][4][8];
+      if constexpr (EPI::kDact) {
+        load_dact_piece(p, p.act >= kActSwiglu, row0 + lane / 4, tn * BN, lane, zbuf[0]);
+      }
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
-      const int row0 = tm * BM + c * 64 + warp * 16;
       if constexpr (SPLIT) {
         if (!split_k_reduce<Cfg>(split, acc, unit, tile, splits, t + 128 * c, row0 + lane / 4 < p.M,
                                  &last_piece)) {
@@ -886,15 +908,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         static_assert(TMA_STORE && !SPLIT, "the dact epilogue: TMA stores, no split-K");
         if (p.act >= kActSwiglu) {
           dispatch_gated_act(p.act, [&](auto act) {
-            dact_gated_tile<T, decltype(act)::value, Cfg>(warp_epi, n_stores, &map_c, p, acc,
+            dact_gated_tile<T, decltype(act)::value, Cfg>(warp_epi, n_stores, &map_c, p, acc, zbuf,
                                                           split.partials, tn, row0, lane);
           });
         } else if (p.act == kActGelu) {
-          dact_tile<T, kActGelu, Cfg>(warp_epi, n_stores, &map_c, p, acc, split.partials, tn,
+          dact_tile<T, kActGelu, Cfg>(warp_epi, n_stores, &map_c, p, acc, zbuf, split.partials, tn,
                                       row0, lane);
         } else {
-          dact_tile<T, kActGeluTanh, Cfg>(warp_epi, n_stores, &map_c, p, acc, split.partials, tn,
-                                          row0, lane);
+          dact_tile<T, kActGeluTanh, Cfg>(warp_epi, n_stores, &map_c, p, acc, zbuf, split.partials,
+                                          tn, row0, lane);
         }
         continue;
       }
