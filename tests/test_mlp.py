@@ -388,3 +388,22 @@ def test_dact_kernel_choice(act, knobs):
         dz, db = torch.ops.fused.linear_dact(g, w, z, act, True)
         check(dz, want, dtype, msg=choice, slack=1.0)
         check(db, dz.double().sum(0), dtype, msg=choice, slack=1.0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_autocast(device):
+    # As its twin's F.linear calls: every input cast to the autocast dtype, forward and
+    # backward (the gradients in the parameters' dtype).
+    w1, b1, w2, b2 = weights(16, 12, 16, torch.float32, device, "swiglu", True)
+    x = torch.randn(6, 16, device=device)
+    ts = [t.requires_grad_() for t in (x, w1, b1, w2, b2)]
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = fused_ops.mlp(*ts, "swiglu")
+        want = eager(*ts, "swiglu")
+    assert y.dtype == want.dtype == torch.bfloat16
+    check(y, want, torch.bfloat16, slack=1.0)
+    got = torch.autograd.grad(y.float().sum(), ts)
+    ref = torch.autograd.grad(want.float().sum(), ts)
+    for g, r in zip(got, ref):
+        assert g.dtype == torch.float32
+        check(g, r, torch.bfloat16, slack=1.0)

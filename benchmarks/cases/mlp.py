@@ -29,8 +29,11 @@ SHAPES = [(8192, 4096), (16384, 1024), (4096, 2048)]
 QUICK = [(16384, 1024)]
 
 
-def hidden(c, act):
-    return 4 * c if act != "swiglu" else math.ceil(8 * c / 3 / 256) * 256
+def dims(shape, act):
+    """(tokens, C, H, rows of w1) of a shape."""
+    tokens, c = shape
+    h = 4 * c if act != "swiglu" else math.ceil(8 * c / 3 / 256) * 256
+    return tokens, c, h, 2 * h if act == "swiglu" else h
 
 
 def _eager(act):
@@ -50,9 +53,7 @@ def _eager(act):
 
 def _inputs(act):
     def make(shape, dtype, device):
-        tokens, c = shape
-        h = hidden(c, act)
-        rows = 2 * h if act == "swiglu" else h
+        tokens, c, h, rows = dims(shape, act)
 
         def rand(*s, scale=1.0):
             return (torch.randn(*s, device=device, dtype=torch.float32) * scale).to(dtype)
@@ -70,9 +71,7 @@ def _inputs(act):
 
 def _flops(act):
     def flops(shape, pass_):
-        tokens, c = shape
-        h = hidden(c, act)
-        rows = 2 * h if act == "swiglu" else h
+        tokens, c, h, rows = dims(shape, act)
         fwd = 2 * tokens * c * (rows + h)
         return fwd if pass_ == "fwd" else 3 * fwd
 
@@ -81,9 +80,7 @@ def _flops(act):
 
 def _bytes(act):
     def nbytes(shape, dtype, pass_):
-        tokens, c = shape
-        h = hidden(c, act)
-        rows = 2 * h if act == "swiglu" else h
+        tokens, c, h, rows = dims(shape, act)
         io = 2 * tokens * c + rows * c + h * c  # x, y, the weights
         act_elems = tokens * (rows + h)  # Z and H written (forward)
         if pass_ == "fwd":
