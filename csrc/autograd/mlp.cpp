@@ -24,7 +24,7 @@ namespace {
 at::Tensor take_saved(AutogradContext* ctx, const char* key) {
   auto it = ctx->saved_data.find(key);
   if (it == ctx->saved_data.end()) return at::Tensor();
-  at::Tensor t = it->value().toTensor();
+  at::Tensor t = it->second.toTensor();
   ctx->saved_data.erase(key);
   return t;
 }
