@@ -665,8 +665,10 @@ __device__ __forceinline__ void dact_tile(T* warp_epi, int& n_stores, const CUte
 
 // The gated dact epilogue of one tile: dZ [M, 2N] through map (make_gated_z_map: the gate
 // half at batch coordinate 0, the up half at 1), column sums into partials ([ceil(M / 16),
-// 2N] floats) when given; Z prefetched as in dact_tile. dup is packed to 16-bit pairs (over
-// the up pairs, used by then) while dgate is stored, then stored.
+// 2N] floats) when given. dup is packed to 16-bit pairs (over the up pairs, used by then)
+// while dgate is stored, then stored. One Z buffer (32 registers beside the accumulators,
+// where two spilled): zbuf[0] holds piece 0's pairs, loaded before the mainloop's last MMAs
+// completed; later pieces' loads are issued once the previous piece is in shared memory.
 template <typename T, int ACT, typename Cfg, int NACC>
 __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, const CUtensorMap* map,
                                                 const GemmProblem& p, const float (&acc)[NACC],
@@ -680,8 +682,7 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
 #pragma unroll
   for (int jc = 0; jc < Cfg::BN / 64; ++jc) {
     const int col0 = tn * Cfg::BN + 64 * jc;
-    if (jc + 1 < Cfg::BN / 64) load_dact_piece(p, true, row, col0 + 64, lane, zbuf[(jc + 1) & 1]);
-    uint32_t(&z)[4][8] = zbuf[jc & 1];
+    uint32_t(&z)[4][8] = zbuf[0];
     tma_store_piece<Cfg>(
         warp_epi, n_stores, map,
         [&](T* piece) {
@@ -722,6 +723,7 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
           for (int jj = 0; jj < 8; ++jj) scratch_pairs<T>(piece, jj, lane, z[2][jj], z[3][jj]);
         },
         col0, row0, 1, lane);
+    if (jc + 1 < Cfg::BN / 64) load_dact_piece(p, true, row, col0 + 64, lane, z);
   }
 }
 #endif  // FUSED_SM90A
@@ -733,17 +735,26 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
 struct PlainEpilogue {
   static constexpr bool kGated = false;
   static constexpr bool kDact = false;
+  static constexpr bool kDactGated = false;
 };
 struct GatedEpilogue {
   static constexpr bool kGated = true;
   static constexpr bool kDact = false;
+  static constexpr bool kDactGated = false;
 };
-// DactEpilogue (the backward's dZ = (A B) * act'(Z), Z read from p.z, plain or gated by
-// p.act; see dact_tile): TMA stores, no split-K, whose SplitK argument instead carries the
-// column-sum partials (or nullptr).
+// DactEpilogue (the backward's dZ = (A B) * act'(Z), Z read from p.z; see dact_tile) and
+// GatedDactEpilogue (gated p.act: dact_gated_tile), apart so that the plain one's registers
+// are not sized by the gated one's: TMA stores, no split-K, whose SplitK argument instead
+// carries the column-sum partials (or nullptr).
 struct DactEpilogue {
   static constexpr bool kGated = false;
   static constexpr bool kDact = true;
+  static constexpr bool kDactGated = false;
+};
+struct GatedDactEpilogue {
+  static constexpr bool kGated = false;
+  static constexpr bool kDact = true;
+  static constexpr bool kDactGated = true;
 };
 
 // SPLIT: the split-K schedule (SplitK above); only with TMA stores (the host asks for it only
@@ -893,7 +904,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       // The dact epilogue's first Z piece, loaded while the last MMAs run.
       uint32_t zbuf[EPI::kDact ? 2 : 1][4][8];
       if constexpr (EPI::kDact) {
-        load_dact_piece(p, p.act >= kActSwiglu, row0 + lane / 4, tn * BN, lane, zbuf[0]);
+        load_dact_piece(p, EPI::kDactGated, row0 + lane / 4, tn * BN, lane, zbuf[0]);
       }
       wgmma_wait<0>();
       fence_acc(acc);
@@ -906,7 +917,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       }
       if constexpr (EPI::kDact) {
         static_assert(TMA_STORE && !SPLIT, "the dact epilogue: TMA stores, no split-K");
-        if (p.act >= kActSwiglu) {
+        if constexpr (EPI::kDactGated) {
           dispatch_gated_act(p.act, [&](auto act) {
             dact_gated_tile<T, decltype(act)::value, Cfg>(warp_epi, n_stores, &map_c, p, acc, zbuf,
                                                           split.partials, tn, row0, lane);
@@ -1157,17 +1168,17 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
 // N = in] read in place), one matrix; p.c is dZ ([M, N], or [M, 2N] for a gated p.act), p.z
 // the saved Z (same shape), both 16-byte aligned with N % 8 == 0 (else the caller composes).
 // partials: [ceil(M / 16), dZ's width] floats for the column sums, or nullptr.
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, typename EPI>
 Sm90Result launch_dact_cfg(const GemmProblem& p, float* partials, at::ScalarType dtype,
                            cudaStream_t stream) {
-  auto kernel = hopper_gemm_kernel<T, Cfg, true, false, true, false, DactEpilogue>;
+  auto kernel = hopper_gemm_kernel<T, Cfg, true, false, true, false, EPI>;
   if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
   const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN);
   if (p.batch != 1 || tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
   if (reinterpret_cast<uintptr_t>(p.z) % 16 != 0 || p.N % 8 != 0) {
     return Sm90Result::kNotApplicable;
   }
-  const bool gated = p.act >= kActSwiglu;
+  const bool gated = EPI::kDactGated;
   CUtensorMap map_a, map_b, map_c{}, map_z{};
   if (!make_map(&map_a, p.a, true, p.K, p.M, 1, p.lda, 0, Cfg::BM, dtype) ||
       !make_map(&map_b, p.b, false, p.K, p.N, 1, p.ldb, 0, Cfg::BN, dtype) ||
@@ -1183,13 +1194,15 @@ Sm90Result launch_dact_cfg(const GemmProblem& p, float* partials, at::ScalarType
   return Sm90Result::kLaunched;
 }
 
+// 128 x 128 tiles: with 128 x 256 the accumulators (128 registers) beside the Z pairs
+// spilled (3.6 KB a thread); 128 x 128 leaves them room.
 template <typename T>
 Sm90Result launch_dact_layout(const GemmProblem& p, float* partials, at::ScalarType dtype,
                               cudaStream_t stream) {
-  // 128 x 256 tiles when that gives every SM a tile, else 128 x 128 (as the gated epilogue).
-  const bool wide = ((p.M + 127) / 128) * int64_t((p.N + 255) / 256) >= num_sms();
-  return wide ? launch_dact_cfg<T, HopperConfig<256>>(p, partials, dtype, stream)
-              : launch_dact_cfg<T, HopperConfig<128>>(p, partials, dtype, stream);
+  using Cfg = HopperConfig<128>;
+  return p.act >= kActSwiglu
+             ? launch_dact_cfg<T, Cfg, GatedDactEpilogue>(p, partials, dtype, stream)
+             : launch_dact_cfg<T, Cfg, DactEpilogue>(p, partials, dtype, stream);
 }
 
 }  // namespace
