@@ -666,8 +666,8 @@ __device__ __forceinline__ void dact_tile(T* warp_epi, int& n_stores, const CUte
 // The gated dact epilogue of one tile: dZ [M, 2N] through map (make_gated_z_map: the gate
 // half at batch coordinate 0, the up half at 1), column sums into partials ([ceil(M / 16),
 // 2N] floats) when given. dup is packed to 16-bit pairs (over the up pairs, used by then)
-// while dgate is stored, then stored. One Z buffer (32 registers beside the accumulators,
-// where two spilled): zbuf[0] holds piece 0's pairs, loaded before the mainloop's last MMAs
+// while dgate is stored, then stored. One Z buffer (32 registers beside the accumulators:
+// no spills, ptxas -v): zbuf[0] holds piece 0's pairs, loaded before the mainloop's last MMAs
 // completed; later pieces' loads are issued once the previous piece is in shared memory.
 template <typename T, int ACT, typename Cfg, int NACC>
 __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, const CUtensorMap* map,
