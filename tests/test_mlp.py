@@ -51,9 +51,12 @@ def d64(t):
 
 
 def forward_ref(x, w1, b1, w2, b2, act, dtype):
-    """y in float64 from the hidden activation rounded to the dtype (the op keeps H in it)."""
-    h = act_of(F.linear(d64(x), d64(w1), d64(b1)), act).to(dtype).double()
-    return F.linear(h, d64(w2), d64(b2))
+    """y in float64 from the hidden activation H the op keeps in the dtype: linear_fwd's (the
+    same kernel as the op's first GEMM; tests/test_matmul.py and test_gated_linear.py check it
+    against float64)."""
+    d = [None if t is None else t.detach() for t in (x, w1, b1)]
+    h = torch.ops.fused.linear_fwd(*d, act)[0]
+    return F.linear(h.double(), d64(w2), d64(b2))
 
 
 def mlp_forward_case(x_shape, h, dtype, device, act, with_bias, all_views=True):
@@ -83,24 +86,22 @@ def test_mlp_forward(device_kernel, dtype, act, case, knobs):
 
 
 def grads_ref(x, w1, b1, w2, act, gy, dtype):
-    """float64 gradients (dx, dw1, db1, dw2, db2) mirroring what the op keeps in the dtype:
-    Z and H (linear_fwd's, the same kernel the op's forward runs; checked against float64 by
-    the linear tests) and dZ; dH stays unrounded (in the dact epilogue it never leaves the
-    accumulator; where it is rounded, check's slack covers it)."""
-    xd = d64(x).reshape(-1, x.shape[-1])
-    h, z = torch.ops.fused.linear_fwd(
-        x.detach(), w1.detach(), None if b1 is None else b1.detach(), act
-    )
-    zr = z.detach().double().reshape(-1, z.shape[-1]).requires_grad_()
-    gy = gy.double().reshape(-1, gy.shape[-1])
-    (dz,) = torch.autograd.grad(act_of(zr, act), zr, gy @ d64(w2))
-    dzr = dz.to(dtype).double()
+    """float64 gradients (dx, dw1, db1, dw2, db2) from the tensors the op keeps in the dtype:
+    Z and H (linear_fwd's, the kernel of the op's forward; tests/test_matmul.py and
+    test_gated_linear.py check it against float64) and dZ (linear_dact's, the op the
+    backward calls; test_linear_dact checks it against float64). What is left to check is
+    the composition: the GEMMs around dZ, the bias sums, shapes, views and plumbing."""
+    d = [None if t is None else t.detach() for t in (x, w1, b1, w2)]
+    h, z = torch.ops.fused.linear_fwd(d[0], d[1], d[2], act)
+    g2 = gy.reshape(-1, gy.shape[-1])
+    dz = torch.ops.fused.linear_dact(g2, d[3], z.reshape(-1, z.shape[-1]), act, False)[0]
+    dz, g2, xd = dz.double(), g2.double(), d64(x).reshape(-1, x.shape[-1])
     return (
-        (dzr @ d64(w1)).reshape(x.shape),
-        dzr.t() @ xd,
-        dzr.sum(0),
-        gy.t() @ h.double().reshape(-1, h.shape[-1]),
-        gy.sum(0),
+        (dz @ d64(w1)).reshape(x.shape),
+        dz.t() @ xd,
+        dz.sum(0),
+        g2.t() @ h.double().reshape(-1, h.shape[-1]),
+        g2.sum(0),
     )
 
 
@@ -393,17 +394,19 @@ def test_dact_kernel_choice(act, knobs):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_autocast(device):
     # As its twin's F.linear calls: every input cast to the autocast dtype, forward and
-    # backward (the gradients in the parameters' dtype).
+    # backward (the gradients in the parameters' dtype), against float64 references of the
+    # bf16 computation.
+    bf = torch.bfloat16
     w1, b1, w2, b2 = weights(16, 12, 16, torch.float32, device, "swiglu", True)
     x = torch.randn(6, 16, device=device)
     ts = [t.requires_grad_() for t in (x, w1, b1, w2, b2)]
-    with torch.autocast(device, dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=bf):
         y = fused_ops.mlp(*ts, "swiglu")
-        want = eager(*ts, "swiglu")
-    assert y.dtype == want.dtype == torch.bfloat16
-    check(y, want, torch.bfloat16, slack=1.0)
+    assert y.dtype == bf
+    low = [t.detach().to(bf) for t in ts]
+    check(y, forward_ref(*low, "swiglu", bf), bf, slack=1.0)
     got = torch.autograd.grad(y.float().sum(), ts)
-    ref = torch.autograd.grad(want.float().sum(), ts)
-    for g, r in zip(got, ref):
+    refs = grads_ref(low[0], low[1], low[2], low[3], "swiglu", torch.ones_like(y), bf)
+    for name, g, r in zip(("dx", "dw1", "db1", "dw2", "db2"), got, refs):
         assert g.dtype == torch.float32
-        check(g, r, torch.bfloat16, slack=1.0)
+        check(g, r, bf, msg=name, slack=1.0)
