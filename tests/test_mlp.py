@@ -105,13 +105,14 @@ def grads_ref(x, w1, b1, w2, act, gy, dtype):
     )
 
 
-def mlp_backward_case(x_shape, h, dtype, device, act, with_bias, recompute):
+def mlp_backward_case(x_shape, h, dtype, device, act, with_bias, recompute, c_out=None):
     c = x_shape[-1]
-    params = weights(c, h, c + 2, dtype, device, act, with_bias)
+    c_out = c + 2 if c_out is None else c_out
+    params = weights(c, h, c_out, dtype, device, act, with_bias)
     x = rand(x_shape, dtype, device).requires_grad_()
     params = [None if p is None else p.requires_grad_() for p in params]
     w1, b1, w2, b2 = params
-    gy = rand((*x_shape[:-1], c + 2), dtype, device)
+    gy = rand((*x_shape[:-1], c_out), dtype, device)
     refs = grads_ref(x, w1, b1, w2, act, gy, dtype)
     y = fused_ops.mlp(x, w1, b1, w2, b2, act, recompute=recompute)
     y.backward(gy)
@@ -325,7 +326,8 @@ CUDA_CASES = [((1000, 1024), 4096), ((4096, 512), 1376), ((3, 300, 256), 1000), 
 @pytest.mark.parametrize("case", CUDA_CASES)
 def test_mlp_cuda_large(kernel, dtype, act, case):
     mlp_forward_case(*case, dtype, "cuda", act, True, all_views=False)
-    mlp_backward_case(*case, dtype, "cuda", act, True, recompute=False)
+    # C_out = C: dY's rows 16-byte aligned, so the dact epilogue takes it on Hopper
+    mlp_backward_case(*case, dtype, "cuda", act, True, recompute=False, c_out=case[0][-1])
 
 
 @CUDA
@@ -410,3 +412,24 @@ def test_autocast(device):
     for name, g, r in zip(("dx", "dw1", "db1", "dw2", "db2"), got, refs):
         assert g.dtype == torch.float32
         check(g, r, bf, msg=name, slack=1.0)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("mnk", [(1000, 1000, 1000), (17, 264, 512), (4097, 1024, 256)])
+def test_linear_dact_cuda(kernel, dtype, act, mnk):
+    # M, N, K not tile multiples (N % 8 == 0: the dact epilogue on Hopper), against float64;
+    # the bias gradient (the epilogue's column partial sums) against dZ's column sums.
+    m, n, k = mnk  # grad_out [m, k], weight [k, n], preact [m, n] (gated [m, 2n])
+    width = 2 * n if act in GATED else n
+    g = rand((m, k), dtype, "cuda")
+    w = rand((k, n), dtype, "cuda", 1.0 / math.sqrt(k))
+    z = rand((m, width), dtype, "cuda", 2.0)
+    zr = z.double().requires_grad_()
+    (want,) = torch.autograd.grad(act_of(zr, act), zr, g.double() @ w.double())
+    poison([z.numel()], "cuda", dtype)
+    dz, db = torch.ops.fused.linear_dact(g, w, z, act, True)
+    check(dz, want, dtype, msg=f"{mnk} dz", slack=1.0)
+    check(db, dz.double().sum(0), dtype, msg=f"{mnk} db", slack=1.0)
+    assert torch.equal(torch.ops.fused.linear_dact(g, w, z, act, False)[0], dz)
