@@ -735,12 +735,10 @@ __device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, cons
 struct PlainEpilogue {
   static constexpr bool kGated = false;
   static constexpr bool kDact = false;
-  static constexpr bool kDactGated = false;
 };
 struct GatedEpilogue {
   static constexpr bool kGated = true;
   static constexpr bool kDact = false;
-  static constexpr bool kDactGated = false;
 };
 // DactEpilogue (the backward's dZ = (A B) * act'(Z), Z read from p.z; see dact_tile) and
 // GatedDactEpilogue (gated p.act: dact_gated_tile), apart so that the plain one's registers
