@@ -163,6 +163,18 @@ TORCH_LIBRARY(fused, m) {
   m.def(
       "geglu_backward(Tensor grad_out, Tensor gate, Tensor up, *, str approximate='none') -> "
       "(Tensor, Tensor)");
+  // mlp: linear(act(linear(x, w1, b1)), w2, b2) with activation 'gelu', 'gelu_tanh' (w1 [H, C])
+  // or 'swiglu', 'geglu', 'geglu_tanh' (w1 [2H, C], gate rows then up rows); w2 [C', H].
+  // recompute=True: the backward recomputes the pre-activation instead of keeping it.
+  m.def(
+      "mlp(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str activation='gelu', bool "
+      "recompute=False) -> Tensor");
+  // linear_dact: (dZ, its column sums (bias_grad) or [0]) with dZ = (grad_out @ weight) *
+  // act'(preact), the act' in the GEMM's epilogue where the kernel has one; gated: preact [..., 2N]
+  // and dZ = [dgate, dup] from dH [..., N].
+  m.def(
+      "linear_dact(Tensor grad_out, Tensor weight, Tensor preact, str activation, bool bias_grad) "
+      "-> (Tensor, Tensor)");
 }
 
 namespace fused {

@@ -33,6 +33,7 @@ __all__ = [
     "dropout_add_rms_norm",
     "swiglu",
     "geglu",
+    "mlp",
 ]
 
 _ops = torch.ops.fused
@@ -62,6 +63,7 @@ _cross_entropy_with_grad, _cross_entropy_with_grad_c = _entry("cross_entropy_wit
 _linear_cross_entropy, _linear_cross_entropy_c = _entry("linear_cross_entropy")
 _swiglu, _swiglu_c = _entry("swiglu")
 _geglu, _geglu_c = _entry("geglu")
+_mlp, _mlp_c = _entry("mlp")
 
 _ACTIVATIONS = (None, "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 
@@ -472,3 +474,34 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> to
         return (_geglu if _compiling() else _geglu_c)(gate, up, approximate=approximate)
     except RuntimeError as e:
         raise _type_error(e, "geglu") from None
+
+
+_MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+
+
+def mlp(
+    input: torch.Tensor,
+    w1: torch.Tensor,
+    b1=None,
+    w2: torch.Tensor = None,
+    b2=None,
+    activation: str = "gelu",
+    *,
+    recompute: bool = False,
+) -> torch.Tensor:
+    """F.linear(act(F.linear(input, w1, b1)), w2, b2): bias and activation in the first GEMM's
+    epilogue, and in the backward the activation's derivative in the epilogue of the GEMM
+    that makes its input gradient (Hopper).
+
+    activation: "gelu", "gelu_tanh" (w1 [H, C]) or the gated "swiglu", "geglu", "geglu_tanh"
+    (w1 [2H, C]: gate rows then up rows, as fused_ops.linear). w2 is [C_out, H].
+    recompute=True keeps no [tokens, H] activation for the backward: it recomputes them from
+    input with one GEMM.
+    """
+    if w2 is None:
+        raise TypeError("mlp(): missing required argument 'w2'")
+    try:
+        op = _mlp if _compiling() else _mlp_c
+        return op(input, w1, b1, w2, b2, activation, recompute)
+    except RuntimeError as e:
+        raise _type_error(e, "mlp") from None

@@ -23,6 +23,7 @@ __all__ = [
     "DropoutAddRMSNorm",
     "SwiGLU",
     "GeGLU",
+    "MLP",
 ]
 
 
@@ -291,3 +292,46 @@ class GeGLU(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}, dim={self.dim}"
+
+
+class MLP(torch.nn.Module):
+    """fc2(act(fc1(x))) on fused_ops.mlp (torch.nn has no twin): MLP(in_features,
+    hidden_features, out_features=None, bias=True, activation="gelu", device=None,
+    dtype=None, *, recompute=False). fc1 is Linear(in, hidden) or, for a gated activation
+    ("swiglu", "geglu", "geglu_tanh"), Linear(in, 2 * hidden) with the gate rows first; fc2
+    is Linear(hidden, out). Parameters are fc1.weight, fc1.bias, fc2.weight, fc2.bias."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        out_features: Optional[int] = None,
+        bias: bool = True,
+        activation: str = "gelu",
+        device=None,
+        dtype=None,
+        *,
+        recompute: bool = False,
+    ):
+        super().__init__()
+        if activation not in functional._MLP_ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {functional._MLP_ACTIVATIONS}, but got {activation!r}"
+            )
+        out_features = in_features if out_features is None else out_features
+        gated = activation in ("swiglu", "geglu", "geglu_tanh")
+        fc1_out = 2 * hidden_features if gated else hidden_features
+        kw = {"device": device, "dtype": dtype}
+        self.fc1 = torch.nn.Linear(in_features, fc1_out, bias, **kw)
+        self.fc2 = torch.nn.Linear(hidden_features, out_features, bias, **kw)
+        self.activation = activation
+        self.recompute = recompute
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
+        if torch.jit.is_scripting():
+            return torch.ops.fused.mlp(input, w1, b1, w2, b2, self.activation, self.recompute)
+        return functional.mlp(input, w1, b1, w2, b2, self.activation, recompute=self.recompute)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}, recompute={self.recompute}"

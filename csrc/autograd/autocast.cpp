@@ -18,6 +18,8 @@
 //   gelu, dropout                   untouched (no rule: the fallthrough), as torch.
 //   swiglu, geglu                   gate and up promoted to their widest floating dtype (their
 //                                   twin, act(gate) * up, promotes).
+//   mlp                             every input cast to the autocast dtype, as the F.linear
+//                                   calls of its twin (CPU and CUDA).
 // Each rule casts, then calls the op again with autocast excluded.
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
@@ -149,6 +151,16 @@ at::Tensor geglu_autocast(const at::Tensor& gate, const at::Tensor& up,
   return geglu_op().call(g, u, approximate);
 }
 
+template <c10::DeviceType D>
+at::Tensor mlp_autocast(const at::Tensor& x, const at::Tensor& w1, const OptT& b1,
+                        const at::Tensor& w2, const OptT& b2, c10::string_view act,
+                        bool recompute) {
+  Cast<D> c;
+  const auto t = Cast<D>::lower();
+  return mlp_op().call(Cast<D>::to(t, x), Cast<D>::to(t, w1), Cast<D>::to(t, b1),
+                       Cast<D>::to(t, w2), Cast<D>::to(t, b2), act, recompute);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
@@ -164,6 +176,7 @@ TORCH_LIBRARY_IMPL(fused, AutocastCUDA, m) {
   m.impl("dropout_add_layer_norm", &dropout_add_layer_norm_autocast);
   m.impl("swiglu", &swiglu_autocast<kCUDA>);
   m.impl("geglu", &geglu_autocast<kCUDA>);
+  m.impl("mlp", &mlp_autocast<kCUDA>);
 }
 
 TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {
@@ -175,6 +188,7 @@ TORCH_LIBRARY_IMPL(fused, AutocastCPU, m) {
   m.impl("bias_dropout_add", &bias_dropout_add_autocast<kCPU>);
   m.impl("swiglu", &swiglu_autocast<kCPU>);
   m.impl("geglu", &geglu_autocast<kCPU>);
+  m.impl("mlp", &mlp_autocast<kCPU>);
 }
 
 }  // namespace fused::autograd

@@ -96,5 +96,10 @@ FUSED_OP(xent_scale_op, "fused::cross_entropy_scale_", void(const at::Tensor&, c
 FUSED_OP(lce_op, "fused::linear_cross_entropy",
          Tensor4(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptT&, int64_t,
                  double, double, bool, int64_t, std::array<bool, 3>))
+FUSED_OP(mlp_op, "fused::mlp",
+         at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&, const at::Tensor&,
+                    const OptT&, c10::string_view, bool))
+FUSED_OP(linear_dact_op, "fused::linear_dact",
+         Tensor2(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view, bool))
 
 }  // namespace fused::autograd

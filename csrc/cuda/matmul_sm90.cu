@@ -541,6 +541,197 @@ __device__ __forceinline__ void write_scratch_gated(T* piece, const float (&acc)
     *reinterpret_cast<Pair*>(s + 8 * 64) = Elem<T>::pack(g2, g3);
   }
 }
+
+// ---- the dact epilogue (DactEpilogue) ------------------------------------------------------
+// The backward GEMM dH = dY W of a layer y = act(z) W^T + b, with act's derivative applied
+// to the accumulator: dZ = dH * act'(Z) (Z read from memory, p.z), so dH never reaches
+// memory. Gated (p.act a gated one): dH is [M, N], Z = [gate, up] and dZ = [dgate, dup] are
+// [M, 2N], dgate = dH up act'(gate), dup = dH act(gate); the tile's output columns n give
+// dZ columns n and N + n. Per warp piece (16 rows x 64 columns) each lane reads the Z pairs
+// of its own accumulator elements (rows lane/4 and lane/4 + 8, columns 8 jj + 2 (lane%4) +
+// {0, 1}: write_scratch's layout) straight from global memory, 4-byte loads issued together
+// before any use.
+
+// act'(z) of a plain activation (gelu, gelu_tanh).
+template <typename T, int ACT>
+__device__ __forceinline__ float dact_grad(float z) {
+  if constexpr (ACT == kActGelu)
+    return gelu_grad_for<T, GeluKind::kNone>(z);
+  else if constexpr (ACT == kActGeluTanh)
+    return gelu_grad_for<T, GeluKind::kTanh>(z);
+  else
+    return 1.f;
+}
+
+// The Z pairs of this lane's elements of one piece: rows row (and row + 8), columns
+// col0 + 8 jj + 2 (lane % 4) of the matrix at z (row pitch ld); 0 outside M x N.
+__device__ __forceinline__ void load_z_pairs(const void* z, int64_t ld, const GemmProblem& p,
+                                             int row, int col0, int lane, uint32_t (&top)[8],
+                                             uint32_t (&bottom)[8]) {
+  const uint32_t* base = static_cast<const uint32_t*>(z);
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int col = col0 + 8 * jj + 2 * (lane % 4);
+    const bool in_n = col < p.N;  // N % 8 == 0 (the host's condition): the pair is whole
+    const int64_t i = (static_cast<int64_t>(row) * ld + col) / 2;
+    top[jj] = in_n && row < p.M ? __ldg(base + i) : 0u;
+    bottom[jj] = in_n && row + 8 < p.M ? __ldg(base + i + 4 * ld) : 0u;
+  }
+}
+
+// Column sums of a piece's two rows of this lane (s0, s1: columns 8 jj + 2 (lane%4) + {0,
+// 1}) over the warp's 16 rows, added across the 8 lanes of each lane % 4 in a fixed order,
+// stored by lanes 0..3 into partials row `block` (the warp's 16-row block), columns col..
+__device__ __forceinline__ void store_col_sums(float* partials, int64_t width, int block, int col,
+                                               float s0, float s1, int lane, bool store) {
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2) {
+    s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+  }
+  if (store && lane < 4) {
+    *reinterpret_cast<float2*>(partials + static_cast<int64_t>(block) * width + col) =
+        make_float2(s0, s1);
+  }
+}
+
+// One lane-held 16-bit pair, packed from two floats, into the swizzled scratch at this lane's
+// place for column pair jj of row r (and, bottom, r + 8).
+template <typename T>
+__device__ __forceinline__ void scratch_pairs(T* piece, int jj, int lane, uint32_t top,
+                                              uint32_t bottom) {
+  const int r = lane / 4, q = lane % 4;
+  int sw = 8 * r;
+  asm volatile("" : "+r"(sw));
+  T* s = piece + r * 64 + ((8 * jj) ^ sw) + 2 * q;
+  *reinterpret_cast<uint32_t*>(s) = top;
+  *reinterpret_cast<uint32_t*>(s + 8 * 64) = bottom;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack_bits(float x, float y) {
+  const typename Elem<T>::pair v = Elem<T>::pack(x, y);
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  return bits;
+}
+
+// The Z pairs of piece jc of a tile (Z's columns of output columns [col0, col0 + 64)): plain,
+// top / bottom rows in z[0..1]; gated, the gate pairs in z[0..1] and the up pairs (N columns
+// further) in z[2..3].
+__device__ __forceinline__ void load_dact_piece(const GemmProblem& p, bool gated, int row, int col0,
+                                                int lane, uint32_t (&z)[4][8]) {
+  const int64_t ld = gated ? 2 * static_cast<int64_t>(p.N) : p.N;
+  load_z_pairs(p.z, ld, p, row, col0, lane, z[0], z[1]);
+  if (gated) {
+    const uint16_t* up = static_cast<const uint16_t*>(p.z) + p.N;
+    load_z_pairs(up, ld, p, row, col0, lane, z[2], z[3]);
+  }
+}
+
+// The plain dact epilogue of one tile: dZ [M, N] through map (TMA), column sums into partials
+// (when given: [ceil(M / 16), N] floats). zbuf[0] holds piece 0's Z (loaded before the
+// mainloop's last MMAs completed); each piece's loads are issued before the previous piece
+// is computed and stored, so their latency hides behind it.
+template <typename T, int ACT, typename Cfg, int NACC>
+__device__ __forceinline__ void dact_tile(T* warp_epi, int& n_stores, const CUtensorMap* map,
+                                          const GemmProblem& p, const float (&acc)[NACC],
+                                          uint32_t (&zbuf)[2][4][8], float* partials, int tn,
+                                          int row0, int lane) {
+  const int row = row0 + lane / 4;
+#pragma unroll
+  for (int jc = 0; jc < Cfg::BN / 64; ++jc) {
+    const int col0 = tn * Cfg::BN + 64 * jc;
+    if (jc + 1 < Cfg::BN / 64) load_dact_piece(p, false, row, col0 + 64, lane, zbuf[(jc + 1) & 1]);
+    uint32_t(&z)[4][8] = zbuf[jc & 1];
+    tma_store_piece<Cfg>(
+        warp_epi, n_stores, map,
+        [&](T* piece) {
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int j = jc * 8 + jj;
+            float a0, a1, b0, b1;
+            unpack_bits<T>(z[0][jj], a0, a1);
+            unpack_bits<T>(z[1][jj], b0, b1);
+            a0 = acc[4 * j] * dact_grad<T, ACT>(a0);
+            a1 = acc[4 * j + 1] * dact_grad<T, ACT>(a1);
+            b0 = acc[4 * j + 2] * dact_grad<T, ACT>(b0);
+            b1 = acc[4 * j + 3] * dact_grad<T, ACT>(b1);
+            scratch_pairs<T>(piece, jj, lane, pack_bits<T>(a0, a1), pack_bits<T>(b0, b1));
+            if (partials != nullptr) {
+              const int col = col0 + 8 * jj + 2 * (lane % 4);
+              store_col_sums(partials, p.N, row0 / 16, col, a0 + b0, a1 + b1, lane,
+                             row0 < p.M && col < p.N);
+            }
+          }
+        },
+        col0, row0, 0, lane);
+  }
+}
+
+// The gated dact epilogue of one tile: dZ [M, 2N] through map (make_gated_z_map: the gate
+// half at batch coordinate 0, the up half at 1), column sums into partials ([ceil(M / 16),
+// 2N] floats) when given. dup is packed to 16-bit pairs (over the up pairs, used by then)
+// while dgate is stored, then stored. One Z buffer (32 registers beside the accumulators:
+// no spills, ptxas -v): zbuf[0] holds piece 0's pairs, loaded before the mainloop's last MMAs
+// completed; later pieces' loads are issued once the previous piece is in shared memory.
+template <typename T, int ACT, typename Cfg, int NACC>
+__device__ __forceinline__ void dact_gated_tile(T* warp_epi, int& n_stores, const CUtensorMap* map,
+                                                const GemmProblem& p, const float (&acc)[NACC],
+                                                uint32_t (&zbuf)[2][4][8], float* partials, int tn,
+                                                int row0, int lane) {
+  constexpr GatedKind K = ACT == kActSwiglu  ? GatedKind::kSilu
+                          : ACT == kActGeglu ? GatedKind::kGelu
+                                             : GatedKind::kGeluTanh;
+  const int row = row0 + lane / 4;
+  const int64_t ld = 2 * static_cast<int64_t>(p.N);
+#pragma unroll
+  for (int jc = 0; jc < Cfg::BN / 64; ++jc) {
+    const int col0 = tn * Cfg::BN + 64 * jc;
+    uint32_t(&z)[4][8] = zbuf[0];
+    tma_store_piece<Cfg>(
+        warp_epi, n_stores, map,
+        [&](T* piece) {
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int j = jc * 8 + jj;
+            float g[4], u[4], dg[4], du[4];
+            unpack_bits<T>(z[0][jj], g[0], g[1]);
+            unpack_bits<T>(z[1][jj], g[2], g[3]);
+            unpack_bits<T>(z[2][jj], u[0], u[1]);
+            unpack_bits<T>(z[3][jj], u[2], u[3]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float a, da;
+              gated_act_and_grad_for<T, K>(g[e], a, da);
+              dg[e] = acc[4 * j + e] * u[e] * da;
+              du[e] = acc[4 * j + e] * a;
+            }
+            scratch_pairs<T>(piece, jj, lane, pack_bits<T>(dg[0], dg[1]),
+                             pack_bits<T>(dg[2], dg[3]));
+            z[2][jj] = pack_bits<T>(du[0], du[1]);
+            z[3][jj] = pack_bits<T>(du[2], du[3]);
+            if (partials != nullptr) {
+              const int col = col0 + 8 * jj + 2 * (lane % 4);
+              const bool store = row0 < p.M && col < p.N;
+              store_col_sums(partials, ld, row0 / 16, col, dg[0] + dg[2], dg[1] + dg[3], lane,
+                             store);
+              store_col_sums(partials, ld, row0 / 16, p.N + col, du[0] + du[2], du[1] + du[3], lane,
+                             store);
+            }
+          }
+        },
+        col0, row0, 0, lane);
+    tma_store_piece<Cfg>(
+        warp_epi, n_stores, map,
+        [&](T* piece) {
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) scratch_pairs<T>(piece, jj, lane, z[2][jj], z[3][jj]);
+        },
+        col0, row0, 1, lane);
+    if (jc + 1 < Cfg::BN / 64) load_dact_piece(p, true, row, col0 + 64, lane, z);
+  }
+}
 #endif  // FUSED_SM90A
 
 // The epilogue variant, a type so that it shows in the kernel's name (the tests read it):
@@ -549,9 +740,25 @@ __device__ __forceinline__ void write_scratch_gated(T* piece, const float (&acc)
 // act(gate) * up, [M, N]; Z [M, 2N] through a map of its two halves as a batch of 2).
 struct PlainEpilogue {
   static constexpr bool kGated = false;
+  static constexpr bool kDact = false;
 };
 struct GatedEpilogue {
   static constexpr bool kGated = true;
+  static constexpr bool kDact = false;
+};
+// DactEpilogue (the backward's dZ = (A B) * act'(Z), Z read from p.z; see dact_tile) and
+// GatedDactEpilogue (gated p.act: dact_gated_tile), apart so that the plain one's registers
+// are not sized by the gated one's: TMA stores, no split-K, whose SplitK argument instead
+// carries the column-sum partials (or nullptr).
+struct DactEpilogue {
+  static constexpr bool kGated = false;
+  static constexpr bool kDact = true;
+  static constexpr bool kDactGated = false;
+};
+struct GatedDactEpilogue {
+  static constexpr bool kGated = false;
+  static constexpr bool kDact = true;
+  static constexpr bool kDactGated = true;
 };
 
 // SPLIT: the split-K schedule (SplitK above); only with TMA stores (the host asks for it only
@@ -697,15 +904,36 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
         if (prev >= 0) mbar_arrive(&empty[prev]);
         prev = s;
       }
+      const int row0 = tm * BM + c * 64 + warp * 16;
+      // The dact epilogue's first Z piece, loaded while the last MMAs run.
+      uint32_t zbuf[EPI::kDact ? 2 : 1][4][8];
+      if constexpr (EPI::kDact) {
+        load_dact_piece(p, EPI::kDactGated, row0 + lane / 4, tn * BN, lane, zbuf[0]);
+      }
       wgmma_wait<0>();
       fence_acc(acc);
       if (prev >= 0) mbar_arrive(&empty[prev]);
-      const int row0 = tm * BM + c * 64 + warp * 16;
       if constexpr (SPLIT) {
         if (!split_k_reduce<Cfg>(split, acc, unit, tile, splits, t + 128 * c, row0 + lane / 4 < p.M,
                                  &last_piece)) {
           continue;  // another piece of this tile finishes it
         }
+      }
+      if constexpr (EPI::kDact) {
+        static_assert(TMA_STORE && !SPLIT, "the dact epilogue: TMA stores, no split-K");
+        if constexpr (EPI::kDactGated) {
+          dispatch_gated_act(p.act, [&](auto act) {
+            dact_gated_tile<T, decltype(act)::value, Cfg>(warp_epi, n_stores, &map_c, p, acc, zbuf,
+                                                          split.partials, tn, row0, lane);
+          });
+        } else if (p.act == kActGelu) {
+          dact_tile<T, kActGelu, Cfg>(warp_epi, n_stores, &map_c, p, acc, zbuf, split.partials, tn,
+                                      row0, lane);
+        } else {
+          dact_tile<T, kActGeluTanh, Cfg>(warp_epi, n_stores, &map_c, p, acc, zbuf, split.partials,
+                                          tn, row0, lane);
+        }
+        continue;
       }
       // Epilogue: per 64-column piece, bias + activation into the warp's scratch, then to
       // global memory (the pre-activation first when the backward pass wants it).
@@ -973,7 +1201,58 @@ Sm90Result launch_layout(const GemmProblem& p, at::ScalarType dtype, cudaStream_
                      : launch_cfg<T, HopperConfig<128>>(p, dtype, stream, s.splits);
 }
 
+// The dact epilogue (DactEpilogue): A K-major (dY), B MN-major (the layer's weight [K = out,
+// N = in] read in place), one matrix; p.c is dZ ([M, N], or [M, 2N] for a gated p.act), p.z
+// the saved Z (same shape), both 16-byte aligned with N % 8 == 0 (else the caller composes).
+// partials: [ceil(M / 16), dZ's width] floats for the column sums, or nullptr.
+template <typename T, typename Cfg, typename EPI>
+Sm90Result launch_dact_cfg(const GemmProblem& p, float* partials, at::ScalarType dtype,
+                           cudaStream_t stream) {
+  auto kernel = hopper_gemm_kernel<T, Cfg, true, false, true, false, EPI>;
+  if (!has_sm90a_code(kernel) || encode_fn() == nullptr) return Sm90Result::kUnavailable;
+  const int64_t tiles = ((p.M + Cfg::BM - 1) / Cfg::BM) * int64_t((p.N + Cfg::BN - 1) / Cfg::BN);
+  if (p.batch != 1 || tiles >= (int64_t(1) << 31)) return Sm90Result::kNotApplicable;
+  if (reinterpret_cast<uintptr_t>(p.z) % 16 != 0 || p.N % 8 != 0) {
+    return Sm90Result::kNotApplicable;
+  }
+  const bool gated = EPI::kDactGated;
+  CUtensorMap map_a, map_b, map_c{}, map_z{};
+  if (!make_map(&map_a, p.a, true, p.K, p.M, 1, p.lda, 0, Cfg::BM, dtype) ||
+      !make_map(&map_b, p.b, false, p.K, p.N, 1, p.ldb, 0, Cfg::BN, dtype) ||
+      !(gated ? make_gated_z_map(&map_c, p.c, p.M, p.N, dtype)
+              : make_out_map(&map_c, p.c, p.M, p.N, 1, dtype))) {
+    return Sm90Result::kNotApplicable;
+  }
+  if (!allow_dynamic_smem_once(kernel, Cfg::SMEM)) return Sm90Result::kUnavailable;
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, num_sms()));
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(map_a, map_b, map_c, map_z, p,
+                                                    SplitK{partials, nullptr, 1});
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return Sm90Result::kLaunched;
+}
+
+// 128 x 128 tiles: with 128 x 256 the accumulators (128 registers) beside the Z pairs
+// spilled (3.6 KB a thread); 128 x 128 leaves them room.
+template <typename T>
+Sm90Result launch_dact_layout(const GemmProblem& p, float* partials, at::ScalarType dtype,
+                              cudaStream_t stream) {
+  using Cfg = HopperConfig<128>;
+  return p.act >= kActSwiglu
+             ? launch_dact_cfg<T, Cfg, GatedDactEpilogue>(p, partials, dtype, stream)
+             : launch_dact_cfg<T, Cfg, DactEpilogue>(p, partials, dtype, stream);
+}
+
 }  // namespace
+
+Sm90Result launch_sm90_dact(const GemmProblem& p, float* partials, at::ScalarType dtype,
+                            cudaStream_t stream) {
+  if (p.K == 0 || !p.a_kmajor || p.b_kmajor || p.act == kActNone) {
+    return Sm90Result::kNotApplicable;
+  }
+  if (dtype == at::kBFloat16) return launch_dact_layout<__nv_bfloat16>(p, partials, dtype, stream);
+  if (dtype == at::kHalf) return launch_dact_layout<__half>(p, partials, dtype, stream);
+  return Sm90Result::kNotApplicable;
+}
 
 Sm90Result launch_sm90_gemm(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream) {
   if (p.K == 0) return Sm90Result::kNotApplicable;

@@ -19,5 +19,12 @@ enum class Sm90Result {
 // lists what applies).
 Sm90Result launch_sm90_gemm(const GemmProblem& p, at::ScalarType dtype, cudaStream_t stream);
 
+// The backward GEMM dZ = (A B) * act'(Z) with act' in the epilogue (matmul_sm90.cu:
+// DactEpilogue): A K-major [M, K], B MN-major [K, N], p.z the saved Z and p.c dZ, [M, N] or
+// for a gated p.act [M, 2N]; partials, when not null, receives dZ's column sums per 16-row
+// block, [ceil(M / 16), dZ's width] floats. Launches nothing and says why otherwise.
+Sm90Result launch_sm90_dact(const GemmProblem& p, float* partials, at::ScalarType dtype,
+                            cudaStream_t stream);
+
 }  // namespace matmul
 }  // namespace fused

@@ -13,6 +13,7 @@ from . import (
     gated,  # noqa: F401
     gelu,  # noqa: F401
     matmul,  # noqa: F401
+    mlp,  # noqa: F401
     norm,  # noqa: F401
     softmax,  # noqa: F401
     vmap,  # noqa: F401
