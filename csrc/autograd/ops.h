@@ -96,5 +96,12 @@ FUSED_OP(xent_scale_op, "fused::cross_entropy_scale_", void(const at::Tensor&, c
 FUSED_OP(lce_op, "fused::linear_cross_entropy",
          Tensor4(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptT&, int64_t,
                  double, double, bool, int64_t, std::array<bool, 3>))
+FUSED_OP(dropout_add_layer_norm_backward_op, "fused::dropout_add_layer_norm_backward",
+         Tensor5(const at::Tensor&, const OptT&, const at::Tensor&, at::IntArrayRef,
+                 const at::Tensor&, const at::Tensor&, const OptT&, const OptT&, const at::Tensor&,
+                 double, std::array<bool, 3>))
+FUSED_OP(dropout_add_rms_norm_backward_op, "fused::dropout_add_rms_norm_backward",
+         Tensor4(const at::Tensor&, const OptT&, const at::Tensor&, at::IntArrayRef,
+                 const at::Tensor&, const OptT&, const at::Tensor&, double, bool, bool))
 
 }  // namespace fused::autograd

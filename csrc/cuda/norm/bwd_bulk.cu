@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o.v[k] += sf.v[k];
       }
-      if (valid[i]) store_raw<T, VEC>(dx + 64 * i * VEC, from_float<T, VEC>(o));
+      if (valid[i]) store_dx<VEC>(p, dx + 64 * i * VEC, o);
     }
   }
   if (!p.dw_part && !p.db_part) return;  // uniform across the grid

@@ -110,6 +110,28 @@ __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile
       s);
 }
 
+// Stores dx's VEC elements o at q (a pointer into p.dx) and, for the dropout forms, d_x from
+// the same rounded values (what dropout_backward of the stored dx gives), element q - p.dx's
+// mask as the forward drew it.
+template <int VEC, typename T, typename W, typename R>
+__device__ __forceinline__ void store_dx(const BwdParams<T, W, R>& p, R* q, const FVec<VEC>& o) {
+  const Raw<R, VEC> r = from_float<R, VEC>(o);
+  store_raw<R, VEC>(q, r);
+  if (p.drop.dx == nullptr) return;  // uniform across the grid
+  const int64_t e = q - p.dx;
+  FVec<VEC> f = to_float(r);
+  if (p.drop.random) {
+    const uint64_t seed = static_cast<uint64_t>(__ldg(p.drop.seed_offset));
+    const uint64_t offset = static_cast<uint64_t>(__ldg(p.drop.seed_offset + 1));
+    if (p.drop.bits16) {
+      apply_mask<VEC, true>(f.v, e, philox_key(seed), offset, p.drop.threshold, p.drop.scale);
+    } else {
+      apply_mask<VEC, false>(f.v, e, philox_key(seed), offset, p.drop.threshold, p.drop.scale);
+    }
+  }
+  store_raw<R, VEC>(p.drop.dx + e, from_float<R, VEC>(f));
+}
+
 template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>
 __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& t, int64_t row,
                                        bool valid, int lane, int tpr, Weight&& weight,
@@ -135,7 +157,7 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& 
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
       const int64_t e = off + static_cast<int64_t>(i * tpr + lane) * VEC;
-      store_raw<R, VEC>(p.dx + e, from_float<R, VEC>(o));
+      store_dx<VEC>(p, p.dx + e, o);
     }
   }
 }

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
 #pragma unroll
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
-      store_raw<T, VEC>(p.dx + off + k * TPR * VEC, from_float<T, VEC>(o));
+      store_dx<VEC>(p, p.dx + off + k * TPR * VEC, o);
       opaque(wv[k]);
     }
   };

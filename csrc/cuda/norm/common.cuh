@@ -79,6 +79,19 @@ struct FwdParams {
   FwdDropout drop;   // the dropout forms' stage (drop.on), else off
 };
 
+// The dropout forms' backward (dropout_add_*_norm_backward): beside dx (the gradient reaching
+// the sum, d_residual) the kernels write d_x = mask * scale * dx, the forward's mask
+// regenerated at the same flat index from its seed_offset (read on the device: graph safe).
+template <typename R>
+struct BwdDropout {
+  R* dx = nullptr;                       // d_x, laid out as dx; nullptr: off
+  const int64_t* seed_offset = nullptr;  // the forward's {seed, offset}
+  uint32_t threshold = 0;                // keep iff draw < threshold (0: every element dropped)
+  float scale = 1.f;                     // 1 / (1 - p)
+  bool random = false;                   // a mask is applied (else d_x = dx)
+  bool bits16 = false;                   // 16-bit draws (DropoutParams::bits16)
+};
+
 template <typename T, typename W, typename R>
 struct BwdParams {
   const T* dy;
@@ -92,6 +105,7 @@ struct BwdParams {
   float* db_part;  // [parts, cols] partial sums of dy, or nullptr
   int64_t rows;
   int cols;
+  BwdDropout<R> drop;  // the dropout forms: d_x written beside dx (store_dx), else drop.dx null
 };
 
 // Register-resident vectors are kept as raw 32-bit words (Raw<T, N>: the bits of N

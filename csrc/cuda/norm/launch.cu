@@ -186,6 +186,15 @@ void backward_cuda(NormBackward& nb) {
     p.dw_part = p.db_part = nullptr;
     p.rows = nb.rows;
     p.cols = static_cast<int>(nb.cols);
+    p.drop = BwdDropout<R>{};
+    if (nb.dropout) {  // d_x beside dx, the mask from the forward's seed_offset
+      p.drop.dx = nb.ddrop.mutable_data_ptr<R>();
+      p.drop.seed_offset = nb.seed_offset.const_data_ptr<int64_t>();
+      p.drop.random = !nb.drop.identity();  // p = 1: threshold 0 drops every element
+      p.drop.threshold = nb.drop.threshold;
+      p.drop.scale = static_cast<float>(nb.drop.scale);
+      p.drop.bits16 = nb.drop.bits16;
+    }
     Problem pr;
     pr.rows = nb.rows;
     pr.cols = nb.cols;
@@ -197,7 +206,7 @@ void backward_cuda(NormBackward& nb) {
     pr.grads = param_grads(nb);
     constexpr int V = kVecElems<T>;
     pr.aligned = vec_ok<V>(p.dy) && vec_ok<V>(p.x) && vec_ok<V>(p.dsum) && vec_ok<V>(p.weight) &&
-                 vec_ok<V>(p.dx);
+                 vec_ok<V>(p.dx) && vec_ok<V>(p.drop.dx);
     walk<T, W, R>(plan_backward(pr, gpu_props(), overrides()), [&](auto vec, const Step& s) {
       return backward_step<T, W, R, decltype(vec)::value>(p, nb, s);
     });
@@ -210,6 +219,7 @@ void backward_cuda(NormBackward& nb) {
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   FUSED_REGISTER_NORM_OPS(m, norm::forward_cuda, norm::backward_cuda);
   FUSED_REGISTER_DROPOUT_NORM_OPS(m, norm::forward_cuda, bias_dropout_add_cuda, true);
+  FUSED_REGISTER_DROPOUT_NORM_BACKWARD_OPS(m, norm::backward_cuda, nullptr, true);
 }
 
 }  // namespace fused
