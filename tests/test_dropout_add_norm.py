@@ -513,11 +513,12 @@ def test_forward_is_one_norm_kernel():
 
 @CUDA
 @pytest.mark.parametrize("layer", [True, False])
-@pytest.mark.parametrize("cols", [1024, 4096, 1000])
+@pytest.mark.parametrize("cols", [1000, 1024, 2048, 4096])
 def test_backward_is_one_norm_kernel(layer, cols):
     # d_residual and d_x come from the norm backward's kernel (no dropout kernel, no
-    # elementwise pass); column_sum adds the dweight / dbias partial rows; with input_bias
-    # one reduction over d_x gives its gradient.
+    # elementwise pass); column_sum adds the dweight / dbias partial rows. d_input_bias: a
+    # partial row too on norm_bwd_bulk (520-1024 columns) and norm_bwd_fixed (4096), a second
+    # column_sum; one reduction over d_x after the other families (2048: norm_bwd_regs).
     for with_ib in (False, True):
         x, r, w, b, ib = inputs(64, cols, torch.bfloat16, "cuda", with_ib=with_ib)
         b = b if layer else None
@@ -529,7 +530,10 @@ def test_backward_is_one_norm_kernel(layer, cols):
         assert sum("norm_bwd" in n for n in kernels) == 1, kernels
         assert not any("dropout" in n for n in kernels), kernels
         rest = [n for n in kernels if "norm_bwd" not in n and "column_sum" not in n]
-        assert len(rest) == (1 if with_ib else 0), rest
+        partial_row = cols != 2048
+        assert len(rest) == (1 if with_ib and not partial_row else 0), rest
+        column_sums = sum("column_sum" in n for n in kernels)
+        assert column_sums == 1 + (with_ib and partial_row), kernels
 
 
 # ---- plumbing: opcheck, compile, autocast, modules, errors ---------------------------------

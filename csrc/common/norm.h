@@ -465,11 +465,14 @@ NormBackward dropout_add_norm_backward(const char* op, bool layer, const at::Ten
 }
 
 template <NormBackwardFn run, DropoutBackwardFn drop_bwd, bool fused>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dropout_add_layer_norm_backward_op(
-    const at::Tensor& dy, const std::optional<at::Tensor>& dsum, const at::Tensor& sum,
-    at::IntArrayRef ns, const at::Tensor& mean, const at::Tensor& rstd,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& seed_offset, double p, std::array<bool, 3> mask) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+dropout_add_layer_norm_backward_op(const at::Tensor& dy, const std::optional<at::Tensor>& dsum,
+                                   const at::Tensor& sum, at::IntArrayRef ns,
+                                   const at::Tensor& mean, const at::Tensor& rstd,
+                                   const std::optional<at::Tensor>& weight,
+                                   const std::optional<at::Tensor>& bias,
+                                   const at::Tensor& seed_offset, double p,
+                                   std::array<bool, 3> mask) {
   NormBackward nb = dropout_add_norm_backward<run, drop_bwd, fused>(
       "fused::dropout_add_layer_norm_backward", true, dy, dsum, sum, ns, mean, rstd, weight, bias,
       mask[0], mask[1], mask[2], seed_offset, p);
@@ -491,12 +494,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dropout_add_rms_norm_
 
 // Registers the dropout forms' backward of one backend (FUSED: its kernels write d_x; else
 // DROP_BWD, its dropout_backward, composes it).
-#define FUSED_REGISTER_DROPOUT_NORM_BACKWARD_OPS(m, RUN_BWD, DROP_BWD, FUSED)                  \
-  do {                                                                                         \
-    m.impl("dropout_add_layer_norm_backward",                                                  \
-           &::fused::dropout_add_layer_norm_backward_op<RUN_BWD, DROP_BWD, FUSED>);            \
-    m.impl("dropout_add_rms_norm_backward",                                                    \
-           &::fused::dropout_add_rms_norm_backward_op<RUN_BWD, DROP_BWD, FUSED>);              \
+#define FUSED_REGISTER_DROPOUT_NORM_BACKWARD_OPS(m, RUN_BWD, DROP_BWD, FUSED)       \
+  do {                                                                              \
+    m.impl("dropout_add_layer_norm_backward",                                       \
+           &::fused::dropout_add_layer_norm_backward_op<RUN_BWD, DROP_BWD, FUSED>); \
+    m.impl("dropout_add_rms_norm_backward",                                         \
+           &::fused::dropout_add_rms_norm_backward_op<RUN_BWD, DROP_BWD, FUSED>);   \
   } while (0)
 
 // Registers the dropout forms of one backend (FUSED: its kernels take the dropout stage).

@@ -120,7 +120,9 @@ constexpr int fixed_bwd_smem() {
 // a block, three blocks (576 / 768 threads) at 192 / 256.
 constexpr int fixed_bwd_min_blocks(int tpb) { return std::max(3, 640 / tpb); }
 
-template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
+// IB: the dropout forms' d_input_bias, d_x's column sums, as a third partial row
+// (p.drop.ib_part).
+template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM, int IB = 0>
 __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
     norm_bwd_fixed(BwdParams<T, T, T> p) {
   // The row sums go to every block of the cluster by st.async into peer shared memory, which
@@ -156,6 +158,14 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
   for (int k = 0; k < VPT; ++k) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = 0.f;
+  }
+  [[maybe_unused]] float di[IB ? VPT : 1][VEC];
+  if constexpr (IB) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) di[k][j] = 0.f;
+    }
   }
   struct Tile {  // x / dy in stage[slot]
     float mean, rstd;
@@ -227,12 +237,17 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
 #pragma unroll
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
-      store_dx<VEC>(p, p.dx + off + k * TPR * VEC, o);
+      const FVec<VEC> d = store_dx<VEC>(p, p.dx + off + k * TPR * VEC, o);
+      if constexpr (IB) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) di[k][j] += d.v[j];
+      }
       opaque(wv[k]);
     }
   };
   fixed_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums, finish);
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
+  if constexpr (IB) store_partials(p.drop.ib_part, nullptr, cid, COLS, lane, TPR, di, di);
 #endif
 }
 
@@ -242,6 +257,15 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
 template <typename T, int TPB, int CS, int LAG>
 bool bwd_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
   TORCH_INTERNAL_ASSERT(TPB * CS * kFixedBwdVpt * kVecElems<T> == p.cols);
+  // The dropout forms' d_input_bias as a partial row where d_sum is given (a residual stream
+  // used downstream, the training case); otherwise the op sums d_x after the kernel.
+  if (p.drop.dx != nullptr && nb.dinput_bias.defined() && s.res) {
+    BwdParams<T, T, T> q = p;
+    q.drop.ib = true;
+    auto kernel = s.layer ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1, 1>
+                          : norm_bwd_fixed<T, TPB, CS, 0, LAG, 1, 1>;
+    return launch_cluster_backward(kernel, CS, TPB, q, nb, fixed_bwd_smem<T, TPB>());
+  }
   auto kernel =
       s.layer
           ? (s.res ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1> : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0>)

@@ -90,6 +90,10 @@ struct BwdDropout {
   float scale = 1.f;                     // 1 / (1 - p)
   bool random = false;                   // a mask is applied (else d_x = dx)
   bool bits16 = false;                   // 16-bit draws (DropoutParams::bits16)
+  // d_input_bias as partial rows: ib, set by a family launcher whose kernel instance writes
+  // them, has the generic launcher allocate ib_part, [parts, cols] column sums of d_x.
+  bool ib = false;
+  float* ib_part = nullptr;
 };
 
 template <typename T, typename W, typename R>
