@@ -112,16 +112,16 @@ __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile
 
 // Stores dx's VEC elements o at q (a pointer into p.dx) and, for the dropout forms, d_x from
 // the same rounded values (what dropout_backward of the stored dx gives), element q - p.dx's
-// mask as the forward drew it. Returns d_x as floats (the d_input_bias terms; unused and
-// unspecified without the dropout forms).
+// mask as the forward drew it. Returns d_x as floats (the d_input_bias terms; without the
+// dropout forms, o, unused).
 template <int VEC, typename T, typename W, typename R>
 __device__ __forceinline__ FVec<VEC> store_dx(const BwdParams<T, W, R>& p, R* q,
                                               const FVec<VEC>& o) {
   const Raw<R, VEC> r = from_float<R, VEC>(o);
   store_raw<R, VEC>(q, r);
-  FVec<VEC> f = to_float(r);
-  if (p.drop.dx == nullptr) return f;  // uniform across the grid
+  if (p.drop.dx == nullptr) return o;  // uniform across the grid
   const int64_t e = q - p.dx;
+  FVec<VEC> f = to_float(r);
   if (p.drop.random) {
     const uint64_t seed = static_cast<uint64_t>(__ldg(p.drop.seed_offset));
     const uint64_t offset = static_cast<uint64_t>(__ldg(p.drop.seed_offset + 1));
