@@ -121,9 +121,10 @@ constexpr int fixed_bwd_smem() {
 constexpr int fixed_bwd_min_blocks(int tpb) { return std::max(3, 640 / tpb); }
 
 // IB: the dropout forms' d_input_bias, d_x's column sums, as a third partial row
-// (p.drop.ib_part).
+// (p.drop.ib_part). Its layer-norm instances hold 3 x 16 accumulators a thread, which spill
+// (40-330 bytes, ptxas) at the plain register budget: one block fewer an SM for them.
 template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM, int IB = 0>
-__global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
+__global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB) - (IB && LAYER ? 1 : 0))
     norm_bwd_fixed(BwdParams<T, T, T> p) {
   // The row sums go to every block of the cluster by st.async into peer shared memory, which
   // a cluster of one does not have (compute-sanitizer: invalid __shared__ write).
