@@ -178,12 +178,10 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o.v[k] += sf.v[k];
       }
-      if (valid[i]) {
-        const FVec<VEC> dd = store_dx<VEC>(p, dx + 64 * i * VEC, o);
-        if constexpr (IB) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) di[i][k] += dd.v[k];
-        }
+      if constexpr (IB) {
+        if (valid[i]) store_dx_sum<VEC>(p, dx + 64 * i * VEC, o, di[i]);
+      } else {
+        if (valid[i]) store_dx<VEC>(p, dx + 64 * i * VEC, o);
       }
     }
   }

@@ -110,17 +110,11 @@ __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile
       s);
 }
 
-// Stores dx's VEC elements o at q (a pointer into p.dx) and, for the dropout forms, d_x from
-// the same rounded values (what dropout_backward of the stored dx gives), element q - p.dx's
-// mask as the forward drew it. Returns d_x as floats (the d_input_bias terms; without the
-// dropout forms, o, unused).
+// The dropout forms' d_x from dx's stored values r at flat index e: the mask of element e as
+// the forward drew it (what dropout_backward of the stored dx gives), as floats.
 template <int VEC, typename T, typename W, typename R>
-__device__ __forceinline__ FVec<VEC> store_dx(const BwdParams<T, W, R>& p, R* q,
-                                              const FVec<VEC>& o) {
-  const Raw<R, VEC> r = from_float<R, VEC>(o);
-  store_raw<R, VEC>(q, r);
-  if (p.drop.dx == nullptr) return o;  // uniform across the grid
-  const int64_t e = q - p.dx;
+__device__ __forceinline__ FVec<VEC> drop_grad(const BwdParams<T, W, R>& p, int64_t e,
+                                               const Raw<R, VEC>& r) {
   FVec<VEC> f = to_float(r);
   if (p.drop.random) {
     const uint64_t seed = static_cast<uint64_t>(__ldg(p.drop.seed_offset));
@@ -131,8 +125,31 @@ __device__ __forceinline__ FVec<VEC> store_dx(const BwdParams<T, W, R>& p, R* q,
       apply_mask<VEC, false>(f.v, e, philox_key(seed), offset, p.drop.threshold, p.drop.scale);
     }
   }
-  store_raw<R, VEC>(p.drop.dx + e, from_float<R, VEC>(f));
   return f;
+}
+
+// Stores dx's VEC elements o at q (a pointer into p.dx) and, for the dropout forms, d_x.
+template <int VEC, typename T, typename W, typename R>
+__device__ __forceinline__ void store_dx(const BwdParams<T, W, R>& p, R* q, const FVec<VEC>& o) {
+  const Raw<R, VEC> r = from_float<R, VEC>(o);
+  store_raw<R, VEC>(q, r);
+  if (p.drop.dx == nullptr) return;  // uniform across the grid
+  const int64_t e = q - p.dx;
+  store_raw<R, VEC>(p.drop.dx + e, from_float<R, VEC>(drop_grad<VEC>(p, e, r)));
+}
+
+// store_dx for the kernels' d_input_bias instances (p.drop.dx set): d_x's floats also added
+// to acc, the thread's column sums.
+template <int VEC, typename T, typename W, typename R>
+__device__ __forceinline__ void store_dx_sum(const BwdParams<T, W, R>& p, R* q, const FVec<VEC>& o,
+                                             float (&acc)[VEC]) {
+  const Raw<R, VEC> r = from_float<R, VEC>(o);
+  store_raw<R, VEC>(q, r);
+  const int64_t e = q - p.dx;
+  const FVec<VEC> f = drop_grad<VEC>(p, e, r);
+  store_raw<R, VEC>(p.drop.dx + e, from_float<R, VEC>(f));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc[j] += f.v[j];
 }
 
 template <int VEC, int VPT, typename T, typename W, typename R, typename Tile, typename Weight>

@@ -238,10 +238,10 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB) - (IB && LAYER 
 #pragma unroll
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
-      const FVec<VEC> d = store_dx<VEC>(p, p.dx + off + k * TPR * VEC, o);
       if constexpr (IB) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) di[k][j] += d.v[j];
+        store_dx_sum<VEC>(p, p.dx + off + k * TPR * VEC, o, di[k]);
+      } else {
+        store_dx<VEC>(p, p.dx + off + k * TPR * VEC, o);
       }
       opaque(wv[k]);
     }
