@@ -157,3 +157,41 @@ def _dropout_add_rms_norm_fake(x, residual, normalized_shape, weight=None, eps=N
 
 def _seed_offset(x):
     return x.new_empty(2, dtype=torch.int64)
+
+
+@torch.library.register_fake("fused::dropout_add_layer_norm_backward")
+def _dropout_add_layer_norm_backward_fake(
+    grad_out, grad_sum, sum, normalized_shape, mean, rstd, weight, bias, seed_offset, p, output_mask
+):
+    ds, dw, db = _add_layer_norm_backward_fake(
+        grad_out, grad_sum, sum, normalized_shape, mean, rstd, weight, bias, output_mask[:2]
+    )
+    check_same_device("fused::dropout_add_layer_norm_backward", sum, seed_offset=seed_offset)
+    dib = _input_bias_grad(output_mask[2], grad_out)
+    return ds, sum.new_empty(sum.shape), dw, db, dib
+
+
+@torch.library.register_fake("fused::dropout_add_rms_norm_backward")
+def _dropout_add_rms_norm_backward_fake(
+    grad_out,
+    grad_sum,
+    sum,
+    normalized_shape,
+    rstd,
+    weight,
+    seed_offset,
+    p,
+    weight_grad,
+    input_bias_grad,
+):
+    ds, dw = _add_rms_norm_backward_fake(
+        grad_out, grad_sum, sum, normalized_shape, rstd, weight, weight_grad
+    )
+    check_same_device("fused::dropout_add_rms_norm_backward", sum, seed_offset=seed_offset)
+    dib = _input_bias_grad(input_bias_grad, grad_out)
+    return ds, sum.new_empty(sum.shape), dw, dib
+
+
+def _input_bias_grad(wanted, grad_out):
+    """d_input_bias: [cols] in grad_out's dtype, or empty when not wanted."""
+    return grad_out.new_empty(grad_out.shape[-1:] if wanted else (0,))
