@@ -102,19 +102,6 @@ TORCH_LIBRARY(fused, m) {
       "bool residual_in_fp32=False, Generator? generator=None) -> (Tensor, Tensor, Tensor, "
       "Tensor)",
       {at::Tag::nondeterministic_seeded});
-  // dropout_add_layer_norm_backward: (d_residual, d_x, dweight, dbias, d_input_bias) in one
-  // pass where the kernels allow: d_residual = add_layer_norm_backward's d_sum, d_x = keep *
-  // d_residual / (1 - p) with the forward's mask regenerated from seed_offset (d_x in sum's
-  // dtype), d_input_bias = d_x's column sums; output_mask = [dweight, dbias, d_input_bias].
-  m.def(
-      "dropout_add_layer_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] "
-      "normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, Tensor "
-      "seed_offset, float p, bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // dropout_add_rms_norm_backward: (d_residual, d_x, dweight, d_input_bias), as above.
-  m.def(
-      "dropout_add_rms_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, int[] "
-      "normalized_shape, Tensor rstd, Tensor? weight, Tensor seed_offset, float p, bool "
-      "weight_grad, bool input_bias_grad) -> (Tensor, Tensor, Tensor, Tensor)");
   // matmul: torch.matmul for 2-D and 3-D (batch-broadcast) operands, tensor-core kernel on CUDA.
   m.def("matmul(Tensor a, Tensor b) -> Tensor");
   // linear: act(x @ weight.T + bias) with activation None, 'gelu' or 'gelu_tanh' fused in the

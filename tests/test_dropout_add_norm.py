@@ -254,112 +254,6 @@ def test_backward_gradients_follow_the_forward_mask(device):
     assert torch.equal(r.grad, g)
 
 
-# The fused backward ops: d_residual (the add form's d_sum) and d_x (mask * d_residual / (1 - p))
-# from one pass. Row lengths over every backward family (warp, bulk, regs, fixed, cluster; the
-# scalar path at odd widths), p in {0, 0.1, 0.5, 1}, with and without grad_sum, misaligned
-# grad_out / grad_sum (the scalar path: d_x's element index must still be the forward's).
-BWD_COLS = [7, 64, 256, 520, 1000, 1024, 1032, 4096, 5000, 8200, 12288, 24576]
-
-
-def fused_backward(layer, gy, gs, s, w, b, mean, rstd, so, p):
-    """(d_residual, d_x, dweight, dbias or None, d_input_bias)."""
-    ns = [s.shape[-1]]
-    if layer:
-        mask = [w is not None, b is not None, True]
-        return ops.dropout_add_layer_norm_backward(gy, gs, s, ns, mean, rstd, w, b, so, p, mask)
-    ds, dx, dw, dib = ops.dropout_add_rms_norm_backward(
-        gy, gs, s, ns, rstd, w, so, p, w is not None, True
-    )
-    return ds, dx, dw, None, dib
-
-
-def poison_outputs(s):
-    """NaN blocks for the fused backward's two row-sized outputs (d_residual, d_x)."""
-    if s.is_cuda:
-        blocks = [torch.full_like(s, float("nan")) for _ in range(2)]
-        del blocks
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layer", [True, False])
-@pytest.mark.parametrize("cols", BWD_COLS)
-def test_fused_backward_is_the_composition(device, dtype, layer, cols):
-    cases = [(0.1, True, False), (0.5, False, False), (0.0, True, False), (1.0, True, False)]
-    cases += [(0.1, True, True), (0.5, False, True)]
-    for p, with_gs, misaligned in cases:
-        msg = f"p={p} grad_sum={with_gs} misaligned={misaligned}"
-        x, r, w, b, ib = inputs(37, cols, dtype, device)
-        b = b if layer else None
-        ns = [cols]
-        if layer:
-            y, s, mean, rstd, so = ops.dropout_add_layer_norm(x, r, ns, w, b, p=p, input_bias=ib)
-        else:
-            (y, s, rstd, so), mean = ops.dropout_add_rms_norm(x, r, ns, w, p=p, input_bias=ib), None
-        gy = torch.randn_like(y)
-        gs = torch.randn_like(s) if with_gs else None
-        if misaligned:
-            gy = offset_copy(gy)
-            gs = offset_copy(gs) if with_gs else None
-        poison_outputs(s)
-        ds, dx, dw, db, dib = fused_backward(layer, gy, gs, s, w, b, mean, rstd, so, p)
-        if layer:
-            want = ops.add_layer_norm_backward(gy, gs, s, ns, mean, rstd, w, b, [True, True])
-        else:
-            want = ops.add_rms_norm_backward(gy, gs, s, ns, rstd, w, True)
-        assert dx.dtype == s.dtype and ds.dtype == s.dtype, msg
-        assert torch.equal(ds, want[0]), msg
-        assert torch.equal(dw, want[1]), msg
-        if layer:
-            assert torch.equal(db, want[2]), msg
-        # d_x: the plain dropout kernel's backward of the same d_residual, bit for bit.
-        assert torch.equal(dx, ops.dropout_backward(ds, so, p)), msg
-        keep = keep_mask(so, x.shape, p, device)
-        assert not (dx[~keep] != 0).any(), msg
-        # d_input_bias: d_x's column sums, against float64 sums of keep * d_residual / (1 - p)
-        # (summed from d_x's float32 values before or after their rounding to dtype: up to one
-        # rounding of dtype an element apart).
-        assert dib.dtype == dtype and dib.shape == (cols,), msg
-        dx64 = (
-            ds.double() * keep / (1.0 - p) if p < 1 else torch.zeros_like(ds, dtype=torch.float64)
-        )
-        rtol, atol = TOL[dtype]
-        bound = atol + rtol * dx64.abs().sum(0).max().item()
-        assert_close(dib, dx64.sum(0), dtype, atol=bound, msg=f"{msg} d_input_bias")
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layer", [True, False])
-@pytest.mark.parametrize("p", [0.1, 0.5])
-def test_backward_float64_odd_and_misaligned(device, layer, p):
-    # Through autograd (the fused backward), against the float64 reference with the mask
-    # reproduced: odd widths, misaligned inputs (the forward's and backward's scalar paths).
-    for dtype in DTYPES:
-        for cols in (1000, 1031, 4096):
-            x, r, w, b, ib = inputs(19, cols, dtype, device)
-            check_backward(layer, x, r, w, b, ib, p, msg=f"{dtype} {cols}")
-            x, r = offset_copy(x), offset_copy(r)
-            ib = offset_copy(ib)
-            check_backward(layer, x, r, w, b, None, p, msg=f"{dtype} {cols} misaligned")
-            check_backward(layer, x, r, w, b, ib, p, msg=f"{dtype} {cols} misaligned, bias")
-
-
-def test_fused_backward_bad_inputs():
-    x, r, w, b, _ = inputs(4, 8, torch.float32, "cpu")
-    y, s, mean, rstd, so = ops.dropout_add_layer_norm(x, r, [8], w, b, p=0.1)
-    gy = torch.randn_like(y)
-    with pytest.raises(RuntimeError, match="seed_offset"):
-        ops.dropout_add_layer_norm_backward(
-            gy, None, s, [8], mean, rstd, w, b, so.int(), 0.1, [True, True, True]
-        )
-    with pytest.raises(RuntimeError, match="dropout probability"):
-        ops.dropout_add_layer_norm_backward(
-            gy, None, s, [8], mean, rstd, w, b, so, 1.5, [True, True, True]
-        )
-    with pytest.raises(RuntimeError, match="grad_out"):
-        ops.dropout_add_rms_norm_backward(gy[:, :4], None, s, [8], rstd, w, so, 0.1, True, True)
-
-
 def test_gradcheck_float64():
     x = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
     r = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
@@ -518,31 +412,6 @@ def test_forward_is_one_norm_kernel():
     assert any("dropout_kernel" in n for n in names)
 
 
-@CUDA
-@pytest.mark.parametrize("layer", [True, False])
-@pytest.mark.parametrize("cols", [1000, 1024, 2048, 4096])
-def test_backward_is_one_norm_kernel(layer, cols):
-    # d_residual and d_x come from the norm backward's kernel (no dropout kernel, no
-    # elementwise pass); column_sum adds the dweight / dbias partial rows. d_input_bias: a
-    # partial row too on norm_bwd_bulk (520-1024 columns) and norm_bwd_fixed (4096), a second
-    # column_sum; one reduction over d_x after the other families (2048: norm_bwd_regs).
-    for with_ib in (False, True):
-        x, r, w, b, ib = inputs(64, cols, torch.bfloat16, "cuda", with_ib=with_ib)
-        b = b if layer else None
-        leaves = [t.requires_grad_() if t is not None else None for t in (x, r, w, b, ib)]
-        y, s, _ = call(layer, *leaves, 0.1)
-        gy, gs = torch.randn_like(y), torch.randn_like(s)
-        names = cuda_kernel_names(lambda: torch.autograd.backward([y, s], [gy, gs]))
-        assert sum("norm_bwd" in n for n in names) == 1, names
-        unfused = ("dropout_kernel", "bias_grad_kernel", "elementwise_kernel")
-        assert not any(k in n for k in unfused for n in names), names
-        partial_row = cols != 2048
-        reductions = sum("reduce_kernel" in n for n in names)
-        assert reductions == (1 if with_ib and not partial_row else 0), names
-        column_sums = sum("column_sum" in n for n in names)
-        assert column_sums == 1 + (with_ib and partial_row), names
-
-
 # ---- plumbing: opcheck, compile, autocast, modules, errors ---------------------------------
 
 
@@ -569,20 +438,6 @@ def test_opcheck(device):
         )
         torch.library.opcheck(
             ops.dropout_add_rms_norm.default, (x, r, [8], w, None), kw, test_utils=utils
-        )
-    # The fused backward ops (deterministic: the mask is regenerated from seed_offset).
-    with torch.no_grad():
-        _, s, mean, rstd, so = ops.dropout_add_layer_norm(x, r, [8], w, b, p=0.3)
-        _, s2, rstd2, so2 = ops.dropout_add_rms_norm(x, r, [8], w, p=0.3)
-    gy, gs = torch.randn_like(s), torch.randn_like(s)
-    for g in (gs, None):
-        torch.library.opcheck(
-            ops.dropout_add_layer_norm_backward.default,
-            (gy, g, s, [8], mean, rstd, w.detach(), b.detach(), so, 0.3, [True, True, True]),
-        )
-        torch.library.opcheck(
-            ops.dropout_add_rms_norm_backward.default,
-            (gy, g, s2, [8], rstd2, w.detach(), so2, 0.3, True, False),
         )
 
 

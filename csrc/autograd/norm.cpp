@@ -320,8 +320,8 @@ Tensor3 add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& residual, a
 // ---- dropout_add_layer_norm / dropout_add_rms_norm ---------------------------------------
 // s = residual + dropout(x + input_bias), y = norm(s). The backward is the add forms' (ds,
 // the gradient reaching s, is d_residual) followed by dropout's: d_x = mask * ds / (1 - p)
-// and d_input_bias = its column sums, the mask regenerated from seed_offset; both in one
-// pass where y has a gradient (dropout_add_*_norm_backward), else bias_dropout_add_backward.
+// and d_input_bias = its column sums, the mask regenerated from seed_offset
+// (bias_dropout_add_backward).
 
 struct DropoutAddNorm : torch::autograd::Function<DropoutAddNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
@@ -364,45 +364,8 @@ struct DropoutAddNorm : torch::autograd::Function<DropoutAddNorm> {
     return {y, s, rstd, so};
   }
 
-  // d_residual, d_x and d_input_bias from one pass (dropout_add_*_norm_backward: the norm
-  // backward's kernel writes d_residual and d_x, the mask regenerated there).
-  static variable_list fused_backward(AutogradContext* ctx, const at::Tensor& dy,
-                                      const at::Tensor& dsum, bool want_x, bool want_ib) {
-    variable_list out(12);
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &s = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3],
-                     &rstd = saved[4], &so = saved[5];
-    const bool want_w = needs_grad(ctx, "w_edge"), want_b = needs_grad(ctx, "b_edge");
-    const auto ns = ctx->saved_data["ns"].toIntVector();
-    const double p = ctx->saved_data["p"].toDouble();
-    const OptT wo = w.defined() ? OptT(w) : std::nullopt;
-    const OptT dso = dsum.defined() ? OptT(dsum) : std::nullopt;
-    at::Tensor ds, dx, dw, db, dib;
-    {
-      at::AutoDispatchBelowADInplaceOrView below;
-      if (ctx->saved_data["layer"].toBool()) {
-        const OptT bo = b.defined() ? OptT(b) : std::nullopt;
-        std::tie(ds, dx, dw, db, dib) = dropout_add_layer_norm_backward_op().call(
-            dy, dso, s, ns, mean, rstd, wo, bo, so, p, {want_w, want_b, want_ib});
-      } else {
-        std::tie(ds, dx, dw, dib) = dropout_add_rms_norm_backward_op().call(
-            dy, dso, s, ns, rstd, wo, so, p, want_w, want_ib);
-      }
-    }
-    out[1] = ds.to(ctx->saved_data["r_dtype"].toScalarType());
-    if (want_w) out[3] = dw;
-    if (want_b) out[4] = db;
-    if (want_ib) out[5] = dib.to(ctx->saved_data["ib_dtype"].toScalarType());
-    if (want_x) out[0] = dx.to(ctx->saved_data["x_dtype"].toScalarType());
-    return out;
-  }
-
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor &dy = grads[0], &dsum = grads[1];
-    const bool want_x = ctx->needs_input_grad(0), want_ib = needs_grad(ctx, "ib_edge");
-    if (dy.defined() && (want_x || want_ib) && !differentiable_backward()) {
-      return fused_backward(ctx, dy, dsum, want_x, want_ib);
-    }
     variable_list out(12);
     at::Tensor ds, dw, db;
     if (dy.defined()) {
@@ -415,6 +378,7 @@ struct DropoutAddNorm : torch::autograd::Function<DropoutAddNorm> {
       return out;
     }
     out[1] = ds.to(ctx->saved_data["r_dtype"].toScalarType());
+    const bool want_x = ctx->needs_input_grad(0), want_ib = needs_grad(ctx, "ib_edge");
     if (!want_x && !want_ib) return out;
     const at::Tensor so = ctx->get_saved_variables()[5];
     const double p = ctx->saved_data["p"].toDouble();
@@ -512,8 +476,7 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("add_layer_norm", &add_layer_norm_autograd);
   m.impl("add_rms_norm", &add_rms_norm_autograd);
   for (const char* op : {"layer_norm_backward", "rms_norm_backward", "add_layer_norm_backward",
-                         "add_rms_norm_backward", "dropout_add_layer_norm_backward",
-                         "dropout_add_rms_norm_backward"}) {
+                         "add_rms_norm_backward"}) {
     m.impl(op, torch::autograd::autogradNotImplementedFallback());
   }
 }

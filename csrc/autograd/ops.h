@@ -101,12 +101,5 @@ FUSED_OP(mlp_op, "fused::mlp",
                     const OptT&, c10::string_view, bool))
 FUSED_OP(linear_dact_op, "fused::linear_dact",
          Tensor2(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view, bool))
-FUSED_OP(dropout_add_layer_norm_backward_op, "fused::dropout_add_layer_norm_backward",
-         Tensor5(const at::Tensor&, const OptT&, const at::Tensor&, at::IntArrayRef,
-                 const at::Tensor&, const at::Tensor&, const OptT&, const OptT&, const at::Tensor&,
-                 double, std::array<bool, 3>))
-FUSED_OP(dropout_add_rms_norm_backward_op, "fused::dropout_add_rms_norm_backward",
-         Tensor4(const at::Tensor&, const OptT&, const at::Tensor&, at::IntArrayRef,
-                 const at::Tensor&, const OptT&, const at::Tensor&, double, bool, bool))
 
 }  // namespace fused::autograd

@@ -103,8 +103,4 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cuda(const at::Tensor& x,
                                                          bool training,
                                                          std::optional<at::Generator> generator);
 
-// The CPU dropout_backward (cpu/dropout.cpp): the CPU dropout forms of the norms compose it.
-at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& seed_offset,
-                                double p);
-
 }  // namespace fused

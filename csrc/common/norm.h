@@ -13,7 +13,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
@@ -54,14 +53,6 @@ struct NormBackward {
   int64_t rows = 0, cols = 0;
   at::Tensor dy, x, dsum, mean, rstd, weight;  // inputs, contiguous; dsum/mean/weight optional
   at::Tensor dx, dweight, dbias;               // outputs; dweight/dbias undefined if not wanted
-  // The dropout forms' backward, when the kernels take it (dropout): ddrop = mask * dx /
-  // (1 - p) (dx's dtype), the forward's mask regenerated from seed_offset.
-  // dinput_bias (wanted: defined) = ddrop's column sums, in dy's dtype: from the kernels'
-  // partial rows where they set dinput_bias_done, else summed from ddrop after them.
-  bool dropout = false;
-  DropoutParams drop{};
-  at::Tensor seed_offset, ddrop, dinput_bias;
-  bool dinput_bias_done = false;
 };
 
 // rows and cols of x for normalized_shape, with the shape checks torch's norms make.
@@ -422,85 +413,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dropout_add_rms_norm_
       std::move(generator));
   return {nf.y, nf.sum, nf.rstd, nf.seed_offset};
 }
-
-// A backend's dropout_backward (dropout.h), for the backends whose norm kernels do not take
-// the dropout forms' backward.
-using DropoutBackwardFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
-
-// Checks, allocates and runs one dropout-form backward: the add form's (dx = d_residual, the
-// gradient reaching s), and d_x = mask * dx / (1 - p) (ddrop, in s's dtype) from the same
-// kernels where `fused`, else from the backend's dropout_backward of dx.
-template <NormBackwardFn run, DropoutBackwardFn drop_bwd, bool fused>
-NormBackward dropout_add_norm_backward(const char* op, bool layer, const at::Tensor& dy,
-                                       const std::optional<at::Tensor>& dsum, const at::Tensor& sum,
-                                       at::IntArrayRef ns, const std::optional<at::Tensor>& mean,
-                                       const at::Tensor& rstd,
-                                       const std::optional<at::Tensor>& weight,
-                                       const std::optional<at::Tensor>& bias, bool want_dweight,
-                                       bool want_dbias, bool want_dinput_bias,
-                                       const at::Tensor& seed_offset, double p) {
-  NormBackward nb = prepare_norm_backward(op, layer, dy, dsum, sum, ns, mean, rstd, weight, bias,
-                                          want_dweight, want_dbias, true);
-  check_seed_offset(seed_offset, dy, op);
-  nb.drop = dropout_params(p, true, op);
-  if (want_dinput_bias) nb.dinput_bias = at::empty({nb.cols}, dy.options());
-  if constexpr (fused) {
-    nb.dropout = true;
-    nb.seed_offset = seed_offset.contiguous();
-    nb.ddrop = at::empty(nb.dx.sizes(), nb.dx.options());
-    run_if_nonempty(run, nb);
-  } else {
-    run_if_nonempty(run, nb);
-    nb.ddrop = drop_bwd(nb.dx, seed_offset, p);
-  }
-  if (want_dinput_bias && !nb.dinput_bias_done) {  // one reduction (float32 accumulation)
-    const at::Tensor d2 = nb.ddrop.reshape({nb.rows, nb.cols});
-    if (d2.scalar_type() == nb.dinput_bias.scalar_type()) {
-      at::sum_out(nb.dinput_bias, d2, {0});
-    } else {
-      nb.dinput_bias.copy_(at::sum(d2, {0}, false, at::kFloat));
-    }
-  }
-  return nb;
-}
-
-template <NormBackwardFn run, DropoutBackwardFn drop_bwd, bool fused>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-dropout_add_layer_norm_backward_op(const at::Tensor& dy, const std::optional<at::Tensor>& dsum,
-                                   const at::Tensor& sum, at::IntArrayRef ns,
-                                   const at::Tensor& mean, const at::Tensor& rstd,
-                                   const std::optional<at::Tensor>& weight,
-                                   const std::optional<at::Tensor>& bias,
-                                   const at::Tensor& seed_offset, double p,
-                                   std::array<bool, 3> mask) {
-  NormBackward nb = dropout_add_norm_backward<run, drop_bwd, fused>(
-      "fused::dropout_add_layer_norm_backward", true, dy, dsum, sum, ns, mean, rstd, weight, bias,
-      mask[0], mask[1], mask[2], seed_offset, p);
-  return {nb.dx, nb.ddrop, norm_grad_or_empty(nb.dweight, dy), norm_grad_or_empty(nb.dbias, dy),
-          norm_grad_or_empty(nb.dinput_bias, dy)};
-}
-
-template <NormBackwardFn run, DropoutBackwardFn drop_bwd, bool fused>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dropout_add_rms_norm_backward_op(
-    const at::Tensor& dy, const std::optional<at::Tensor>& dsum, const at::Tensor& sum,
-    at::IntArrayRef ns, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    const at::Tensor& seed_offset, double p, bool weight_grad, bool input_bias_grad) {
-  NormBackward nb = dropout_add_norm_backward<run, drop_bwd, fused>(
-      "fused::dropout_add_rms_norm_backward", false, dy, dsum, sum, ns, std::nullopt, rstd, weight,
-      std::nullopt, weight_grad, false, input_bias_grad, seed_offset, p);
-  return {nb.dx, nb.ddrop, norm_grad_or_empty(nb.dweight, dy),
-          norm_grad_or_empty(nb.dinput_bias, dy)};
-}
-
-// Registers the dropout forms' backward of one backend (FUSED: its kernels write d_x; else
-// DROP_BWD, its dropout_backward, composes it).
-#define FUSED_REGISTER_DROPOUT_NORM_BACKWARD_OPS(m, RUN_BWD, DROP_BWD, FUSED)       \
-  do {                                                                              \
-    m.impl("dropout_add_layer_norm_backward",                                       \
-           &::fused::dropout_add_layer_norm_backward_op<RUN_BWD, DROP_BWD, FUSED>); \
-    m.impl("dropout_add_rms_norm_backward",                                         \
-           &::fused::dropout_add_rms_norm_backward_op<RUN_BWD, DROP_BWD, FUSED>);   \
-  } while (0)
 
 // Registers the dropout forms of one backend (FUSED: its kernels take the dropout stage).
 #define FUSED_REGISTER_DROPOUT_NORM_OPS(m, RUN_FWD, COMPOSE, FUSED)                              \

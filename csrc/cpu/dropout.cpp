@@ -151,8 +151,6 @@ at::Tensor dropout__cpu(at::Tensor& x, double p, bool training,
   return seed_offset_tensor(so);
 }
 
-}  // namespace
-
 at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& seed_offset,
                                 double p) {
   const DropoutParams d =
@@ -163,6 +161,8 @@ at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& se
   run_cpu(g, {}, {}, dx, {}, so, d);
   return dx;
 }
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_cpu(const at::Tensor& x_in,
                                                         const std::optional<at::Tensor>& bias_in,

@@ -155,8 +155,6 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   FUSED_REGISTER_NORM_OPS(m, forward_cpu, backward_cpu);
   // The dropout forms: the sum composed by bias_dropout_add (cpu/dropout.cpp), then normalized.
   FUSED_REGISTER_DROPOUT_NORM_OPS(m, forward_cpu, bias_dropout_add_cpu, false);
-  // Their backward: the add forms' backward, then dropout_backward of d_residual.
-  FUSED_REGISTER_DROPOUT_NORM_BACKWARD_OPS(m, backward_cpu, &dropout_backward_cpu, false);
 }
 
 }  // namespace fused

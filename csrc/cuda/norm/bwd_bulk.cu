@@ -38,9 +38,7 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // Launch bound: two blocks an SM (<= 128 registers). LAYER: layer_norm's backward (mean, the
 // g sum, dbias); otherwise rms_norm's (mean 0, no bias), which skips them: 3 of ~11
 // operations an element.
-// IB: the dropout forms' d_input_bias, d_x's column sums, as one more partial row a block
-// (p.drop.ib_part), added across the pairs as dweight is.
-template <typename T, bool DSUM, bool LAYER, int S, bool IB = false>
+template <typename T, bool DSUM, bool LAYER, int S>
 __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdParams<T, T, T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "16-bit rows: 8 elements a 16-byte vector");
@@ -111,14 +109,6 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dw[i][k] = db[i][k] = 0.f;
   }
-  [[maybe_unused]] float di[IB ? VPT : 1][VEC];
-  if constexpr (IB) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) di[i][k] = 0.f;
-    }
-  }
   const float inv_n = 1.f / static_cast<float>(cols);
   T* dx = p.dx + first * cols + u * VEC;  // the pair's row j: dx + j * step
   const int64_t step = pairs * cols;
@@ -178,14 +168,10 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o.v[k] += sf.v[k];
       }
-      if constexpr (IB) {
-        if (valid[i]) store_dx_sum<VEC>(p, dx + 64 * i * VEC, o, di[i]);
-      } else {
-        if (valid[i]) store_dx<VEC>(p, dx + 64 * i * VEC, o);
-      }
+      if (valid[i]) store_raw<T, VEC>(dx + 64 * i * VEC, from_float<T, VEC>(o));
     }
   }
-  if (!p.dw_part && !p.db_part && !IB) return;  // uniform across the grid
+  if (!p.dw_part && !p.db_part) return;  // uniform across the grid
   // The pairs' partials through the (now idle) rings, added in pair order: [pair][term][PITCH]
   // floats, 32 KB (the rings hold >= 2 slots of 4 KB a pair).
   static_assert(S * bulk_bwd_slot(false) >= 2 * PITCH * sizeof(float), "the partials fit");
@@ -218,24 +204,6 @@ __global__ void __launch_bounds__(kBulkBwdThreads, 2) norm_bwd_bulk(const BwdPar
     if (p.dw_part) store_floats<CPT>(p.dw_part + e, sw);
     if (p.db_part) store_floats<CPT>(p.db_part + e, sb);
   }
-  if constexpr (IB) {  // d_x's column sums the same way, through the same buffer
-    __syncthreads();   // every pair's dweight / dbias terms read
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (valid[i]) store_floats<VEC>(part + pair * 2 * PITCH + (u + 64 * i) * VEC, di[i]);
-    }
-    __syncthreads();
-    if (c0 < cols) {
-      float si[CPT];
-#pragma unroll
-      for (int k = 0; k < CPT; ++k) si[k] = 0.f;
-      for (int q = 0; q < PAIRS; ++q) {
-#pragma unroll
-        for (int k = 0; k < CPT; ++k) si[k] += part[q * 2 * PITCH + c0 + k];
-      }
-      store_floats<CPT>(p.drop.ib_part + static_cast<int64_t>(blockIdx.x) * cols + c0, si);
-    }
-  }
 #else
   __trap();  // the host launches it only where sm_90 code runs (backward_bulk)
 #endif
@@ -250,24 +218,15 @@ bool bwd_bulk(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
   TORCH_INTERNAL_ASSERT(
       s.smem == static_cast<int>(kBulkBwdPairs * s.stages * bulk_bwd_slot(s.res != 0)),
       "norm plan: norm_bwd_bulk's slots take other shared memory than ", s.smem);
-  auto run = [&](auto kernel, bool ib = false) {
+  auto run = [&](auto kernel) {
     if (!runs_sm90_code(kernel)) return false;
-    BwdParams<T, T, T> q = p;
-    q.drop.ib = ib;
     return launch_resident_with_partials(kernel, s.blocks, kBulkBwdThreads,
-                                         static_cast<size_t>(s.smem), q, nb);
+                                         static_cast<size_t>(s.smem), p, nb);
   };
-  // The dropout forms' d_input_bias as a partial row where d_sum is given (the training case);
-  // otherwise the op sums d_x after the kernel.
-  const bool ib = p.drop.dx != nullptr && nb.dinput_bias.defined() && s.res;
   // layer_norm's rows (which keep a mean) on the kernel's layer form; rms_norm's (no mean,
   // never a bias) on its rms form.
   auto with_stages = [&](auto s_tag) {
     constexpr int S = decltype(s_tag)::value;
-    if (ib) {
-      return s.layer ? run(norm_bwd_bulk<T, true, true, S, true>, true)
-                     : run(norm_bwd_bulk<T, true, false, S, true>, true);
-    }
     if (s.layer) {
       return s.res ? run(norm_bwd_bulk<T, true, true, S>) : run(norm_bwd_bulk<T, false, true, S>);
     }

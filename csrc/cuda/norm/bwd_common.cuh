@@ -125,48 +125,6 @@ __device__ __forceinline__ void bwd_sums(const BwdParams<T, W, R>& p, const Tile
       s, head);
 }
 
-// The dropout forms' d_x from dx's stored values r at flat index e: the mask of element e as
-// the forward drew it (what dropout_backward of the stored dx gives), as floats.
-template <int VEC, typename T, typename W, typename R>
-__device__ __forceinline__ FVec<VEC> drop_grad(const BwdParams<T, W, R>& p, int64_t e,
-                                               const Raw<R, VEC>& r) {
-  FVec<VEC> f = to_float(r);
-  if (p.drop.random) {
-    const uint64_t seed = static_cast<uint64_t>(__ldg(p.drop.seed_offset));
-    const uint64_t offset = static_cast<uint64_t>(__ldg(p.drop.seed_offset + 1));
-    if (p.drop.bits16) {
-      apply_mask<VEC, true>(f.v, e, philox_key(seed), offset, p.drop.threshold, p.drop.scale);
-    } else {
-      apply_mask<VEC, false>(f.v, e, philox_key(seed), offset, p.drop.threshold, p.drop.scale);
-    }
-  }
-  return f;
-}
-
-// Stores dx's VEC elements o at q (a pointer into p.dx) and, for the dropout forms, d_x.
-template <int VEC, typename T, typename W, typename R>
-__device__ __forceinline__ void store_dx(const BwdParams<T, W, R>& p, R* q, const FVec<VEC>& o) {
-  const Raw<R, VEC> r = from_float<R, VEC>(o);
-  store_raw<R, VEC>(q, r);
-  if (p.drop.dx == nullptr) return;  // uniform across the grid
-  const int64_t e = q - p.dx;
-  store_raw<R, VEC>(p.drop.dx + e, from_float<R, VEC>(drop_grad<VEC>(p, e, r)));
-}
-
-// store_dx for the kernels' d_input_bias instances (p.drop.dx set): d_x's floats also added
-// to acc, the thread's column sums.
-template <int VEC, typename T, typename W, typename R>
-__device__ __forceinline__ void store_dx_sum(const BwdParams<T, W, R>& p, R* q, const FVec<VEC>& o,
-                                             float (&acc)[VEC]) {
-  const Raw<R, VEC> r = from_float<R, VEC>(o);
-  store_raw<R, VEC>(q, r);
-  const int64_t e = q - p.dx;
-  const FVec<VEC> f = drop_grad<VEC>(p, e, r);
-  store_raw<R, VEC>(p.drop.dx + e, from_float<R, VEC>(f));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) acc[j] += f.v[j];
-}
-
 template <int VEC, int VPT, bool SPAN = false, typename T, typename W, typename R, typename Tile,
           typename Weight>
 __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& t, int64_t row,
@@ -196,7 +154,7 @@ __device__ __forceinline__ void bwd_dx(const BwdParams<T, W, R>& p, const Tile& 
       if constexpr (SPAN) {
         store_span<R, VEC>(p.dx + e, from_float<R, VEC>(o), (i * tpr + lane) * VEC - head, p.cols);
       } else {
-        store_dx<VEC>(p, p.dx + e, o);
+        store_raw<R, VEC>(p.dx + e, from_float<R, VEC>(o));
       }
     }
   }
@@ -300,11 +258,6 @@ inline int param_grads(const NormBackward& nb) { return nb.dweight.defined() + n
 template <typename T>
 void reduce_partials(const at::Tensor& part, int64_t parts, int cols, NormBackward& nb);
 
-// d_input_bias from the [parts, cols] partial column sums of d_x (column_sum, partials.cu);
-// marks nb.dinput_bias done.
-template <typename T>
-void reduce_ib_partials(const at::Tensor& part, int64_t parts, int cols, NormBackward& nb);
-
 // Partial-sum buffers for dweight / dbias: [outs, parts, cols] float32, or undefined.
 inline at::Tensor alloc_partials(const NormBackward& nb, int64_t parts) {
   const int outs = param_grads(nb);
@@ -320,16 +273,6 @@ void point_partials(BwdParams<T, W, R>& p, const at::Tensor& part, int64_t parts
   p.db_part = nb.dbias.defined() ? base + (nb.dweight.defined() ? parts * nb.cols : 0) : nullptr;
 }
 
-// The dropout forms' d_input_bias partial rows, [parts, cols] float32, where the kernel
-// instance writes them (p.drop.ib); else undefined.
-template <typename T, typename W, typename R>
-at::Tensor point_ib_partials(BwdParams<T, W, R>& p, int64_t parts, const NormBackward& nb) {
-  if (!p.drop.ib) return at::Tensor();
-  at::Tensor part = at::empty({parts, nb.cols}, nb.dy.options().dtype(at::kFloat));
-  p.drop.ib_part = part.mutable_data_ptr<float>();
-  return part;
-}
-
 // A persistent backward: as many blocks of `kernel` as are resident at once (per_sm an SM),
 // but no more than `units` (the least a block takes: a row, a row group, a tile), each
 // writing one partial row of dweight / dbias; then column_sum over the partial rows. args:
@@ -343,10 +286,8 @@ void launch_with_partials(Kernel kernel, int64_t units, int per_sm, int threads,
   if (blocks < units && blocks > grid_multiple) blocks -= blocks % grid_multiple;
   at::Tensor part = alloc_partials(nb, blocks);
   point_partials(p, part, blocks, nb);
-  const at::Tensor ib_part = point_ib_partials(p, blocks, nb);
   launch_early(kernel, dim3(grid_for(blocks)), dim3(threads), smem, p, args...);
   if (part.defined()) reduce_partials<T>(part, blocks, p.cols, nb);
-  if (ib_part.defined()) reduce_ib_partials<T>(ib_part, blocks, p.cols, nb);
 }
 
 // launch_with_partials with as many blocks an SM as fit; false (nothing launched) where not
@@ -380,10 +321,8 @@ bool launch_cluster_backward(Kernel kernel, int csize, int threads, BwdParams<T,
   const int64_t clusters = std::min<int64_t>(p.rows, active);
   at::Tensor part = alloc_partials(nb, clusters);
   point_partials(p, part, clusters, nb);
-  const at::Tensor ib_part = point_ib_partials(p, clusters, nb);
   cl.early_start().launch(dim3(static_cast<unsigned>(clusters * csize)), kernel, p);
   if (part.defined()) reduce_partials<T>(part, clusters, p.cols, nb);
-  if (ib_part.defined()) reduce_ib_partials<T>(ib_part, clusters, p.cols, nb);
   return true;
 }
 

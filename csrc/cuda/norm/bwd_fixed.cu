@@ -120,13 +120,8 @@ constexpr int fixed_bwd_smem() {
 // a block, three blocks (576 / 768 threads) at 192 / 256.
 constexpr int fixed_bwd_min_blocks(int tpb) { return std::max(3, 640 / tpb); }
 
-// DROP: the dropout forms (1: d_x written beside dx, store_dx; 2: also d_input_bias, d_x's
-// column sums, as a third partial row, p.drop.ib_part); 0: a plain dx store (the hook's
-// run-time branch there cost the plain layer-norm instances 16-48 bytes of spill, ptxas).
-// DROP = 2's layer-norm instances hold 3 x 16 accumulators a thread, which spill (40-330
-// bytes) at the plain register budget: one block fewer an SM for them.
-template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM, int DROP = 0>
-__global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB) - (DROP == 2 && LAYER ? 1 : 0))
+template <typename T, int TPB, int CS, int LAYER, int LAG, int DSUM>
+__global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB))
     norm_bwd_fixed(BwdParams<T, T, T> p) {
   // The row sums go to every block of the cluster by st.async into peer shared memory, which
   // a cluster of one does not have (compute-sanitizer: invalid __shared__ write).
@@ -161,14 +156,6 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB) - (DROP == 2 &&
   for (int k = 0; k < VPT; ++k) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dw[k][j] = db[k][j] = 0.f;
-  }
-  [[maybe_unused]] float di[DROP == 2 ? VPT : 1][VEC];
-  if constexpr (DROP == 2) {
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) di[k][j] = 0.f;
-    }
   }
   struct Tile {  // x / dy in stage[slot]
     float mean, rstd;
@@ -240,19 +227,12 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB) - (DROP == 2 &&
 #pragma unroll
         for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
       }
-      if constexpr (DROP == 2) {
-        store_dx_sum<VEC>(p, p.dx + off + k * TPR * VEC, o, di[k]);
-      } else if constexpr (DROP == 1) {
-        store_dx<VEC>(p, p.dx + off + k * TPR * VEC, o);
-      } else {
-        store_raw<T, VEC>(p.dx + off + k * TPR * VEC, from_float<T, VEC>(o));
-      }
+      store_raw<T, VEC>(p.dx + off + k * TPR * VEC, from_float<T, VEC>(o));
       opaque(wv[k]);
     }
   };
   fixed_row_walk<LAG, Tile>(p.rows, cid, clusters, CS, rank, TPB, slots, bar, load, sums, finish);
   store_partials(p.dw_part, LAYER ? p.db_part : nullptr, cid, COLS, lane, TPR, dw, db);
-  if constexpr (DROP == 2) store_partials(p.drop.ib_part, nullptr, cid, COLS, lane, TPR, di, di);
 #endif
 }
 
@@ -262,22 +242,6 @@ __global__ void __launch_bounds__(TPB, fixed_bwd_min_blocks(TPB) - (DROP == 2 &&
 template <typename T, int TPB, int CS, int LAG>
 bool bwd_fixed_at(const BwdParams<T, T, T>& p, NormBackward& nb, const Step& s) {
   TORCH_INTERNAL_ASSERT(TPB * CS * kFixedBwdVpt * kVecElems<T> == p.cols);
-  // The dropout forms: d_input_bias as a partial row where d_sum is given (a residual stream
-  // used downstream, the training case); otherwise the op sums d_x after the kernel.
-  if (p.drop.dx != nullptr && nb.dinput_bias.defined() && s.res) {
-    BwdParams<T, T, T> q = p;
-    q.drop.ib = true;
-    auto kernel = s.layer ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1, 2>
-                          : norm_bwd_fixed<T, TPB, CS, 0, LAG, 1, 2>;
-    return launch_cluster_backward(kernel, CS, TPB, q, nb, fixed_bwd_smem<T, TPB>());
-  }
-  if (p.drop.dx != nullptr) {
-    auto kernel = s.layer ? (s.res ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1, 1>
-                                   : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0, 1>)
-                          : (s.res ? norm_bwd_fixed<T, TPB, CS, 0, LAG, 1, 1>
-                                   : norm_bwd_fixed<T, TPB, CS, 0, LAG, 0, 1>);
-    return launch_cluster_backward(kernel, CS, TPB, p, nb, fixed_bwd_smem<T, TPB>());
-  }
   auto kernel =
       s.layer
           ? (s.res ? norm_bwd_fixed<T, TPB, CS, 1, LAG, 1> : norm_bwd_fixed<T, TPB, CS, 1, LAG, 0>)

@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) o.v[j] += sf.v[j];
         }
-        store_dx<VEC>(p, p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC, o);
+        store_raw<R, VEC>(p.dx + row * p.cols + static_cast<int64_t>(cv) * VEC,
+                          from_float<R, VEC>(o));
       }
     }
   }

@@ -82,23 +82,6 @@ struct FwdParams {
   int phase, wphase, bphase;
 };
 
-// The dropout forms' backward (dropout_add_*_norm_backward): beside dx (the gradient reaching
-// the sum, d_residual) the kernels write d_x = mask * scale * dx, the forward's mask
-// regenerated at the same flat index from its seed_offset (read on the device: graph safe).
-template <typename R>
-struct BwdDropout {
-  R* dx = nullptr;                       // d_x, laid out as dx; nullptr: off
-  const int64_t* seed_offset = nullptr;  // the forward's {seed, offset}
-  uint32_t threshold = 0;                // keep iff draw < threshold (0: every element dropped)
-  float scale = 1.f;                     // 1 / (1 - p)
-  bool random = false;                   // a mask is applied (else d_x = dx)
-  bool bits16 = false;                   // 16-bit draws (DropoutParams::bits16)
-  // d_input_bias as partial rows: ib, set by a family launcher whose kernel instance writes
-  // them, has the generic launcher allocate ib_part, [parts, cols] column sums of d_x.
-  bool ib = false;
-  float* ib_part = nullptr;
-};
-
 template <typename T, typename W, typename R>
 struct BwdParams {
   const T* dy;
@@ -115,7 +98,6 @@ struct BwdParams {
   // The span path (SPAN): x's offset in its 16-byte chunk in elements (dy, d_sum and dx share
   // it), and weight's.
   int phase, wphase;
-  BwdDropout<R> drop;  // the dropout forms: d_x written beside dx (store_dx), else drop.dx null
 };
 
 // Register-resident vectors are kept as raw 32-bit words (Raw<T, N>: the bits of N

@@ -213,7 +213,7 @@ void backward_cuda(NormBackward& nb) {
     const auto aligned = [&] {
       return vec_ok<V>(nb.dy.const_data_ptr<T>()) && vec_ok<V>(nb.x.const_data_ptr<R>()) &&
              vec_ok<V>(ptr_or_null<R>(nb.dsum)) && vec_ok<V>(ptr_or_null<W>(nb.weight)) &&
-             vec_ok<V>(nb.dx.const_data_ptr<R>()) && vec_ok<V>(ptr_or_null<R>(nb.ddrop));
+             vec_ok<V>(nb.dx.const_data_ptr<R>());
     };
     pr.aligned = aligned();
     Plan plan = plan_backward(pr, gpu_props(), overrides());
@@ -221,8 +221,7 @@ void backward_cuda(NormBackward& nb) {
     // offset in its 16-byte chunk; dy / d_sum are copied there where they are elsewhere (one
     // pass over them, where the scalar path would cost more).
     const int px = phase16(nb.x.const_data_ptr());
-    // Not for the dropout forms: their mask index and d_x stores are the grid's.
-    if (!nb.dropout && std::is_same_v<T, R> && px % static_cast<int>(sizeof(R)) == 0) {
+    if (std::is_same_v<T, R> && px % static_cast<int>(sizeof(R)) == 0) {
       pr.same_phase = true;
       const Plan span = plan_backward(pr, gpu_props(), overrides());
       if (span.steps[0].span) {
@@ -248,15 +247,6 @@ void backward_cuda(NormBackward& nb) {
     p.dw_part = p.db_part = nullptr;
     p.rows = nb.rows;
     p.cols = static_cast<int>(nb.cols);
-    p.drop = BwdDropout<R>{};
-    if (nb.dropout) {  // d_x beside dx, the mask from the forward's seed_offset
-      p.drop.dx = nb.ddrop.mutable_data_ptr<R>();
-      p.drop.seed_offset = nb.seed_offset.const_data_ptr<int64_t>();
-      p.drop.random = !nb.drop.identity();  // p = 1: threshold 0 drops every element
-      p.drop.threshold = nb.drop.threshold;
-      p.drop.scale = static_cast<float>(nb.drop.scale);
-      p.drop.bits16 = nb.drop.bits16;
-    }
     p.phase = std::max(phase_elems(p.x), 0);
     p.wphase = p.weight ? std::max(phase_elems(p.weight), 0) : 0;
     walk<T, W, R>(plan, [&](auto vec, const Step& s) {
@@ -271,7 +261,6 @@ void backward_cuda(NormBackward& nb) {
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   FUSED_REGISTER_NORM_OPS(m, norm::forward_cuda, norm::backward_cuda);
   FUSED_REGISTER_DROPOUT_NORM_OPS(m, norm::forward_cuda, bias_dropout_add_cuda, true);
-  FUSED_REGISTER_DROPOUT_NORM_BACKWARD_OPS(m, norm::backward_cuda, nullptr, true);
 }
 
 }  // namespace fused

@@ -55,21 +55,9 @@ void reduce_partials(const at::Tensor& part, int64_t parts, int cols, NormBackwa
   }
 }
 
-template <typename T>
-void reduce_ib_partials(const at::Tensor& part, int64_t parts, int cols, NormBackward& nb) {
-  const float* p0 = part.const_data_ptr<float>();
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), 1), block(32, 8);
-  T* o0 = nb.dinput_bias.mutable_data_ptr<T>();
-  launch_early(column_sum<T>, grid, block, 0, p0, nullptr, parts, cols, o0, nullptr);
-  nb.dinput_bias_done = true;
-}
-
 template void reduce_partials<float>(const at::Tensor&, int64_t, int, NormBackward&);
 template void reduce_partials<c10::Half>(const at::Tensor&, int64_t, int, NormBackward&);
 template void reduce_partials<c10::BFloat16>(const at::Tensor&, int64_t, int, NormBackward&);
-template void reduce_ib_partials<float>(const at::Tensor&, int64_t, int, NormBackward&);
-template void reduce_ib_partials<c10::Half>(const at::Tensor&, int64_t, int, NormBackward&);
-template void reduce_ib_partials<c10::BFloat16>(const at::Tensor&, int64_t, int, NormBackward&);
 
 // Whether the norm kernels' sm_90 code runs on the current device (GpuProps::sm90_code): every
 // kernel of the build is compiled for the same architectures, so one kernel answers for all.
