@@ -1,14 +1,13 @@
 // cross_entropy on CUDA, forward and backward, for any vocabulary width.
 //
-// A warp per row up to 16 KB rows (kWarpRowBytes), else one block per row (rows taken in a
-// grid-stride loop). A row of V logits in their own dtype is walked as: a scalar head up to
-// the first 16-byte boundary, 16-byte vectors (U of them in flight per thread), a scalar
-// tail; so every row of an odd vocabulary (50257: rows alternate between aligned and
-// 2-byte-offset starts in bf16) reads at vector speed.
+// One block per row (rows taken in a grid-stride loop). A row of V logits in their own dtype
+// is walked as: a scalar head up to the first 16-byte boundary, 16-byte vectors (U of them
+// in flight per thread), a scalar tail; so every row of an odd vocabulary (50257: rows
+// alternate between aligned and 2-byte-offset starts in bf16) reads at vector speed.
 //
 // Forward: one pass, online max and sum of exp in float32 (each thread keeps (m, s, sum x),
-// rescaling s when m grows, once per group of U vectors), one block (CUB) or warp (shuffle)
-// reduction of the triples, then thread 0 reads x[target] and writes
+// rescaling s when m grows, once per group of U vectors), one block reduction of the triples
+// (CUB), then thread 0 reads x[target] and writes
 //     lse  = m + log s
 //     loss = (1 - eps) (lse - x_t) + eps (lse - sum x / V) + z lse^2
 // (F.cross_entropy's label smoothing and PaLM's z-loss). Rows whose target is ignore_index
@@ -125,34 +124,6 @@ __device__ __forceinline__ Vec<T, kVecElems<T>> load_row_vec(const T* p) {
   }
 }
 
-// Vectors i, i + BLOCK, ... (kUnroll of them; PARTIAL: those below nvec) of a row from its
-// first 16-byte boundary (`head` elements in): loads first, then out = f(in, j).
-template <typename T, int BLOCK, bool READ, bool LAST_USE, bool PARTIAL, typename F>
-__device__ __forceinline__ void write_group(const T* vin, T* vout, int head, int i, int nvec,
-                                            const F& f) {
-  constexpr int VEC = kVecElems<T>;
-  Vec<T, VEC> v[kUnroll];
-  if constexpr (READ) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (!PARTIAL || i + u * BLOCK < nvec) {
-        v[u] = load_row_vec<LAST_USE>(vin + (i + u * BLOCK) * VEC);
-      }
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (PARTIAL && i + u * BLOCK >= nvec) break;
-    Vec<T, VEC> o;
-    const int j0 = head + (i + u * BLOCK) * VEC;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      o.v[k] = static_cast<T>(f(READ ? static_cast<float>(v[u].v[k]) : 0.f, j0 + k));
-    }
-    store_vec_stream<T, VEC>(vout + (i + u * BLOCK) * VEC, o);
-  }
-}
-
 // dx for one row: f(x, j) -> float, READ = false passes x = 0 without loading (ignored rows).
 // `in` and `out` rows share their alignment mod 16 (vec_ok, checked by the caller) for the
 // vector path. Vector stores are streaming (evict-first): the gradient is read much later,
@@ -160,7 +131,7 @@ __device__ __forceinline__ void write_group(const T* vin, T* vout, int head, int
 template <typename T, int BLOCK, bool READ, bool LAST_USE = false, typename F>
 __device__ __forceinline__ void write_row(const T* in, T* out, int V, bool vec_ok, F f) {
   constexpr int VEC = kVecElems<T>;
-  const int tid = threadIdx.x % BLOCK;  // BLOCK threads a row: the block, or a warp
+  const int tid = threadIdx.x;
   if (!vec_ok) {
     for (int j = tid; j < V; j += BLOCK) {
       out[j] = static_cast<T>(f(READ ? static_cast<float>(in[j]) : 0.f, j));
@@ -173,15 +144,23 @@ __device__ __forceinline__ void write_row(const T* in, T* out, int V, bool vec_o
   T* vout = out + head;
   int i = tid;
   for (; i + (kUnroll - 1) * BLOCK < nvec; i += kUnroll * BLOCK) {
-    write_group<T, BLOCK, READ, LAST_USE, false>(vin, vout, head, i, nvec, f);
+    Vec<T, VEC> v[kUnroll];
+    if constexpr (READ) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = load_row_vec<LAST_USE>(vin + (i + u * BLOCK) * VEC);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      Vec<T, VEC> o;
+      const int j0 = head + (i + u * BLOCK) * VEC;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        o.v[k] = static_cast<T>(f(READ ? static_cast<float>(v[u].v[k]) : 0.f, j0 + k));
+      }
+      store_vec_stream<T, VEC>(vout + (i + u * BLOCK) * VEC, o);
+    }
   }
-  if (BLOCK == 32 && i < nvec) {
-    // A warp's row (short): the last group, fewer than kUnroll vectors, with its loads all
-    // in flight at once, not one round trip each (a large share of a short row).
-    write_group<T, BLOCK, READ, LAST_USE, true>(vin, vout, head, i, nvec, f);
-    i = nvec;
-  }
-  for (; i < nvec; i += BLOCK) {  // a block's row: one vector at a time (fewer registers)
+  for (; i < nvec; i += BLOCK) {
     Vec<T, VEC> v;
     if constexpr (READ) v = load_row_vec<LAST_USE>(vin + i * VEC);
     Vec<T, VEC> o;
@@ -223,86 +202,6 @@ __device__ __forceinline__ void fill_row(const T* in, T* out, int V, bool vec_ok
   write_row<T, BLOCK, false>(in, out, V, vec_ok, [v](float, int) { return v; });
 }
 
-// Folds vectors i, i + STRIDE, ... (kUnroll of them, loaded together; PARTIAL: those below
-// nvec, folded one by one) into st.
-template <typename T, int STRIDE, bool PARTIAL>
-__device__ __forceinline__ void fold_group(Stats& st, const T* vrow, int i, int nvec) {
-  constexpr int VEC = kVecElems<T>;
-  Vec<T, VEC> v[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (!PARTIAL || i + u * STRIDE < nvec) v[u] = load_vec<T, VEC>(vrow + (i + u * STRIDE) * VEC);
-  }
-  if constexpr (PARTIAL) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (i + u * STRIDE >= nvec) break;
-      float f[VEC];
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) f[k] = static_cast<float>(v[u].v[k]);
-      fold(st, f);
-    }
-  } else {
-    float f[kUnroll * VEC];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) f[u * VEC + k] = static_cast<float>(v[u].v[k]);
-    fold(st, f);
-  }
-}
-
-// This thread's part of the (max, sum of exp, sum) of a row of V logits, the row walked by
-// STRIDE threads (a block or a warp), `lane` its index among them: a scalar head to the first
-// 16-byte boundary, 16-byte vectors (kUnroll in flight; for a warp the last group too), a
-// scalar tail. The head and the tail
-// are fewer than 2 VEC elements, one a thread (STRIDE >= 2 VEC).
-template <typename T, int STRIDE>
-__device__ __forceinline__ Stats row_stats(const T* row, int V, int lane) {
-  constexpr int VEC = kVecElems<T>;
-  static_assert(STRIDE >= 2 * VEC, "one thread per head or tail element");
-  const int head = head_elems(row, V);
-  const int nvec = (V - head) / VEC;
-  const T* vrow = row + head;
-  Stats st{kNegInf, 0.f, 0.f};
-  int i = lane;
-  for (; i + (kUnroll - 1) * STRIDE < nvec; i += kUnroll * STRIDE) {
-    fold_group<T, STRIDE, false>(st, vrow, i, nvec);
-  }
-  if (STRIDE == 32 && i < nvec) {
-    // A warp's row (short): the last group, fewer than kUnroll vectors, loaded together (one
-    // round trip, not one each: a large share of a short row), folded one by one.
-    fold_group<T, STRIDE, true>(st, vrow, i, nvec);
-    i = nvec;
-  }
-  for (; i < nvec; i += STRIDE) {  // a block's row: one vector at a time (fewer registers)
-    const Vec<T, VEC> v = load_vec<T, VEC>(vrow + i * VEC);
-    float f[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) f[k] = static_cast<float>(v.v[k]);
-    fold(st, f);
-  }
-  const int tail0 = head + nvec * VEC;
-  const int extra = head + (V - tail0);
-  if (lane < extra) {
-    const int j = lane < head ? lane : tail0 + (lane - head);
-    const float f[1] = {static_cast<float>(row[j])};
-    fold(st, f);
-  }
-  return st;
-}
-
-// The row's loss from its reduced stats and x[target]; *lse_out gets the row's lse.
-__device__ __forceinline__ float row_loss(const Stats& tot, float xt, int V, float eps, float z,
-                                          float* lse_out) {
-  const float L = offset_of(tot.m) + logf(tot.s);
-  float out = (1.f - eps) * (L - xt);
-  if (eps != 0.f) out += eps * (L - tot.sx / static_cast<float>(V));
-  if (z != 0.f) out += z * L * L;
-  *lse_out = L;
-  return out;
-}
-
 __device__ __forceinline__ bool same_alignment(const void* a, const void* b) {
   return ((reinterpret_cast<uintptr_t>(a) ^ reinterpret_cast<uintptr_t>(b)) & 15) == 0;
 }
@@ -316,6 +215,7 @@ __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
                     float* __restrict__ loss, float* __restrict__ lse, int64_t ignore_index,
                     float eps, float z, T* __restrict__ dx, Rows ld,
                     const float* __restrict__ grad_scale) {
+  constexpr int VEC = kVecElems<T>;
   using Reduce = cub::BlockReduce<Stats, BLOCK>;
   __shared__ typename Reduce::TempStorage storage;
   __shared__ float lse_shared;
@@ -340,11 +240,45 @@ __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
     }
     // x[target] is loaded first, so its latency hides behind the row's.
     const float xt = tid == 0 ? static_cast<float>(row[t]) : 0.f;
-    const Stats st = row_stats<T, BLOCK>(row, V, tid);
+    const int head = head_elems(row, V);
+    const int nvec = (V - head) / VEC;
+    const T* vrow = row + head;
+    Stats st{kNegInf, 0.f, 0.f};
+    int i = tid;
+    for (; i + (kUnroll - 1) * BLOCK < nvec; i += kUnroll * BLOCK) {
+      Vec<T, VEC> v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<T, VEC>(vrow + (i + u * BLOCK) * VEC);
+      float f[kUnroll * VEC];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) f[u * VEC + k] = static_cast<float>(v[u].v[k]);
+      fold(st, f);
+    }
+    for (; i < nvec; i += BLOCK) {
+      const Vec<T, VEC> v = load_vec<T, VEC>(vrow + i * VEC);
+      float f[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) f[k] = static_cast<float>(v.v[k]);
+      fold(st, f);
+    }
+    // The head (before the first vector) and the tail (after the last): fewer than 2 VEC
+    // elements, one per thread.
+    const int tail0 = head + nvec * VEC;
+    const int extra = head + (V - tail0);
+    if (tid < extra) {
+      const int j = tid < head ? tid : tail0 + (tid - head);
+      const float f[1] = {static_cast<float>(row[j])};
+      fold(st, f);
+    }
     const Stats tot = Reduce(storage).Reduce(st, Merge{});
     if (tid == 0) {
-      float L;
-      loss[r] = row_loss(tot, xt, V, eps, z, &L);
+      const float L = offset_of(tot.m) + logf(tot.s);
+      float out = (1.f - eps) * (L - xt);
+      if (eps != 0.f) out += eps * (L - tot.sx / static_cast<float>(V));
+      if (z != 0.f) out += z * L * L;
+      loss[r] = out;
       lse[r] = L;
       if constexpr (GRAD) lse_shared = L;
     }
@@ -356,153 +290,26 @@ __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
   }
 }
 
-// Forward of short rows (<= kWarpRowBytes): a warp per row, kWarpRows rows a block, warps
-// walking the rows in a grid-stride loop over a grid of one wave of resident blocks; the
-// row's stats are combined by warp shuffles (no block barrier between rows), so a warp goes
-// from one row to the next without waiting for the others. With `partial` (reduction 'mean'
-// / 'sum'), each block also writes (sum of its rows' losses, count of its non-ignored rows)
-// in double, its warps in a fixed order: xent_partials_kernel adds the blocks' partials in
-// order (deterministic for a given grid).
-constexpr int kWarpRows = 8;
-constexpr int kWarpBlock = kWarpRows * 32;
-constexpr int kWarpRowBytes = 16 * 1024;
-// 24 warps an SM (85 registers: 4 blocks, 64 registers, spilled in bf16): 48 KB of loads in
-// flight an SM at V = 1000 bf16, 4 vectors a lane.
-constexpr int kWarpMinBlocks = 3;
-
-template <typename T>
-__global__ void __launch_bounds__(kWarpBlock, kWarpMinBlocks)
-    xent_fwd_warp_kernel(const T* __restrict__ x, Rows l, const int64_t* __restrict__ target,
-                         float* __restrict__ loss, float* __restrict__ lse, int64_t ignore_index,
-                         float eps, float z, double* __restrict__ partial) {
-  __shared__ double part_sum[kWarpRows], part_count[kWarpRows];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int V = l.len;
-  double sum = 0.0, count = 0.0;  // lane 0's
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpRows;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpRows + warp; r < l.rows; r += step) {
-    const int64_t t = target[r];
-    if (t == ignore_index || t < 0 || t >= V) {  // not read: 0 if ignored, NaN if invalid
-      if (lane == 0) {
-        const float v = t == ignore_index ? 0.f : std::numeric_limits<float>::quiet_NaN();
-        loss[r] = v;
-        lse[r] = v;
-        sum += static_cast<double>(v);
-        count += t == ignore_index ? 0.0 : 1.0;
-      }
-      continue;
-    }
-    const T* row = x + row_offset(l, r);
-    const float xt = lane == 0 ? static_cast<float>(row[t]) : 0.f;  // its latency hides
-    Stats st = row_stats<T, 32>(row, V, lane);
-#pragma unroll
-    for (int d = 16; d > 0; d /= 2) {
-      const Stats o{__shfl_xor_sync(0xffffffffu, st.m, d), __shfl_xor_sync(0xffffffffu, st.s, d),
-                    __shfl_xor_sync(0xffffffffu, st.sx, d)};
-      st = Merge{}(st, o);
-    }
-    if (lane == 0) {
-      float L;
-      const float out = row_loss(st, xt, V, eps, z, &L);
-      loss[r] = out;
-      lse[r] = L;
-      sum += static_cast<double>(out);
-      count += 1.0;
-    }
-  }
-  if (partial == nullptr) return;
-  if (lane == 0) {
-    part_sum[warp] = sum;
-    part_count[warp] = count;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0.0, c = 0.0;
-#pragma unroll
-    for (int w = 0; w < kWarpRows; ++w) {
-      s += part_sum[w];
-      c += part_count[w];
-    }
-    partial[2 * blockIdx.x] = s;
-    partial[2 * blockIdx.x + 1] = c;
-  }
-}
-
-// 'mean' / 'sum' from the blocks' (sum, count) partials, in one block: each thread adds
-// blocks in a fixed order, then a block reduction (deterministic). 'mean' over no rows is
-// 0 / 0: NaN, as torch.
-template <int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
-    xent_partials_kernel(const double* __restrict__ partial, int64_t parts, bool mean,
-                         float* __restrict__ out) {
-  grid_dependency_wait();  // launched early (launch_early): nothing global before this
-  using Reduce = cub::BlockReduce<double, BLOCK>;
-  __shared__ typename Reduce::TempStorage sum_storage, count_storage;
-  double sum = 0.0, count = 0.0;
-  for (int64_t b = threadIdx.x; b < parts; b += BLOCK) {
-    sum += partial[2 * b];
-    count += partial[2 * b + 1];
-  }
-  sum = Reduce(sum_storage).Sum(sum);
-  count = Reduce(count_storage).Sum(count);
-  if (threadIdx.x == 0) *out = static_cast<float>(mean ? sum / count : sum);
-}
-
-// The backward of row r, walked by STRIDE threads (a block, or a warp).
-// x and dx may be the same memory (in place): no __restrict__ on them. Each element is
-// read before it is written, by the same thread.
-template <typename T, int STRIDE>
-__device__ __forceinline__ void bwd_row(int64_t r, const float* __restrict__ grad,
-                                        int64_t grad_stride, const T* x, const Rows& lx, T* dx,
-                                        const Rows& ld, const int64_t* __restrict__ target,
-                                        const float* __restrict__ lse, int64_t ignore_index,
-                                        float eps, float z) {
-  const int V = lx.len;
-  const int64_t t = target[r];
-  const T* in = x + row_offset(lx, r);
-  T* out = dx + row_offset(ld, r);
-  const bool vec_ok = same_alignment(in, out);
-  if (t == ignore_index || t < 0 || t >= V) {
-    fill_row<T, STRIDE>(in, out, V, vec_ok, t == ignore_index);
-    return;
-  }
-  grad_row<T, STRIDE>(in, out, V, vec_ok, grad[r * grad_stride], lse[r], t, eps, z);
-}
-
-// Rows in reverse order (see the top of the file), a block a row.
 template <typename T, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, kMinBlocks<BLOCK>)
     xent_bwd_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x, Rows lx, T* dx,
                     Rows ld, const int64_t* __restrict__ target, const float* __restrict__ lse,
                     int64_t ignore_index, float eps, float z) {
+  // x and dx may be the same memory (in place): no __restrict__ on them. Each element is
+  // read before it is written, by the same thread.
+  const int V = lx.len;
   for (int64_t b = blockIdx.x; b < lx.rows; b += gridDim.x) {
-    bwd_row<T, BLOCK>(lx.rows - 1 - b, grad, grad_stride, x, lx, dx, ld, target, lse, ignore_index,
-                      eps, z);
+    const int64_t r = lx.rows - 1 - b;
+    const int64_t t = target[r];
+    const T* in = x + row_offset(lx, r);
+    T* out = dx + row_offset(ld, r);
+    const bool vec_ok = same_alignment(in, out);
+    if (t == ignore_index || t < 0 || t >= V) {
+      fill_row<T, BLOCK>(in, out, V, vec_ok, t == ignore_index);
+      continue;
+    }
+    grad_row<T, BLOCK>(in, out, V, vec_ok, grad[r * grad_stride], lse[r], t, eps, z);
   }
-}
-
-// Short rows (the forward's kWarpRowBytes): a warp a row, kWarpRows rows a block, rows in
-// reverse order in a grid-stride loop over one wave of blocks.
-template <typename T>
-__global__ void __launch_bounds__(kWarpBlock, kWarpMinBlocks)
-    xent_bwd_warp_kernel(const float* __restrict__ grad, int64_t grad_stride, const T* x, Rows lx,
-                         T* dx, Rows ld, const int64_t* __restrict__ target,
-                         const float* __restrict__ lse, int64_t ignore_index, float eps, float z) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpRows;
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32; b < lx.rows;
-       b += step) {
-    bwd_row<T, 32>(lx.rows - 1 - b, grad, grad_stride, x, lx, dx, ld, target, lse, ignore_index,
-                   eps, z);
-  }
-}
-
-// Blocks of kWarpBlock threads for `rows` short rows: one wave of resident blocks at most.
-template <typename Kernel>
-int64_t warp_rows_grid(Kernel kernel, int64_t rows) {
-  const int64_t wave =
-      static_cast<int64_t>(num_sms()) * std::max(resident_blocks(kernel, kWarpBlock, 0), 1);
-  return std::min(wave, ceil_div(rows, static_cast<int64_t>(kWarpRows)));
 }
 
 // The 'mean' / 'sum' of the per-row losses, in one block: each thread sums rows in a fixed
@@ -605,32 +412,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits,
   const XentInput in = xent_input(logits);
   const at::Tensor t = long_target(target);
   const Rows l = to_rows(in.layout);
-  const int64_t row_bytes = in.layout.len * in.x.element_size();
-  if (row_bytes <= kWarpRowBytes) {
-    // Short rows: a warp a row; the reduction from per-block partials (no pass over the rows'
-    // losses).
-    at::Tensor out = red == XentReduction::None ? at::Tensor() : at::empty({}, loss.options());
-    FUSED_DISPATCH_CUDA(in.x.scalar_type(), "fused::cross_entropy", [&] {
-      auto kernel = xent_fwd_warp_kernel<scalar_t>;
-      const int64_t grid = warp_rows_grid(kernel, l.rows);
-      at::Tensor partial;
-      if (out.defined()) partial = at::empty({grid, 2}, loss.options().dtype(at::kDouble));
-      kernel<<<static_cast<unsigned>(grid), kWarpBlock, 0, current_stream()>>>(
-          in.x.const_data_ptr<scalar_t>(), l, t.const_data_ptr<int64_t>(),
-          loss.mutable_data_ptr<float>(), lse.mutable_data_ptr<float>(), ignore_index,
-          static_cast<float>(label_smoothing), static_cast<float>(z_loss),
-          out.defined() ? partial.mutable_data_ptr<double>() : nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      if (out.defined()) {
-        constexpr int kReduceBlock = 256;
-        launch_early(xent_partials_kernel<kReduceBlock>, dim3(1), dim3(kReduceBlock), 0,
-                     partial.const_data_ptr<double>(), grid, red == XentReduction::Mean,
-                     out.mutable_data_ptr<float>());
-      }
-    });
-    return {out.defined() ? out : loss, lse};
-  }
-  const int block = block_for(row_bytes);
+  const int block = block_for(in.layout.len * in.x.element_size());
   FUSED_DISPATCH_CUDA(in.x.scalar_type(), "fused::cross_entropy", [&] {
     with_block(block, [&](auto kb) {
       constexpr int B = decltype(kb)::value;
@@ -674,21 +456,7 @@ void backward_into(const at::Tensor& grad_loss, const XentInput& in, at::Tensor&
   }
   const Rows lx = to_rows(in.layout);
   const Rows ld = to_rows(lout);
-  const int64_t row_bytes = in.layout.len * in.x.element_size();
-  if (row_bytes <= kWarpRowBytes) {  // short rows: a warp a row, as the forward
-    FUSED_DISPATCH_CUDA(in.x.scalar_type(), "fused::cross_entropy_backward", [&] {
-      auto kernel = xent_bwd_warp_kernel<scalar_t>;
-      kernel<<<static_cast<unsigned>(warp_rows_grid(kernel, lx.rows)), kWarpBlock, 0,
-               current_stream()>>>(
-          g.const_data_ptr<float>(), g_stride, in.x.const_data_ptr<scalar_t>(), lx,
-          out.mutable_data_ptr<scalar_t>(), ld, t.const_data_ptr<int64_t>(),
-          s.const_data_ptr<float>(), ignore_index, static_cast<float>(label_smoothing),
-          static_cast<float>(z_loss));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-    return;
-  }
-  const int block = block_for(row_bytes);
+  const int block = block_for(in.layout.len * in.x.element_size());
   FUSED_DISPATCH_CUDA(in.x.scalar_type(), "fused::cross_entropy_backward", [&] {
     with_block(block, [&](auto kb) {
       constexpr int B = decltype(kb)::value;
