@@ -1266,12 +1266,8 @@ def test_cuda_staged_backward_dispatch(dtype, cols, staged, knobs):
     for env, want in [("1", staged), ("0", False)]:
         knobs(f"norm.stage={env}")
         names = [n for n in cuda_kernel_names(call) if "norm_bwd_regs" in n]
-        stages = [
-            int(m.group(1))
-            for n in names
-            for m in [re.search(r"norm_bwd_regs<.*, (?:true|false), (\d+)>", n)]
-            if m
-        ]
+        # STAGES is the template's seventh argument (T, W, R, VEC, VPT, PF, STAGES, SPAN).
+        stages = [int(kernel_template_args(n, "norm_bwd_regs")[6]) for n in names]
         assert len(stages) == 1, names
         assert (stages[0] > 0) == want, (env, names)
 
