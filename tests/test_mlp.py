@@ -11,7 +11,7 @@ from test_matmul import DEVICE_KERNELS, KERNELS, check, poison, rand, set_kernel
 
 import fused_ops
 
-from utils import CUDA, DTYPES, cuda_kernel_names, input_views
+from utils import CUDA, DTYPES, TOL, cuda_kernel_names, input_views
 
 ACTS = ["gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"]
 GATED = ("swiglu", "geglu", "geglu_tanh")
@@ -102,6 +102,27 @@ def grads_ref(x, w1, b1, w2, act, gy, dtype):
         dz.sum(0),
         g2.t() @ h.double().reshape(-1, h.shape[-1]),
         g2.sum(0),
+    ), dz
+
+
+def check_db1(got, dz, dtype, msg):
+    """db1 against the column sums of the rounded dZ. The kernels sum dZ's float32 values
+    before they are rounded to the dtype (the dact epilogue's partial sums; on the composed
+    path, after dH itself was rounded), so each of the M terms differs from the reference's
+    by up to one rounding of |dZ| (two on the composed path): independent errors whose sum
+    has a standard deviation below eps * sqrt(sum dZ^2) / 2. The allowance is 8 of those
+    (4 eps sqrt(sum dZ^2)), on top of check's own tolerance."""
+    ref = dz.sum(0)
+    if dtype == torch.float32:  # no rounding of dZ to speak of: check's float32 tolerance
+        check(got, ref, dtype, msg=msg, slack=1.0)
+        return
+    rtol, atol = TOL[dtype]
+    bound = rtol * ref.abs() + 4 * torch.finfo(dtype).eps * (dz * dz).sum(0).sqrt() + atol
+    err = (got.double().to(ref.device) - ref).abs()
+    bad = err > bound
+    assert not bad.any(), (
+        f"{msg}: {int(bad.sum())} of {bad.numel()} columns, worst error "
+        f"{float(err.max()):.3g} against {float(bound[err.argmax()]):.3g}"
     )
 
 
@@ -113,12 +134,16 @@ def mlp_backward_case(x_shape, h, dtype, device, act, with_bias, recompute, c_ou
     params = [None if p is None else p.requires_grad_() for p in params]
     w1, b1, w2, b2 = params
     gy = rand((*x_shape[:-1], c_out), dtype, device)
-    refs = grads_ref(x, w1, b1, w2, act, gy, dtype)
+    refs, dz = grads_ref(x, w1, b1, w2, act, gy, dtype)
     y = fused_ops.mlp(x, w1, b1, w2, b2, act, recompute=recompute)
     y.backward(gy)
     msg = f"x={x_shape} H={h} act={act} bias={with_bias} recompute={recompute}"
     for name, t, r in zip(("dx", "dw1", "db1", "dw2", "db2"), (x, w1, b1, w2, b2), refs):
-        if t is not None:
+        if t is None:
+            continue
+        if name == "db1":
+            check_db1(t.grad, dz, dtype, msg=f"{msg} {name}")
+        else:
             check(t.grad, r, dtype, msg=f"{msg} {name}", slack=1.0)
 
 
@@ -143,7 +168,7 @@ def test_mlp_backward_views(act):
         for t in (x, w1, w2):
             t.requires_grad_()
         gy = rand((31, 24), dtype, "cpu")
-        refs = grads_ref(x, w1, None, w2, act, gy, dtype)
+        refs, _ = grads_ref(x, w1, None, w2, act, gy, dtype)
         fused_ops.mlp(x, w1, None, w2, None, act).backward(gy)
         for name, t, r in (("dx", x, refs[0]), ("dw1", w1, refs[1]), ("dw2", w2, refs[3])):
             check(t.grad, r, dtype, msg=f"{xn} {wn} {name}", slack=1.0)
@@ -152,6 +177,8 @@ def test_mlp_backward_views(act):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_odd_sizes_against_eager(device, dtype):
+    if device == "cuda" and dtype == torch.float64:
+        pytest.skip("the CUDA kernels take float32, float16 and bfloat16")
     # C = 1000, H = 2752 (a Llama-like 8/3 ratio, not a tile multiple): fused vs eager
     # F.linear -> act -> F.linear in float64, forward and every gradient.
     for act in ("gelu_tanh", "swiglu"):
@@ -408,7 +435,7 @@ def test_autocast(device):
     low = [t.detach().to(bf) for t in ts]
     check(y, forward_ref(*low, "swiglu", bf), bf, slack=1.0)
     got = torch.autograd.grad(y.float().sum(), ts)
-    refs = grads_ref(low[0], low[1], low[2], low[3], "swiglu", torch.ones_like(y), bf)
+    refs, _ = grads_ref(low[0], low[1], low[2], low[3], "swiglu", torch.ones_like(y), bf)
     for name, g, r in zip(("dx", "dw1", "db1", "dw2", "db2"), got, refs):
         assert g.dtype == torch.float32
         check(g, r, bf, msg=name, slack=1.0)
