@@ -130,33 +130,6 @@ __device__ __forceinline__ void store_group(T* p, int64_t e0, int64_t n, const V
   }
 }
 
-// The V elements at p + e0 when p lies `shift_bytes` (a multiple of sizeof(T), 1-15) past
-// the 16-byte grid: the two aligned vectors that cover them (lo at p - shift, hi 16 bytes on;
-// both hold an element of the tensor, so neither leaves its allocation's 16-byte granules),
-// shifted down by shift_bytes through 32-bit words: two select stages (the word shift) and
-// a funnel shift (the 2-byte rest of 16-bit types). The shift is the same for every thread.
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_shifted(const T* p, int64_t e0, int shift_bytes) {
-  static_assert(sizeof(Vec<T, V>) == 16, "16-byte vectors");
-  const char* base = reinterpret_cast<const char*>(p + e0) - shift_bytes;
-  const uint4 lo = *reinterpret_cast<const uint4*>(base);
-  const uint4 hi = *reinterpret_cast<const uint4*>(base + 16);
-  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  const int q = shift_bytes >> 2;
-  const uint32_t bits = static_cast<uint32_t>(shift_bytes & 3) * 8;
-  uint32_t a[7], b[5];
-#pragma unroll
-  for (int i = 0; i < 7; ++i) a[i] = (q & 1) ? w[i + 1] : w[i];
-#pragma unroll
-  for (int i = 0; i < 5; ++i) b[i] = (q & 2) ? a[i + 2] : a[i];
-  uint32_t o[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) o[k] = __funnelshift_r(b[k], b[k + 1], bits);
-  Vec<T, V> v;
-  std::memcpy(&v, o, sizeof(v));
-  return v;
-}
-
 template <typename T>
 struct DropoutArgs {
   const T* x;          // input (grad_out in backward)
@@ -166,7 +139,6 @@ struct DropoutArgs {
   int64_t n;           // elements
   int64_t cols;        // x.size(-1): bias index = i % cols
   int64_t col_step;    // (kThreads * V) % cols: column advance between a thread's groups
-  int x_shift;         // XSHIFT: bytes x lies past the 16-byte grid (1-15)
   uint32_t threshold;  // keep iff the element's draw < threshold
   float scale;         // 1 / (1 - p)
   bool bits16;         // 16-bit draws (DropoutParams::bits16)
@@ -176,8 +148,7 @@ struct DropoutArgs {
 // One thread's U groups of V elements, spaced kThreads groups apart: all loads first (U
 // loads in flight per input), then the mask and the stores. FULL: every group is whole and
 // 16-byte aligned, so loads and stores are unconditional vectors, in straight-line code.
-template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC,
-          bool XSHIFT>
+template <typename T, int V, bool FULL, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC>
 __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t first, int64_t col,
                                                const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
@@ -186,11 +157,7 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
   for (int u = 0; u < U; ++u) {
     const int64_t e0 = (first + static_cast<int64_t>(u) * kThreads) * V;
     if (FULL || e0 < a.n) {
-      if constexpr (FULL && XSHIFT) {
-        xv[u] = load_shifted<T, V>(a.x, e0, a.x_shift);
-      } else {
-        xv[u] = load_group<T, V, FULL>(a.x, e0, a.n);
-      }
+      xv[u] = load_group<T, V, FULL>(a.x, e0, a.n);
       if constexpr (RES) rv[u] = load_group<T, V, FULL>(a.res, e0, a.n);
       if constexpr (BIAS) {
         if constexpr (FULL && BVEC) {
@@ -226,19 +193,18 @@ __device__ __forceinline__ void dropout_thread(const DropoutArgs<T>& a, int64_t 
 
 // A thread's work: the straight-line vector path when all its groups are whole, else the
 // guarded one.
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC,
-          bool XSHIFT>
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool B16, bool BVEC>
 __device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t first, int64_t col,
                                              const PhiloxKey& key, uint64_t offset) {
   constexpr int U = kGroupsPerThread;
   if constexpr (VEC) {
     const int64_t last_end = (first + static_cast<int64_t>(U - 1) * kThreads) * V + V;
     if (last_end <= a.n) {
-      dropout_thread<T, V, true, BIAS, RES, DROP, B16, BVEC, XSHIFT>(a, first, col, key, offset);
+      dropout_thread<T, V, true, BIAS, RES, DROP, B16, BVEC>(a, first, col, key, offset);
       return;
     }
   }
-  dropout_thread<T, V, false, BIAS, RES, DROP, B16, BVEC, XSHIFT>(a, first, col, key, offset);
+  dropout_thread<T, V, false, BIAS, RES, DROP, B16, BVEC>(a, first, col, key, offset);
 }
 
 // out = [res +] mask * scale * (x [+ bias]) over n elements, in groups of V consecutive
@@ -247,9 +213,8 @@ __device__ __forceinline__ void dropout_body(const DropoutArgs<T>& a, int64_t fi
 // vectors too (aligned, cols % V == 0); otherwise element by element, its columns wrapping
 // inside a group (any width: x, res and out keep their vectors). !VEC: V = 4 scalars per
 // group. DROP = false: no mask (bias_dropout_add in eval),
-// no randomness drawn. XSHIFT: x (only) lies off the 16-byte grid by a.x_shift bytes; its
-// whole groups are read as two aligned vectors each, shifted in registers (load_shifted).
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC, bool XSHIFT>
+// no randomness drawn.
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
   constexpr int U = kGroupsPerThread;
@@ -267,20 +232,19 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs<T> a) {
         ((e | c) >> 32) == 0 ? static_cast<uint32_t>(e) % static_cast<uint32_t>(c) : e % c);
   }
   if (DROP && a.bits16) {
-    dropout_body<T, V, VEC, BIAS, RES, DROP, true, BVEC, XSHIFT>(a, first, col, key, offset);
+    dropout_body<T, V, VEC, BIAS, RES, DROP, true, BVEC>(a, first, col, key, offset);
   } else {
-    dropout_body<T, V, VEC, BIAS, RES, DROP, false, BVEC, XSHIFT>(a, first, col, key, offset);
+    dropout_body<T, V, VEC, BIAS, RES, DROP, false, BVEC>(a, first, col, key, offset);
   }
 }
 
-template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC = true,
-          bool XSHIFT = false>
+template <typename T, int V, bool VEC, bool BIAS, bool RES, bool DROP, bool BVEC = true>
 void launch_dropout_kernel(DropoutArgs<T> a) {
   a.col_step = BIAS ? (static_cast<int64_t>(kThreads) * V) % a.cols : 0;
   constexpr int U = kGroupsPerThread;
   const int64_t groups = ceil_div(a.n, V);
   const int64_t blocks = ceil_div(groups, static_cast<int64_t>(kThreads) * U);
-  launch_early(dropout_kernel<T, V, VEC, BIAS, RES, DROP, BVEC, XSHIFT>,
+  launch_early(dropout_kernel<T, V, VEC, BIAS, RES, DROP, BVEC>,
                dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, a);
 }
 
@@ -289,14 +253,7 @@ void launch_dropout_layout(const DropoutArgs<T>& a) {
   constexpr int kVec = kVecElems<T>;
   bool vec = is_aligned(a.x) && is_aligned(a.out);
   if (RES) vec = vec && is_aligned(a.res);
-  const int x_shift = static_cast<int>(reinterpret_cast<uintptr_t>(a.x) & 15);
-  if (!vec && !BIAS && !RES && x_shift % sizeof(T) == 0 && is_aligned(a.out)) {
-    // dropout (forward or backward) of a view off the 16-byte grid into an aligned output:
-    // x read as shifted pairs of aligned vectors, the output stored as vectors
-    DropoutArgs<T> b = a;
-    b.x_shift = x_shift;
-    launch_dropout_kernel<T, kVec, true, BIAS, RES, DROP, true, true>(b);
-  } else if (vec && BIAS && !(is_aligned(a.bias) && a.cols % kVec == 0)) {
+  if (vec && BIAS && !(is_aligned(a.bias) && a.cols % kVec == 0)) {
     // a width off the vector grid: x, res and out as vectors, the bias gathered
     launch_dropout_kernel<T, kVec, true, BIAS, RES, DROP, false>(a);
   } else if (vec) {
@@ -457,138 +414,85 @@ constexpr int kGradTY = kGradThreads / kGradTX;  // warps along rows
 constexpr int kGradRows = 4;                     // rows each thread loads before computing
 constexpr int kGradMinBlocks = 3;  // resident blocks per SM the register budget allows
 
-// Any width takes 16-byte vectors: a thread's rows are kGradTY apart, and kGradTY is a
-// multiple of V, so every one of its rows starts at the same phase ph = (row * cols) % V
-// against the vector grid. Its vector slot c0 of a row is the aligned vector at
-// row * cols + c0 - ph: columns [c0 - ph, c0 - ph + V), the same columns in every one of its
-// rows, so the column sums stay in registers. The lanes of a row tile the row by these
-// slots (one more slot than ceil(cols / V) when ph > 0); a slot that reaches into the
-// previous or the next row (the row's first and last) sums and stores only its own columns.
-static_assert(kGradTY % 8 == 0, "a thread's rows must share their phase for every V <= 8");
-
-// The slot of one thread in its rows: where its vector starts relative to the row and which
-// of its V elements are in the row.
-struct GradSlot {
-  int64_t c;     // column of element 0 (c0 - ph, may be negative)
-  uint32_t own;  // bit j: element j is in the row
-};
-
-// R rows r, r + kGradTY, ... of one thread's slot: loads first, then dx = mask * scale * dy
-// stored and added to acc. FULL: all rows exist (unconditional loads); otherwise rows from
-// r_end on are skipped. An edge slot (the first or last of a row) loads and stores its whole
-// aligned vector like the others: the vector lies in the tensor, its other elements are the
-// neighbouring row's, summed into acc entries that are never used and stored with the very
-// bits the neighbouring row's slot stores there (dx of element i is a function of i and
-// dy[i] alone). So no lane branches, and the loop holds no more registers than at aligned
-// widths (per-element edge stores or loads spilled at the 80-register bound). GUARDED (the
-// tensor's last row, where an edge slot's vector passes the end): its own elements one by
-// one.
-template <typename T, int V, int R, bool DROP, bool B16, bool FULL, bool GUARDED = false>
+// kGradRows rows r, r + kGradTY, ... of one thread's V columns from c0: loads first, then
+// dx = mask * scale * dy stored and added to acc. FULL: all rows exist (unconditional
+// loads); otherwise rows from r_end on are skipped. VEC: 16-byte loads (cols % V == 0);
+// otherwise V == 1.
+template <typename T, int V, bool VEC, bool DROP, bool B16, bool FULL>
 __device__ __forceinline__ void bias_grad_rows(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t cols, const GradSlot& s,
-                                               const PhiloxKey& key, uint64_t offset,
-                                               uint32_t threshold, float scale) {
-  Vec<T, V> g[R];
+                                               int64_t cols, int64_t c0, const PhiloxKey& key,
+                                               uint64_t offset, uint32_t threshold, float scale) {
+  Vec<T, V> g[kGradRows];
 #pragma unroll
-  for (int rr = 0; rr < R; ++rr) {
+  for (int rr = 0; rr < kGradRows; ++rr) {
     const int64_t row = r + rr * kGradTY;
     if (FULL || row < r_end) {
-      const T* p = dy + row * cols + s.c;
-      if constexpr (GUARDED) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) g[rr].v[j] = (s.own >> j) & 1 ? p[j] : T(0);
-      } else {
+      const T* p = dy + row * cols + c0;
+      if constexpr (VEC) {
         g[rr] = load_vec<T, V>(p);
+      } else {
+        g[rr].v[0] = *p;
       }
     }
   }
 #pragma unroll
-  for (int rr = 0; rr < R; ++rr) {
+  for (int rr = 0; rr < kGradRows; ++rr) {
     const int64_t row = r + rr * kGradTY;
     if (!FULL && row >= r_end) break;
     float k[V];
     to_float<false>(k, g[rr]);
-    if constexpr (DROP) apply_mask<V, B16>(k, row * cols + s.c, key, offset, threshold, scale);
+    if constexpr (DROP) apply_mask<V, B16>(k, row * cols + c0, key, offset, threshold, scale);
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] += k[j];
     const Vec<T, V> o = round_vec<T, V>(k);
-    T* q = dx + row * cols + s.c;
-    if constexpr (GUARDED) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if ((s.own >> j) & 1) q[j] = o.v[j];
-      }
-    } else {
+    T* q = dx + row * cols + c0;
+    if constexpr (VEC) {
       store_vec<T, V>(q, o);
+    } else {
+      *q = o.v[0];
     }
   }
 }
 
-// One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time; first,
-// where `last` >= 0, that one row guarded (the tensor's last row, where the slot's vector
-// passes the row's end).
-template <typename T, int V, bool DROP, bool B16>
+// One thread's rows r_begin + ty, + kGradTY, ... below r_end, kGradRows at a time.
+template <typename T, int V, bool VEC, bool DROP, bool B16>
 __device__ __forceinline__ void bias_grad_walk(const T* __restrict__ dy, T* __restrict__ dx,
                                                float (&acc)[V], int64_t r, int64_t r_end,
-                                               int64_t last, int64_t cols, const GradSlot& s,
-                                               const PhiloxKey& key, uint64_t offset,
-                                               uint32_t threshold, float scale) {
-  if (last >= 0) {
-    bias_grad_rows<T, V, 1, DROP, B16, true, true>(dy, dx, acc, last, last + 1, cols, s, key,
-                                                   offset, threshold, scale);
-  }
+                                               int64_t cols, int64_t c0, const PhiloxKey& key,
+                                               uint64_t offset, uint32_t threshold, float scale) {
   for (; r < r_end; r += kGradTY * kGradRows) {
     if (r + (kGradRows - 1) * kGradTY < r_end) {
-      bias_grad_rows<T, V, kGradRows, DROP, B16, true>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                                       threshold, scale);
+      bias_grad_rows<T, V, VEC, DROP, B16, true>(dy, dx, acc, r, r_end, cols, c0, key, offset,
+                                                 threshold, scale);
     } else {
-      bias_grad_rows<T, V, kGradRows, DROP, B16, false>(dy, dx, acc, r, r_end, cols, s, key, offset,
-                                                        threshold, scale);
+      bias_grad_rows<T, V, VEC, DROP, B16, false>(dy, dx, acc, r, r_end, cols, c0, key, offset,
+                                                  threshold, scale);
     }
   }
 }
 
-// Partial sums a block writes: kGradTX * V + V columns, from column blockIdx.x * kGradTX * V
-// - V (its slots' columns start up to V - 1 before the tile).
-template <int V>
-constexpr int kGradSpan = kGradTX* V + V;
-
-// Block (blockIdx.x, blockIdx.y) covers slots [blockIdx.x * 32, +32) of rows
-// [blockIdx.y * rows_per_chunk, +rows_per_chunk). Each thread owns one slot and walks its
-// rows (a warp reads 32 * V contiguous elements of a row), writing dx and summing dx in
-// float; the block's 8 row-lanes (each at its own phase) are combined in shared memory in a
-// fixed order and written to partial[blockIdx.y][blockIdx.x][kGradSpan].
-// At most 80 registers (3 blocks of 256 per SM; sm_90a: no spills in bf16 and fp32, 8 bytes
-// in fp16): 1.5x the loads in
+// Block (blockIdx.x, blockIdx.y) covers columns [blockIdx.x * 32 * V, +32 * V) of rows
+// [blockIdx.y * rows_per_chunk, +rows_per_chunk). Each thread owns V columns and walks its
+// rows (a warp reads 32 * V contiguous columns of a row), writing dx and summing dx in
+// float; the block's 8 row-lanes are combined in shared memory in a fixed order and written
+// to partial[blockIdx.y][column].
+// At most 80 registers (3 blocks of 256 per SM, no spills on sm_90a): 1.5x the loads in
 // flight per SM of the unbounded version (116 registers in bf16, 2 blocks); a 64-register
 // bound (4 blocks) spilled.
-template <typename T, int V, bool DROP>
+template <typename T, int V, bool VEC, bool DROP>
 __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
     bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dx, float* __restrict__ partial,
                      const int64_t* __restrict__ saved, int64_t rows, int64_t cols,
                      int64_t rows_per_chunk, uint32_t threshold, float scale, bool bits16) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
-  constexpr int kSpan = kGradSpan<V>;
-  __shared__ float smem[kGradTY][kSpan];
+  static_assert(VEC || V == 1, "the scalar path takes one column per thread");
+  __shared__ float smem[kGradTY][kGradTX * V];
   const int tx = threadIdx.x % kGradTX;
   const int ty = threadIdx.x / kGradTX;
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kGradTX + tx) * V;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r_end = r_begin + rows_per_chunk < rows ? r_begin + rows_per_chunk : rows;
-  // r_begin is a multiple of kGradTY, so the phase of every row of this thread is ty's.
-  const int ph = static_cast<int>((static_cast<int64_t>(ty) * (cols % V)) % V);
-  GradSlot s;
-  s.c = (static_cast<int64_t>(blockIdx.x) * kGradTX + tx) * V - ph;
-  const int jlo = s.c < 0 ? static_cast<int>(-s.c) : 0;
-  const int jhi = cols - s.c < V ? static_cast<int>(max(cols - s.c, static_cast<int64_t>(0))) : V;
-  s.own = jlo < jhi ? ((1u << jhi) - 1) & ~((1u << jlo) - 1) : 0u;
-  // The tensor's last row, where this slot's vector passes the end: guarded, out of the walk.
-  const int64_t r0 = r_begin + ty;
-  int64_t walk_end = r_end, last = -1;
-  if (r_end == rows && s.c + V > cols) {
-    walk_end = rows - 1;
-    if (r0 <= walk_end && (walk_end - r0) % kGradTY == 0) last = walk_end;
-  }
   uint64_t seed = 0, offset = 0;
   if constexpr (DROP) {
     seed = static_cast<uint64_t>(saved[0]);
@@ -596,88 +500,63 @@ __global__ void __launch_bounds__(kGradThreads, kGradMinBlocks)
   }
   const PhiloxKey key = philox_key(seed);
 
-  for (int c = threadIdx.x; c < kGradTY * kSpan; c += kGradThreads) (&smem[0][0])[c] = 0.0f;
-
   float acc[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.0f;
-  if (s.own != 0) {  // a slot with columns of this row
+
+  if (c0 < cols) {  // VEC: cols % V == 0, so the whole group is inside the row
     if (DROP && bits16) {
-      bias_grad_walk<T, V, DROP, true>(dy, dx, acc, r0, walk_end, last, cols, s, key, offset,
-                                       threshold, scale);
+      bias_grad_walk<T, V, VEC, DROP, true>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key, offset,
+                                            threshold, scale);
     } else {
-      bias_grad_walk<T, V, DROP, false>(dy, dx, acc, r0, walk_end, last, cols, s, key, offset,
-                                        threshold, scale);
+      bias_grad_walk<T, V, VEC, DROP, false>(dy, dx, acc, r_begin + ty, r_end, cols, c0, key,
+                                             offset, threshold, scale);
     }
   }
 
-  __syncthreads();  // the zeros are written
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    // its own columns, at span position s.c - (the tile's first column) + V + j (from s.c,
-    // live through the walk anyway: ph need not be)
-    if (s.c + j >= 0 && s.c + j < cols) {
-      smem[ty][s.c - static_cast<int64_t>(blockIdx.x) * kGradTX * V + V + j] = acc[j];
-    }
-  }
+  for (int j = 0; j < V; ++j) smem[ty][tx * V + j] = acc[j];
   __syncthreads();
-  float* out = partial + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kSpan;
-  for (int c = threadIdx.x; c < kSpan; c += kGradThreads) {
-    float sum = 0.0f;
+  for (int c = threadIdx.x; c < kGradTX * V; c += kGradThreads) {
+    float s = 0.0f;
 #pragma unroll
-    for (int y = 0; y < kGradTY; ++y) sum += smem[y][c];
-    out[c] = sum;
+    for (int y = 0; y < kGradTY; ++y) s += smem[y][c];
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kGradTX * V + c;
+    if (col < cols) partial[static_cast<int64_t>(blockIdx.y) * cols + col] = s;
   }
 }
 
-// Stage 2: dbias[c] = sum over chunks of the partials of column c, in chunk order: column c
-// is in tile b = c / (32 V) at span position c - 32 V b + V, and, in its last V - 1
-// positions' reach, also in tile b + 1 at position c - 32 V (b + 1) + V.
-template <typename T, int V>
+// Stage 2: dbias[c] = sum over chunks of partial[chunk][c], in chunk order.
+template <typename T>
 __global__ void __launch_bounds__(kGradThreads)
     bias_grad_finish(const float* __restrict__ partial, T* __restrict__ dbias, int64_t chunks,
-                     int64_t tiles, int64_t cols) {
+                     int64_t cols) {
   grid_dependency_wait();  // launched early (launch_early): nothing global before this
-  constexpr int kSpan = kGradSpan<V>;
-  constexpr int kTile = kGradTX * V;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x;
   if (c >= cols) return;
-  const int64_t b = c / kTile;
-  const int64_t pos = c - b * kTile + V;
-  const int64_t pos_next = pos - kTile;  // in tile b + 1, when >= 0
-  const bool two = pos_next >= 0 && b + 1 < tiles;
-  const int64_t chunk_stride = tiles * kSpan;
-  const float* p = partial + b * kSpan + pos;
-  const float* q = partial + (b + 1) * kSpan + pos_next;
-  // Eight chunks in flight at a time (independent loads), added in order.
+  // Eight loads in flight at a time (the chunks' partials are independent), added in order.
   float s = 0.0f;
   int64_t k = 0;
   for (; k + 8 <= chunks; k += 8) {
-    float v[8], w[8];
+    float v[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      v[j] = p[(k + j) * chunk_stride];
-      w[j] = two ? q[(k + j) * chunk_stride] : 0.0f;
-    }
+    for (int j = 0; j < 8; ++j) v[j] = partial[(k + j) * cols + c];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s += v[j] + w[j];
+    for (int j = 0; j < 8; ++j) s += v[j];
   }
-  for (; k < chunks; ++k) s += p[k * chunk_stride] + (two ? q[k * chunk_stride] : 0.0f);
+  for (; k < chunks; ++k) s += partial[k * cols + c];
   dbias[c] = static_cast<T>(s);
 }
 
-template <typename T, int V, bool DROP>
+template <typename T, int V, bool VEC, bool DROP>
 void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tensor& dbias,
                       const int64_t* saved, const DropoutParams& d) {
   const int64_t cols = g.size(-1);
   const int64_t rows = g.numel() / cols;
-  // Slots: ceil(cols / V), one more when rows start off the vector grid (the last slot of a
-  // row at phase ph > 0 starts ph elements early).
-  const int64_t slots = ceil_div(cols, static_cast<int64_t>(V)) + (cols % V != 0 ? 1 : 0);
-  const int64_t col_blocks = ceil_div(slots, static_cast<int64_t>(kGradTX));
+  const int64_t col_blocks = ceil_div(cols, static_cast<int64_t>(kGradTX) * V);
   // Row chunks so that the grid is about one full wave of resident blocks (a ragged last
   // wave would idle SMs); each chunk a whole number of row steps.
-  auto kernel = bias_grad_kernel<T, V, DROP>;
+  auto kernel = bias_grad_kernel<T, V, VEC, DROP>;
   const int blocks_per_sm = std::max(resident_blocks(kernel, kGradThreads, 0), 1);
   const int64_t row_step = static_cast<int64_t>(kGradTY) * kGradRows;
   const int64_t want_chunks =
@@ -685,14 +564,14 @@ void launch_bias_grad(const at::Tensor& g, const at::Tensor& dx, const at::Tenso
   int64_t rows_per_chunk = ceil_div(rows, std::min(want_chunks, ceil_div(rows, row_step)));
   rows_per_chunk = ceil_div(rows_per_chunk, row_step) * row_step;
   const int64_t chunks = ceil_div(rows, rows_per_chunk);
-  at::Tensor partial = at::empty({chunks, col_blocks, kGradSpan<V>}, g.options().dtype(at::kFloat));
+  at::Tensor partial = at::empty({chunks, cols}, g.options().dtype(at::kFloat));
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
   launch_early(kernel, grid, dim3(kGradThreads), 0, g.const_data_ptr<T>(), dx.mutable_data_ptr<T>(),
                partial.mutable_data_ptr<float>(), saved, rows, cols, rows_per_chunk, d.threshold,
                static_cast<float>(d.scale), d.bits16);
-  launch_early(bias_grad_finish<T, V>, dim3(static_cast<unsigned>(ceil_div(cols, kGradThreads))),
+  launch_early(bias_grad_finish<T>, dim3(static_cast<unsigned>(ceil_div(cols, kGradThreads))),
                dim3(kGradThreads), 0, partial.const_data_ptr<float>(), dbias.mutable_data_ptr<T>(),
-               chunks, col_blocks, cols);
+               chunks, cols);
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tensor& grad_out,
@@ -714,16 +593,13 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_backward_cuda(const at::Tens
   const int64_t* saved = d.random() ? so.const_data_ptr<int64_t>() : nullptr;
   FUSED_DISPATCH_CUDA(g.scalar_type(), "fused::bias_dropout_add_backward", [&] {
     constexpr int kVec = kVecElems<scalar_t>;
-    // Any width from one vector on as 16-byte vectors (rows at any phase: a slot's vector
-    // then passes the tensor's end only in its last row); narrower rows and a dy off the
-    // 16-byte grid (a view at an odd element) one column a thread.
     const bool vec = is_aligned(g.const_data_ptr<scalar_t>()) &&
-                     is_aligned(dx.const_data_ptr<scalar_t>()) && cols >= kVec;
+                     is_aligned(dx.const_data_ptr<scalar_t>()) && cols % kVec == 0;
     auto launch = [&](auto drop) {
       if (vec) {
-        launch_bias_grad<scalar_t, kVec, decltype(drop)::value>(g, dx, dbias, saved, d);
+        launch_bias_grad<scalar_t, kVec, true, decltype(drop)::value>(g, dx, dbias, saved, d);
       } else {
-        launch_bias_grad<scalar_t, 1, decltype(drop)::value>(g, dx, dbias, saved, d);
+        launch_bias_grad<scalar_t, 1, false, decltype(drop)::value>(g, dx, dbias, saved, d);
       }
     };
     if (d.random()) {
