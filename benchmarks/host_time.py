@@ -108,12 +108,12 @@ def _case_entry(case, shape_of) -> Entry:
 
 
 def _tiny_shape(case):
-    """The tiny shape for a case: rows x width for row-wise ops, (rows, width, width) for
-    the GEMMs (A is rows x width, the weight width x width), and one head of rows queries
-    over width keys for the causal softmax."""
-    if case.flops is not None:
-        return lambda r, w: (r, w, w)
+    """The tiny shape for a case: rows x width for row-wise ops and the MLP (tokens x C),
+    (rows, width, width) for the GEMMs (A is rows x width, the weight width x width), and one
+    head of rows queries over width keys for the causal softmax."""
     rank = len(case.shapes[0])
+    if case.flops is not None and rank == 3:
+        return lambda r, w: (r, w, w)
     return lambda r, w: (1,) * (rank - 2) + (r, w)
 
 
