@@ -98,7 +98,7 @@ struct Mlp : torch::autograd::Function<Mlp> {
 // accident.
 void check(const at::Tensor& x, const at::Tensor& w1, const OptT& b1, const at::Tensor& w2,
            const OptT& b2, c10::string_view activation) {
-  const LinearAct act = parse_mlp_activation(activation, "fused::mlp");
+  const LinearAct act = parse_required_activation(activation, "fused::mlp");
   check_mlp_args(x, w1, b1, w2, b2, act, "fused::mlp");
 }
 

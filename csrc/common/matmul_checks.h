@@ -49,6 +49,24 @@ inline LinearAct parse_linear_activation(std::optional<c10::string_view> s, cons
               std::string(v), "'");
 }
 
+// The activation argument's string for act (parse_linear_activation's inverse; "" for None).
+inline c10::string_view linear_activation_name(LinearAct act) {
+  switch (act) {
+    case LinearAct::kGelu:
+      return "gelu";
+    case LinearAct::kGeluTanh:
+      return "gelu_tanh";
+    case LinearAct::kSwiglu:
+      return "swiglu";
+    case LinearAct::kGeglu:
+      return "geglu";
+    case LinearAct::kGegluTanh:
+      return "geglu_tanh";
+    default:
+      return "";
+  }
+}
+
 // The ops that exist for an activation (linear_fwd saves its input, linear_act_backward
 // differentiates it): any but None.
 inline LinearAct parse_required_activation(c10::string_view s, const char* op) {

@@ -7,23 +7,18 @@
 // and registers the entry points instantiated with it (FUSED_REGISTER_MLP_OPS).
 #pragma once
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
 #include <tuple>
 
+#include "autograd/ops.h"
 #include "common/matmul_checks.h"
 
 namespace fused {
 
 using DactRun = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&,
                                                        const at::Tensor&, LinearAct, bool);
-
-// mlp's activation: any of linear's but None (an MLP without one is one linear layer).
-inline LinearAct parse_mlp_activation(c10::string_view s, const char* op) {
-  return parse_required_activation(s, op);
-}
 
 // mlp(x, w1, b1, w2, b2): x [..., C], w1 [H, C] (gated: [2H, C]), b1 [H] / [2H], w2 [C', H],
 // b2 [C']; all one dtype and device.
@@ -48,65 +43,14 @@ inline void check_mlp_args(const at::Tensor& x, const at::Tensor& w1,
   }
 }
 
-namespace mlp_detail {
-
-using OptT = std::optional<at::Tensor>;
-
-inline const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&,
-                                                 std::optional<c10::string_view>)>&
-linear_handle() {
-  static const auto h = c10::Dispatcher::singleton()
-                            .findSchemaOrThrow("fused::linear", "")
-                            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&,
-                                              std::optional<c10::string_view>)>();
-  return h;
-}
-
-inline const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)>&
-matmul_handle() {
-  static const auto h = c10::Dispatcher::singleton()
-                            .findSchemaOrThrow("fused::matmul", "")
-                            .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-  return h;
-}
-
-using ActBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                          c10::string_view, bool);
-inline const c10::TypedOperatorHandle<ActBackwardSig>& act_backward_handle() {
-  static const auto h = c10::Dispatcher::singleton()
-                            .findSchemaOrThrow("fused::linear_act_backward", "")
-                            .typed<ActBackwardSig>();
-  return h;
-}
-
-inline c10::string_view activation_name(LinearAct act) {
-  switch (act) {
-    case LinearAct::kGelu:
-      return "gelu";
-    case LinearAct::kGeluTanh:
-      return "gelu_tanh";
-    case LinearAct::kSwiglu:
-      return "swiglu";
-    case LinearAct::kGeglu:
-      return "geglu";
-    case LinearAct::kGegluTanh:
-      return "geglu_tanh";
-    default:
-      return "";
-  }
-}
-
-}  // namespace mlp_detail
-
 // run_dact composed of two ops: dH = grad_out2 weight (fused::matmul), then dZ and its column
 // sums in one elementwise pass (fused::linear_act_backward). dH makes a round trip through
 // memory that a GEMM epilogue computing act' saves.
 inline std::tuple<at::Tensor, at::Tensor> dact_composed(const at::Tensor& g2, const at::Tensor& w,
                                                         const at::Tensor& z2, LinearAct act,
                                                         bool bias_grad) {
-  const at::Tensor dh = mlp_detail::matmul_handle().call(g2, w);
-  return mlp_detail::act_backward_handle().call(dh, z2, mlp_detail::activation_name(act),
-                                                bias_grad);
+  const at::Tensor dh = autograd::matmul_op().call(g2, w);
+  return autograd::linear_act_backward_op().call(dh, z2, linear_activation_name(act), bias_grad);
 }
 
 // The forward: two linear calls, bias + activation in the first GEMM's epilogue, bias in the
@@ -116,11 +60,10 @@ inline at::Tensor mlp_entry(const at::Tensor& x, const at::Tensor& w1,
                             const std::optional<at::Tensor>& b2, c10::string_view activation,
                             bool /*recompute*/) {
   const char* op = "fused::mlp";
-  const LinearAct act = parse_mlp_activation(activation, op);
+  const LinearAct act = parse_required_activation(activation, op);
   check_mlp_args(x, w1, b1, w2, b2, act, op);
-  const auto& linear = mlp_detail::linear_handle();
-  const at::Tensor h = linear.call(x, w1, b1, activation);
-  return linear.call(h, w2, b2, std::nullopt);
+  const at::Tensor h = autograd::linear_op().call(x, w1, b1, activation);
+  return autograd::linear_op().call(h, w2, b2, std::nullopt);
 }
 
 // linear_dact(grad_out, weight, preact): grad_out [..., out], weight [out, in], preact
@@ -151,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor> linear_dact_entry(const at::Tensor& grad_out,
                                                      const at::Tensor& preact,
                                                      c10::string_view activation, bool bias_grad) {
   const char* op = "fused::linear_dact";
-  const LinearAct act = parse_mlp_activation(activation, op);
+  const LinearAct act = parse_required_activation(activation, op);
   check_dact_args(grad_out, weight, preact, act, op);
   const int64_t width = preact.size(-1);
   auto [dz, db] = RUN(grad_out.reshape({-1, weight.size(0)}), weight, preact.reshape({-1, width}),
